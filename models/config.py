@@ -1,0 +1,179 @@
+"""`HookedTransformerConfig`: every architectural choice of a toy transformer, validated at construction.
+
+Field names follow TransformerLens' former `HookedTransformerConfig` where the concept exists, so configs
+and notebooks written for it carry over. A config round-trips through JSON (`to_json` / `from_json`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+ACT_FNS = ("gelu", "gelu_new", "relu", "silu")
+NORMALIZATION_TYPES = (None, "LN", "RMS")
+POSITIONAL_EMBEDDING_TYPES = ("standard", "sinusoidal", "shortformer", "rotary", "alibi", "none")
+ATTENTION_DIRS = ("causal", "bidirectional")
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+#: Positional types whose table is a parameter indexed by position: contexts beyond n_ctx are impossible.
+LEARNED_POSITIONS = ("standard", "shortformer")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the field and the allowed values."""
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = str(dtype).replace("torch.", "")
+    if name not in DTYPES:
+        raise ConfigError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+    return name
+
+
+@dataclass
+class HookedTransformerConfig:
+    """Architecture of a hookable transformer (see the field comments; shapes as in design.md).
+
+    `d_mlp=None` (or `attn_only=True`) gives an attention-only model. `d_head` defaults to
+    `d_model // n_heads`. `dtype` may be given as a string or a `torch.dtype`; it is stored as a string.
+    """
+
+    n_layers: int
+    d_model: int
+    n_ctx: int
+    d_vocab: int
+    n_heads: int = 1
+    d_head: int | None = None
+    d_mlp: int | None = None
+    attn_only: bool = False
+    act_fn: str = "gelu"
+    normalization_type: str | None = "LN"
+    eps: float = 1e-5
+    positional_embedding_type: str = "standard"
+    rotary_dim: int | None = None  # features rotated per head; default d_head
+    rotary_base: float = 10000.0
+    rotary_adjacent_pairs: bool = False  # False: pair i with i + d/2 (seed 000); True: (2i, 2i+1) as Llama
+    attention_dir: str = "causal"
+    n_key_value_heads: int | None = None  # grouped-query attention; None = n_heads
+    use_bias: bool = True  # biases on Q/K/V/O, MLP and unembed; False keeps them as zero buffers
+    use_attn_result: bool = True  # per-head `hook_result` is computed whenever something hooks it
+    init_range: float = 0.02
+    seed: int | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    model_name: str = "custom"
+    default_prepend_bos: bool = True
+    extra: dict = field(default_factory=dict)  # free-form metadata (training provenance, notes)
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_ctx", "d_vocab", "n_heads"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ConfigError(f"{name} must be an int, got {v!r}")
+        if self.n_layers < 0:
+            raise ConfigError(f"n_layers must be >= 0, got {self.n_layers}")
+        for name in ("d_model", "n_ctx", "d_vocab", "n_heads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ConfigError(
+                    f"d_head is unset and d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                    "set d_head explicitly"
+                )
+            self.d_head = self.d_model // self.n_heads
+        if not isinstance(self.d_head, int) or self.d_head < 1:
+            raise ConfigError(f"d_head must be a positive int, got {self.d_head!r}")
+        if self.attn_only:
+            self.d_mlp = None
+        elif self.d_mlp is None:
+            self.attn_only = True
+        elif not isinstance(self.d_mlp, int) or self.d_mlp < 1:
+            raise ConfigError(f"d_mlp must be a positive int or None (attention-only), got {self.d_mlp!r}")
+        self._check_choice("act_fn", ACT_FNS)
+        self._check_choice("normalization_type", NORMALIZATION_TYPES)
+        self._check_choice("positional_embedding_type", POSITIONAL_EMBEDDING_TYPES)
+        self._check_choice("attention_dir", ATTENTION_DIRS)
+        if self.n_key_value_heads is None:
+            self.n_key_value_heads = self.n_heads
+        if not isinstance(self.n_key_value_heads, int) or self.n_key_value_heads < 1 or (
+            self.n_heads % self.n_key_value_heads
+        ):
+            raise ConfigError(
+                f"n_key_value_heads={self.n_key_value_heads!r} must be a positive divisor of "
+                f"n_heads={self.n_heads}"
+            )
+        if self.rotary_dim is None:
+            self.rotary_dim = self.d_head
+        if self.positional_embedding_type == "rotary" and (
+            self.rotary_dim < 2 or self.rotary_dim % 2 or self.rotary_dim > self.d_head
+        ):
+            raise ConfigError(
+                f"rotary_dim={self.rotary_dim} must be even and in [2, d_head={self.d_head}]"
+            )
+        if self.positional_embedding_type == "sinusoidal" and self.d_model % 2:
+            raise ConfigError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        if self.rotary_base <= 0:
+            raise ConfigError(f"rotary_base must be > 0, got {self.rotary_base}")
+        if self.init_range <= 0:
+            raise ConfigError(f"init_range must be > 0, got {self.init_range}")
+        if self.eps <= 0:
+            raise ConfigError(f"eps must be > 0, got {self.eps}")
+        self.dtype = _dtype_name(self.dtype)
+        self.device = str(self.device)
+
+    def _check_choice(self, name: str, allowed: tuple) -> None:
+        if getattr(self, name) not in allowed:
+            raise ConfigError(
+                f"{name}={getattr(self, name)!r} is not supported; allowed: {', '.join(map(repr, allowed))}"
+            )
+
+    # --- derived -----------------------------------------------------------------------------------
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    @property
+    def positional_is_learned(self) -> bool:
+        return self.positional_embedding_type in LEARNED_POSITIONS
+
+    @property
+    def residual_has_positions(self) -> bool:
+        """True when positions are added to the residual stream (standard, sinusoidal)."""
+        return self.positional_embedding_type in ("standard", "sinusoidal")
+
+    # --- (de)serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HookedTransformerConfig:
+        if not isinstance(d, dict):
+            raise ConfigError(f"a config must be a JSON object, got {type(d).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}; allowed fields: {sorted(names)}")
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]
+        missing = [n for n in required if n not in d]
+        if missing:
+            raise ConfigError(f"config is missing required field(s) {missing}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> HookedTransformerConfig:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"config is not valid JSON: {e}") from None
+        return cls.from_dict(d)
+
+    def replace(self, **changes: Any) -> HookedTransformerConfig:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,84 @@
+"""Sampling and beam search for `HookedTransformer` (no KV cache: toy contexts are short, and every
+step runs the ordinary hookable forward, so hooks apply during generation too)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_int(name: str, v, lo: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+
+
+def _context(model, tokens: torch.Tensor) -> torch.Tensor:
+    """The last n_ctx tokens when positions are learned; everything otherwise."""
+    return tokens[:, -model.cfg.n_ctx :] if model.cfg.positional_is_learned else tokens
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Keep the top-k logits and/or the smallest set whose probability reaches top_p (seed 004); the rest → −inf."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, idx = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
+        logits = logits.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(model, tokens, max_new_tokens=20, temperature=1.0, top_k=None, top_p=None, seed=None,
+             stop_at_eos: bool = False, eos_token_id: int | None = None):
+    """Sample `max_new_tokens` continuations. `temperature=0` is greedy. Text in → text out; ids in →
+    `[batch, pos + new]` ids out. Seeded with its own generator (the global RNG is untouched)."""
+    _check_int("max_new_tokens", max_new_tokens, 0)
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if top_k is not None:
+        _check_int("top_k", top_k, 1)
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    as_text = isinstance(tokens, str)
+    tokens = model.validate_tokens(tokens)
+    gen = torch.Generator(device=tokens.device)
+    if seed is not None:
+        gen.manual_seed(seed)
+    else:
+        gen.seed()
+    done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    for _ in range(max_new_tokens):
+        logits = model(_context(model, tokens))[:, -1].float()  # [batch, d_vocab]
+        if temperature == 0:
+            nxt = logits.argmax(-1)
+        else:
+            probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)
+            nxt = torch.multinomial(probs, 1, generator=gen)[:, 0]
+        if eos_token_id is not None:
+            nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
+            done |= nxt == eos_token_id
+        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+        if stop_at_eos and eos_token_id is not None and bool(done.all()):
+            break
+    return model.to_string(tokens[0]) if as_text else tokens
+
+
+@torch.no_grad()
+def beam_search(model, tokens, beams: int = 4, max_new_tokens: int = 20):
+    """Deterministic beam search over one prompt. Returns `(sequences [beams, pos + new], log_probs [beams])`,
+    best first; log_probs are the summed log-probabilities of the generated tokens."""
+    _check_int("beams", beams, 1)
+    _check_int("max_new_tokens", max_new_tokens, 0)
+    tokens = model.validate_tokens(tokens)
+    if tokens.shape[0] != 1:
+        raise ValueError(f"beam_search takes one prompt, got a batch of {tokens.shape[0]}")
+    seqs, scores = tokens, torch.zeros(1, device=tokens.device)
+    for _ in range(max_new_tokens):
+        logp = model(_context(model, seqs))[:, -1].float().log_softmax(-1)  # [n_beams, d_vocab]
+        total = (scores[:, None] + logp).reshape(-1)
+        scores, flat = total.topk(min(beams, total.numel()))
+        parent, nxt = flat // logp.shape[-1], flat % logp.shape[-1]
+        seqs = torch.cat([seqs[parent], nxt[:, None]], dim=1)
+    return seqs, scores

@@ -1,0 +1,253 @@
+"""`HookedTransformer`: a small, hookable decoder (or encoder) transformer for circuit analysis.
+
+Built on TransformerLens' `HookedRootModule` / `HookPoint`, so `run_with_hooks`, `hooks()`, `reset_hooks`
+and `ActivationCache` work as they did with TransformerLens' former `HookedTransformer`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from .components import Embed, Norm, PosEmbed, TransformerBlock, Unembed
+from .config import HookedTransformerConfig
+from .positions import alibi_bias, rotary_angles
+
+RETURN_TYPES = ("logits", "loss", "both", None)
+
+
+class HookedTransformer(HookedRootModule):
+    """A transformer whose every activation is a named `HookPoint` (names as in TransformerLens).
+
+    `forward(tokens)` takes int64 `[batch, pos]` (or `[pos]`) token ids, or text when a tokenizer is
+    attached. Weight properties (`W_E, W_pos, W_Q, …, QK, OV`) are stacked over layers, shapes as in
+    design.md; with grouped-query attention `W_K, W_V, b_K, b_V` are expanded to `n_heads`.
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig | dict, tokenizer=None):
+        super().__init__()
+        if isinstance(cfg, dict):
+            cfg = HookedTransformerConfig.from_dict(cfg)
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.embed = Embed(cfg)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        if cfg.positional_embedding_type in ("standard", "shortformer", "sinusoidal"):
+            self.pos_embed = PosEmbed(cfg)
+            self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
+        self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
+        self.ln_final = Norm(cfg)
+        self.unembed = Unembed(cfg)
+        self.init_weights()
+        self.to(cfg.device)
+        self.setup()
+
+    # ------------------------------------------------------------------------------------------------
+    def init_weights(self) -> None:
+        """Normal(0, init_range) for every weight matrix, GPT-2 style 1/√(2·n_layers) on the residual writes
+        (W_O, W_out); norms at w=1, b=0; biases 0. Seeded by `cfg.seed` without touching the global RNG."""
+        gen = torch.Generator().manual_seed(self.cfg.seed) if self.cfg.seed is not None else None
+        write_scale = (2 * max(self.cfg.n_layers, 1)) ** -0.5
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                leaf = name.rsplit(".", 1)[-1]
+                if leaf.startswith("W_"):
+                    std = self.cfg.init_range * (write_scale if leaf in ("W_O", "W_out") else 1.0)
+                    p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * std)
+                elif leaf == "w":
+                    p.fill_(1.0)
+                else:
+                    p.zero_()
+
+    def forward(self, tokens, return_type: str | None = "logits", loss_per_token: bool = False):
+        """Run the model. Returns logits `[batch, pos, d_vocab]`, the mean next-token loss (or per-token
+        `[batch, pos-1]` with `loss_per_token`), both as a tuple, or None."""
+        if return_type not in RETURN_TYPES:
+            raise ValueError(f"return_type={return_type!r} is not supported; allowed: {RETURN_TYPES}")
+        tokens = self.validate_tokens(tokens)  # [batch, pos]
+        B, P = tokens.shape
+        kind = self.cfg.positional_embedding_type
+        resid = self.hook_embed(self.embed(tokens))  # [batch, pos, d_model]
+        pos_qk = rope = bias = None
+        if kind in ("standard", "sinusoidal", "shortformer"):
+            pos = self.hook_pos_embed(self.pos_embed(P).expand(B, P, -1))  # [batch, pos, d_model]
+            if kind == "shortformer":
+                pos_qk = pos  # added to the query/key inputs only: the residual stream carries no position
+            else:
+                resid = resid + pos
+        elif kind == "rotary":
+            rope = rotary_angles(P, self.cfg.rotary_dim, self.cfg.rotary_base, resid.dtype, resid.device)
+        elif kind == "alibi":
+            bias = alibi_bias(self.cfg.n_heads, P, P, resid.dtype, resid.device)  # [head, pos, key]
+        for block in self.blocks:
+            resid = block(resid, pos_qk, rope, bias)
+        logits = self.unembed(self.ln_final(resid))  # [batch, pos, d_vocab]
+        if return_type == "logits":
+            return logits
+        if return_type is None:
+            return None
+        loss = lm_cross_entropy(logits, tokens, per_token=loss_per_token)
+        return loss if return_type == "loss" else (logits, loss)
+
+    def validate_tokens(self, tokens) -> torch.Tensor:
+        """Coerce input to an int64 `[batch, pos]` tensor on the model's device, or raise `ValueError`."""
+        if isinstance(tokens, (str, list)) and (isinstance(tokens, str) or (tokens and isinstance(tokens[0], str))):
+            return self.to_tokens(tokens)
+        if isinstance(tokens, (list, tuple)):
+            try:
+                tokens = torch.tensor(tokens)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"tokens must be a rectangular list of ints: {e}") from None
+        if not isinstance(tokens, torch.Tensor):
+            raise ValueError(f"tokens must be an int64 tensor [batch, pos], got {type(tokens).__name__}")
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise ValueError(f"tokens must be an integer tensor (int64), got dtype {tokens.dtype}")
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape [batch, pos] or [pos], got {tuple(tokens.shape)}")
+        if tokens.numel() == 0:
+            raise ValueError(f"tokens is empty (shape {tuple(tokens.shape)}); give at least one token")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.d_vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is out of range; allowed ids are 0..{self.cfg.d_vocab - 1}")
+        if tokens.shape[1] > self.cfg.n_ctx and self.cfg.positional_is_learned:
+            raise ValueError(
+                f"context of {tokens.shape[1]} tokens is longer than n_ctx={self.cfg.n_ctx}, the number of "
+                f"learned positions ({self.cfg.positional_embedding_type}); truncate to at most {self.cfg.n_ctx}"
+            )
+        return tokens.to(device=self.W_E.device, dtype=torch.long)
+
+    def run_with_cache(self, *args, return_cache_object: bool = True, **kwargs):
+        """`HookedRootModule.run_with_cache`, returning a TransformerLens `ActivationCache`."""
+        out, cache = super().run_with_cache(*args, **kwargs)
+        if return_cache_object:
+            cache = ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+        return out, cache
+
+    # --- weights, stacked over layers -----------------------------------------------------------------
+    def _stack(self, get) -> torch.Tensor:
+        if not self.blocks:
+            raise AttributeError("a 0-layer model has no attention or MLP weights")
+        return torch.stack([get(b) for b in self.blocks])
+
+    def _kv(self, t: torch.Tensor) -> torch.Tensor:  # expand kv heads to query heads (GQA)
+        return t.repeat_interleave(self.cfg.n_heads // self.cfg.n_key_value_heads, dim=1)
+
+    @property
+    def W_E(self) -> torch.Tensor:  # [d_vocab, d_model]
+        return self.embed.W_E
+
+    @property
+    def W_pos(self) -> torch.Tensor:  # [n_ctx, d_model]
+        if not hasattr(self, "pos_embed"):
+            raise AttributeError(
+                f"positional_embedding_type={self.cfg.positional_embedding_type!r} has no W_pos table"
+            )
+        return self.pos_embed.W_pos
+
+    @property
+    def W_U(self) -> torch.Tensor:  # [d_model, d_vocab]
+        return self.unembed.W_U
+
+    @property
+    def b_U(self) -> torch.Tensor:
+        return self.unembed.b_U
+
+    W_Q = property(lambda self: self._stack(lambda b: b.attn.W_Q))  # [layer, head, d_model, d_head]
+    W_K = property(lambda self: self._kv(self._stack(lambda b: b.attn.W_K)))
+    W_V = property(lambda self: self._kv(self._stack(lambda b: b.attn.W_V)))
+    W_O = property(lambda self: self._stack(lambda b: b.attn.W_O))  # [layer, head, d_head, d_model]
+    b_Q = property(lambda self: self._stack(lambda b: b.attn.b_Q))  # [layer, head, d_head]
+    b_K = property(lambda self: self._kv(self._stack(lambda b: b.attn.b_K)))
+    b_V = property(lambda self: self._kv(self._stack(lambda b: b.attn.b_V)))
+    b_O = property(lambda self: self._stack(lambda b: b.attn.b_O))  # [layer, d_model]
+    W_in = property(lambda self: self._stack(lambda b: b.mlp.W_in))  # [layer, d_model, d_mlp]
+    b_in = property(lambda self: self._stack(lambda b: b.mlp.b_in))
+    W_out = property(lambda self: self._stack(lambda b: b.mlp.W_out))  # [layer, d_mlp, d_model]
+    b_out = property(lambda self: self._stack(lambda b: b.mlp.b_out))
+
+    @property
+    def QK(self) -> FactoredMatrix:  # [layer, head, d_model, d_model] = W_Q W_Kᵀ
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:  # [layer, head, d_model, d_model] = W_V W_O
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    def all_head_labels(self) -> list[str]:
+        return [f"L{l}H{h}" for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]
+
+    # --- text -----------------------------------------------------------------------------------------
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer attached; pass token ids, or set model.tokenizer")
+        return self.tokenizer
+
+    def to_tokens(self, text, prepend_bos: bool | None = None, truncate: bool = True) -> torch.Tensor:
+        """Text (or a list of texts, right-padded with the BOS/pad id) to `[batch, pos]` int64 ids."""
+        tok = self._need_tokenizer()
+        prepend_bos = self.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
+        texts = [text] if isinstance(text, str) else list(text)
+        ids = [([tok.bos_token_id] if prepend_bos else []) + tok.encode(t) for t in texts]
+        if truncate:
+            ids = [x[: self.cfg.n_ctx] for x in ids]
+        width = max(len(x) for x in ids)
+        pad = tok.pad_token_id if getattr(tok, "pad_token_id", None) is not None else tok.bos_token_id
+        out = torch.full((len(ids), width), pad, dtype=torch.long)
+        for i, x in enumerate(ids):
+            out[i, : len(x)] = torch.tensor(x, dtype=torch.long)
+        return out.to(self.W_E.device)
+
+    def to_string(self, tokens):
+        """Token ids (`[pos]`, `[batch, pos]` or a list) to text (or a list of texts)."""
+        tok = self._need_tokenizer()
+        t = torch.as_tensor(tokens)
+        if t.ndim == 2:
+            return [tok.decode(row.tolist()) for row in t]
+        return tok.decode(t.reshape(-1).tolist())
+
+    def to_str_tokens(self, text, prepend_bos: bool | None = None) -> list[str]:
+        """Text or a 1-D id sequence to the list of token strings."""
+        tok = self._need_tokenizer()
+        ids = self.to_tokens(text, prepend_bos)[0] if isinstance(text, str) else torch.as_tensor(text).reshape(-1)
+        return [tok.decode([int(i)]) for i in ids]
+
+    # --- generation, persistence ------------------------------------------------------------------------
+    def generate(self, tokens, max_new_tokens: int = 20, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, **kw):
+        from .generate import generate
+
+        return generate(self, tokens, max_new_tokens, temperature, top_k, top_p, seed, **kw)
+
+    def beam_search(self, tokens, beams: int = 4, max_new_tokens: int = 20):
+        from .generate import beam_search
+
+        return beam_search(self, tokens, beams, max_new_tokens)
+
+    def save(self, path) -> None:
+        from .checkpoint import save
+
+        save(self, path)
+
+    @property
+    def device(self) -> torch.device:
+        return self.W_E.device
+
+
+def lm_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False) -> torch.Tensor:
+    """Next-token cross-entropy: −log softmax(logits[:, i])[tokens[:, i+1]], in float32 or wider.
+
+    Returns the mean, or `[batch, pos-1]` with `per_token`."""
+    if tokens.shape[1] < 2:
+        raise ValueError("a loss needs at least 2 tokens per sequence (it predicts token i+1 from i)")
+    logits = logits[:, :-1]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none")
+    loss = loss.view(tokens.shape[0], -1)
+    return loss if per_token else loss.mean()

@@ -1,0 +1,113 @@
+"""Tokenizers: byte-level (256 bytes + specials) and byte-level BPE trained with Hugging Face `tokenizers`.
+
+Both expose `encode(text) -> list[int]`, `decode(ids) -> str`, `bos_token_id`, `pad_token_id`,
+`vocab_size`, `id_to_token(i)` and `save(path)` (a `tokenizer.json`). Same text → same ids on every machine:
+the byte tokenizer is a fixed table, and BPE training is deterministic for a given corpus order.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BOS, PAD, EOS = "<|bos|>", "<|pad|>", "<|endoftext|>"
+SPECIALS = (BOS, PAD, EOS)
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file that cannot be used; the message names the file and the problem."""
+
+
+class ByteTokenizer:
+    """Ids 0..255 are the UTF-8 bytes; 256.. are the special tokens (BOS, PAD, EOS)."""
+
+    kind = "bytes"
+
+    def __init__(self):
+        self.specials = {s: 256 + i for i, s in enumerate(SPECIALS)}
+        self.bos_token_id, self.pad_token_id, self.eos_token_id = (self.specials[s] for s in SPECIALS)
+        self.vocab_size = 256 + len(SPECIALS)
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        out, buf = [], bytearray()
+        for i in ids:
+            i = int(i)
+            if i < 256:
+                buf.append(i)
+                continue
+            out.append(buf.decode("utf-8", errors="replace"))
+            buf = bytearray()
+            out.append(SPECIALS[i - 256] if i - 256 < len(SPECIALS) else f"<|{i}|>")
+        out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def id_to_token(self, i: int) -> str:
+        return self.decode([i])
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps({"toy_circuits_tokenizer": "bytes", "specials": list(SPECIALS)}))
+
+
+class BPETokenizer:
+    """Byte-level BPE (GPT-2 style pre-tokenisation) over a `tokenizers.Tokenizer`."""
+
+    kind = "bpe"
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.bos_token_id = tok.token_to_id(BOS)
+        self.pad_token_id = tok.token_to_id(PAD)
+        self.eos_token_id = tok.token_to_id(EOS)
+        if self.bos_token_id is None:
+            raise TokenizerError(f"BPE tokenizer lacks the {BOS} special token")
+        self.vocab_size = tok.get_vocab_size()
+
+    @classmethod
+    def train(cls, texts, vocab_size: int = 2048, min_frequency: int = 2) -> BPETokenizer:
+        """Train on an iterable of strings (order matters for reproducibility: pass a deterministic order)."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        if vocab_size < 256 + len(SPECIALS):
+            raise ValueError(f"vocab_size must be >= {256 + len(SPECIALS)} (bytes + specials), got {vocab_size}")
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIALS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def id_to_token(self, i: int) -> str:
+        return self.decode([i])
+
+    def save(self, path) -> None:
+        self.tok.save(str(path))
+
+
+def load_tokenizer(path):
+    """Read a `tokenizer.json` written by either tokenizer."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        data = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TokenizerError(f"{path}: not a readable tokenizer file ({e})") from None
+    if isinstance(data, dict) and data.get("toy_circuits_tokenizer") == "bytes":
+        return ByteTokenizer()
+    from tokenizers import Tokenizer
+
+    try:
+        return BPETokenizer(Tokenizer.from_str(text))
+    except Exception as e:
+        raise TokenizerError(f"{path}: not a valid tokenizer ({e})") from None
