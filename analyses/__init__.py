@@ -1,0 +1,57 @@
+"""Analyses of toy transformers: head scores, induction/copying detection, zero/one/two-layer studies,
+training dynamics, reports with figures, and the `circuits` command line.
+
+Attributes are imported lazily (module `__getattr__`), so `import analyses.cli` and `circuits --help`
+stay fast and do not import torch.
+"""
+
+from importlib import import_module
+
+_EXPORTS = {
+    # behavioural scores
+    "attention_patterns": "scores",
+    "induction_scores": "scores",
+    "prefix_matching_scores": "scores",
+    "previous_token_scores": "scores",
+    "current_token_scores": "scores",
+    "first_token_scores": "scores",
+    "duplicate_token_scores": "scores",
+    "copying_scores_behavioural": "scores",
+    "in_context_learning_score": "scores",
+    # probe sequences
+    "random_tokens": "sequences",
+    "repeated_tokens": "sequences",
+    # detection
+    "detect_induction_heads": "detect",
+    "detect_previous_token_heads": "detect",
+    "DetectionResult": "detect",
+    # studies
+    "zero_layer_study": "zero_layer",
+    "bigram_table": "zero_layer",
+    "direct_path_fit": "zero_layer",
+    "skip_trigrams": "one_layer",
+    "skip_trigram_bugs": "one_layer",
+    "copying_heads_table": "one_layer",
+    "positional_vs_content": "one_layer",
+    "head_ablation_losses": "one_layer",
+    "composition_study": "two_layer",
+    "find_induction_circuit": "two_layer",
+    "virtual_head_importance": "two_layer",
+    "term_importance_by_order": "two_layer",
+    "training_dynamics": "dynamics",
+    # reports
+    "build_report": "report",
+    "Report": "report",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'analyses' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

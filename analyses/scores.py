@@ -1,0 +1,225 @@
+"""Behavioural head scores: one cached forward pass, one formula per function, `[n_layers, n_heads]` out.
+
+Every function takes our `models.HookedTransformer` or a TransformerLens-protocol model (`cfg`,
+`run_with_cache`, weight properties) and caches only what it needs (`names_filter`): the attention
+patterns `blocks.{l}.attn.hook_pattern`, plus `hook_z` and `ln_final.hook_scale` for the copying score.
+Probe sequences come from `analyses.sequences` (seeded; special tokens never drawn). Results are float32
+CPU tensors indexed `[layer, head]`.
+
+Conventions: `pattern[b, h, q, k]` is the attention from query (destination) position q to key (source)
+position k. Position 0 holds BOS in every generated probe; its row is forced (it can only attend to itself)
+and is excluded from every mean below.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sequences import random_tokens, repeated_tokens
+
+__all__ = [
+    "attention_patterns", "induction_scores", "prefix_matching_scores", "previous_token_scores",
+    "current_token_scores", "first_token_scores", "duplicate_token_scores", "copying_scores_behavioural",
+    "in_context_learning_score",
+]
+
+
+def _device(model) -> torch.device:
+    return model.W_E.device
+
+
+def _as_tokens(model, tokens) -> torch.Tensor:
+    t = torch.as_tensor(tokens, dtype=torch.long)
+    if t.ndim == 1:
+        t = t[None]
+    return t.to(_device(model))
+
+
+@torch.no_grad()
+def attention_patterns(model, tokens) -> torch.Tensor:
+    """Attention patterns of every layer from one forward pass: `[layer, batch, head, q, k]` (float32, CPU)."""
+    tokens = _as_tokens(model, tokens)
+    L = model.cfg.n_layers
+    if L == 0:
+        return torch.zeros(0, tokens.shape[0], model.cfg.n_heads, tokens.shape[1], tokens.shape[1])
+    names = [f"blocks.{l}.attn.hook_pattern" for l in range(L)]
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    return torch.stack([cache[n].float().cpu() for n in names])
+
+
+def _default_tokens(model, seed: int = 0, length: int = 64) -> torch.Tensor:
+    """`[BOS] + random tokens`, 4 sequences of min(length, n_ctx) positions."""
+    from .sequences import bos_token_id
+
+    n = min(length, model.cfg.n_ctx) - 1
+    r = random_tokens(model, n, 4, seed)
+    return torch.cat([torch.full((4, 1), bos_token_id(model)), r], 1)
+
+
+def _masked_attention_mass(pattern: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean, over query rows with at least one marked key, of the attention mass on the marked keys.
+
+    pattern `[layer, batch, head, q, k]`, mask `[batch, q, k]` (bool) → `[layer, head]`."""
+    mask = mask.to(pattern.dtype)[None, :, None]  # [1, batch, 1, q, k]
+    rows = (mask.sum(-1) > 0).to(pattern.dtype)  # [1, batch, 1, q]
+    mass = (pattern * mask).sum(-1)  # [layer, batch, head, q]
+    n = rows.sum((1, 3)).clamp_min(1)
+    return (mass * rows).sum((1, 3)) / n
+
+
+def induction_scores(model, seq_len: int = 50, batch: int = 10, seed: int = 0, tokens_from=None) -> torch.Tensor:
+    """ARENA 1.2 induction score per head, `[n_layers, n_heads]`.
+
+    Tokens `[BOS] + R + R`, R uniform random of length `seq_len` (see `analyses.sequences`). Score =
+    mean over batch and over the stripe `pattern.diagonal(offset=1 - seq_len)`, i.e. the attention from the
+    token at position i to position i − seq_len + 1: for i in the second copy, the token right after the
+    current token's first occurrence. As in ARENA's `induction_attn_detector`, the stripe also holds its two
+    first entries (queries seq_len−1 and seq_len, at the end of the first copy, to keys 0 and 1): seq_len + 2
+    entries in all. Source: ARENA 1.2 "Induction heads"; threshold 0.4, its induction heads score > 0.6.
+    """
+    tokens = repeated_tokens(model, seq_len, 2, batch, seed, tokens_from)
+    pattern = attention_patterns(model, tokens)  # [layer, batch, head, q, k]
+    stripe = pattern.diagonal(offset=1 - seq_len, dim1=-2, dim2=-1)  # [layer, batch, head, seq_len + 2]
+    return stripe.mean((1, 3))
+
+
+def prefix_matching_scores(model, seq_len: int = 25, n_repeats: int = 4, batch: int = 10, seed: int = 0,
+                           tokens_from=None, tokens=None) -> torch.Tensor:
+    """Olsson et al. (2022) prefix-matching score per head, `[n_layers, n_heads]`.
+
+    Tokens `[BOS] + R × n_repeats`, R = `seq_len` random tokens (25 × 4 in the paper). For each query q
+    whose token occurred earlier, the attention mass on the keys right after those earlier occurrences,
+    Σ_{k ≤ q, t[k−1] = t[q], k−1 < q} pattern[q, k]; averaged over such queries and the batch. Queries of the
+    first copy (no earlier occurrence, save chance repeats inside R) do not count. Pass `tokens [batch, pos]`
+    to score other sequences. TransformerLens' `induction_head` detection pattern marks the same keys (its
+    "mul" score divides by all rows instead of the rows with a match).
+    """
+    if tokens is None:
+        tokens = repeated_tokens(model, seq_len, n_repeats, batch, seed, tokens_from)
+    tokens = _as_tokens(model, tokens).cpu()
+    P = tokens.shape[1]
+    prev = torch.cat([torch.full_like(tokens[:, :1], -1), tokens[:, :-1]], 1)  # t[k-1]; -1 at k=0
+    mask = (prev[:, None, :] == tokens[:, :, None]) & torch.ones(P, P, dtype=torch.bool).tril()  # [b, q, k]
+    return _masked_attention_mass(attention_patterns(model, tokens), mask)
+
+
+def _offset_mask(tokens: torch.Tensor, which: str) -> torch.Tensor:
+    B, P = tokens.shape
+    q = torch.arange(P)[:, None]
+    k = torch.arange(P)[None, :]
+    m = {"previous": k == q - 1, "current": (k == q) & (q >= 1), "first": (k == 0) & (q >= 1)}[which]
+    return m.expand(B, P, P)
+
+
+def previous_token_scores(model, tokens=None, seed: int = 0) -> torch.Tensor:
+    """Previous-token score per head, `[n_layers, n_heads]`: mean over batch and queries i ≥ 1 of
+    pattern[i, i−1]. Meant for natural text `tokens [batch, pos]`; without them, `[BOS]` + 63 seeded random
+    tokens × 4. Source: ARENA 1.2 (threshold 0.4); TransformerLens' `previous_token_head` detection pattern
+    (whose "mul" score divides by all `pos` rows, ours by the `pos − 1` rows that have a previous token)."""
+    tokens = _as_tokens(model, _default_tokens(model, seed) if tokens is None else tokens).cpu()
+    return _masked_attention_mass(attention_patterns(model, tokens), _offset_mask(tokens, "previous"))
+
+
+def current_token_scores(model, tokens=None, seed: int = 0) -> torch.Tensor:
+    """Current-token score per head: mean over batch and queries i ≥ 1 of pattern[i, i] (the diagonal;
+    row 0 is forced to 1 and left out). Source: ARENA 1.2 (threshold 0.4). Default tokens as
+    `previous_token_scores`."""
+    tokens = _as_tokens(model, _default_tokens(model, seed) if tokens is None else tokens).cpu()
+    return _masked_attention_mass(attention_patterns(model, tokens), _offset_mask(tokens, "current"))
+
+
+def first_token_scores(model, tokens=None, seed: int = 0) -> torch.Tensor:
+    """First-token score per head: mean over batch and queries i ≥ 1 of pattern[i, 0] (column 0, usually
+    BOS: the "resting" position). Source: ARENA 1.2 (threshold 0.4). Default tokens as
+    `previous_token_scores`."""
+    tokens = _as_tokens(model, _default_tokens(model, seed) if tokens is None else tokens).cpu()
+    return _masked_attention_mass(attention_patterns(model, tokens), _offset_mask(tokens, "first"))
+
+
+def duplicate_token_scores(model, tokens=None, seq_len: int = 25, n_repeats: int = 4, batch: int = 10,
+                           seed: int = 0, tokens_from=None) -> torch.Tensor:
+    """Duplicate-token score per head, `[n_layers, n_heads]`: for each query q whose token occurred earlier,
+    the attention mass on those earlier occurrences, Σ_{k < q, t[k] = t[q]} pattern[q, k]; averaged over
+    such queries and the batch. Default tokens: `[BOS] + R × n_repeats` as for prefix matching. Source:
+    TransformerLens' `duplicate_token_head` detection pattern (which divides by all rows instead)."""
+    if tokens is None:
+        tokens = repeated_tokens(model, seq_len, n_repeats, batch, seed, tokens_from)
+    tokens = _as_tokens(model, tokens).cpu()
+    P = tokens.shape[1]
+    mask = (tokens[:, None, :] == tokens[:, :, None]) & torch.ones(P, P, dtype=torch.bool).tril(-1)
+    return _masked_attention_mass(attention_patterns(model, tokens), mask)
+
+
+def _final_norm(model, cache, x: torch.Tensor) -> torch.Tensor:
+    """Apply the final norm's linear map at its cached scale to per-head outputs x `[batch, pos, head, d_model]`."""
+    kind = getattr(model.cfg, "normalization_type", None)
+    if kind is None:
+        return x
+    if kind in ("LN", "LNPre"):
+        x = x - x.mean(-1, keepdim=True)
+    x = x / cache["ln_final.hook_scale"][:, :, None]  # scale [batch, pos, 1]
+    w = getattr(getattr(model, "ln_final", None), "w", None)
+    return x * w if isinstance(w, torch.Tensor) else x
+
+
+@torch.no_grad()
+def copying_scores_behavioural(model, seq_len: int = 25, n_repeats: int = 4, batch: int = 4, seed: int = 0,
+                               tokens_from=None) -> torch.Tensor:
+    """Olsson et al. (2022) behavioural copying score per head, `[n_layers, n_heads]`, in [−1, 1].
+
+    Our precise reading of the paper's one-sentence definition ("the head's direct logit effect,
+    mean-subtracted and ReLU'd; the raise on the attended token over the raise on all sample tokens,
+    rescaled from [0, 0.5] to [−1, 1]"). On `[BOS] + R × n_repeats` (R = 25 random tokens, S = the distinct
+    tokens of R), for each sequence, head h and query position q ≥ 1:
+      1. direct logit effect  Δ = LN_final(result_h[q]) @ W_U  (`[d_vocab]`; result_h = z_h W_O^h, the
+         final norm applied at its cached scale; no b_U);
+      2. raise  r = ReLU(Δ − mean_v Δ);
+      3. ratio  ρ_q = Σ_{k ≥ 1} pattern[q, k] · r[t_k]  /  Σ_{v ∈ S} r[v]  (0 when the denominator is 0):
+         the raise on the tokens the head attends to, weighted by attention (BOS, outside S, left out),
+         over the raise on all sample tokens; ρ ∈ [0, 1];
+      4. clip ρ to [0, 0.5], average over queries and batch, and map [0, 0.5] → [−1, 1]: score = 4·mean − 1.
+    A perfect copier (it raises exactly what it attends to) scores 1; a head whose raise is spread evenly
+    over the 25 sample tokens scores 4/25 − 1 ≈ −0.84; a head that raises no sample token scores −1.
+    """
+    tokens = repeated_tokens(model, seq_len, n_repeats, batch, seed, tokens_from)
+    L = model.cfg.n_layers
+    if L == 0:
+        return torch.zeros(0, model.cfg.n_heads)
+    names = {f"blocks.{l}.attn.hook_{w}" for l in range(L) for w in ("pattern", "z")} | {"ln_final.hook_scale"}
+    _, cache = model.run_with_cache(tokens.to(_device(model)), names_filter=lambda n: n in names)
+    W_O, W_U = model.W_O, model.W_U  # [layer, head, d_head, d_model], [d_model, d_vocab]
+    out = torch.zeros(L, model.cfg.n_heads)
+    for l in range(L):
+        z = cache[f"blocks.{l}.attn.hook_z"]  # [batch, pos, head, d_head]
+        result = _final_norm(model, cache, torch.einsum("bphd,hdm->bphm", z, W_O[l]))  # [batch, pos, head, d_model]
+        pattern = cache[f"blocks.{l}.attn.hook_pattern"]  # [batch, head, q, k]
+        ratios = []
+        for b in range(tokens.shape[0]):
+            t = tokens[b].to(W_U.device)
+            logit = result[b, 1:].float() @ W_U.float()  # [q, head, d_vocab], queries q >= 1
+            raise_ = (logit - logit.mean(-1, keepdim=True)).relu()
+            denom = raise_[..., torch.unique(t[1:])].sum(-1)  # [q, head]
+            at_keys = raise_[..., t[1:]]  # [q, head, k >= 1]: r[t_k]
+            num = (pattern[b, :, 1:, 1:].permute(1, 0, 2).float() * at_keys).sum(-1)  # [q, head]
+            ratio = torch.where(denom > 0, num / denom.clamp_min(1e-30), torch.zeros_like(num))
+            ratios.append(ratio.clamp(0, 0.5).mean(0))  # [head]
+        out[l] = 4 * torch.stack(ratios).mean(0).cpu() - 1
+    return out
+
+
+@torch.no_grad()
+def in_context_learning_score(model, tokens, early: int = 50, late: int = 500) -> float:
+    """Olsson et al. (2022) in-context learning score: mean over examples of loss(token `late`) −
+    loss(token `early`), in nats; more negative = more in-context learning (the paper: 500 vs 50 in
+    contexts of 512; < 0.15 nats of improvement before the induction-head phase change, ≈ 0.4 after).
+
+    "Loss at token t" is the loss of predicting the token at position t from positions < t, i.e. index
+    t − 1 of `model(tokens, return_type="loss", loss_per_token=True)` (`[batch, pos − 1]`)."""
+    tokens = _as_tokens(model, tokens)
+    if not 1 <= early < late < tokens.shape[1]:
+        raise ValueError(
+            f"need 1 <= early < late < sequence length; got early={early}, late={late} for sequences of "
+            f"{tokens.shape[1]} tokens (n_ctx={model.cfg.n_ctx}); pick positions that fit"
+        )
+    loss = model(tokens, return_type="loss", loss_per_token=True)  # [batch, pos-1]; index i predicts token i+1
+    return float((loss[:, late - 1] - loss[:, early - 1]).mean())
