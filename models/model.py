@@ -127,6 +127,9 @@ class HookedTransformer(HookedRootModule):
         out, cache = super().run_with_cache(*args, **kwargs)
         if return_cache_object:
             cache = ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+            # shortformer: hook_pos_embed is cached but never enters the residual stream, so
+            # decompose_resid must not count it as a component
+            cache.has_pos_embed = cache.has_pos_embed and self.cfg.residual_has_positions
         return out, cache
 
     # --- weights, stacked over layers -----------------------------------------------------------------
