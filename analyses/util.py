@@ -1,0 +1,75 @@
+"""Small helpers the analyses share: token strings, head labels, markdown tables, device and dtype."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def head_label(layer: int, head: int) -> str:
+    """`"L{layer}H{head}"`, as in `circuits`; ARENA writes `layer.head`."""
+    return f"L{layer}H{head}"
+
+
+def token_str(model, i: int) -> str:
+    """A readable, quoted form of token id `i`: the tokenizer's decoding (whitespace made visible), or `#i`."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        return f"#{int(i)}"
+    try:
+        s = tok.decode([int(i)])
+    except Exception:  # a tokenizer that cannot decode a single id
+        return f"#{int(i)}"
+    s = s.replace("\n", "⏎").replace("\t", "⇥").replace("|", "¦")
+    return repr(s) if s.strip() != s or not s else s
+
+
+def device_of(model) -> torch.device:
+    return model.W_E.device
+
+
+def fmt(x, digits: int = 3) -> str:
+    """A number for a table: fixed digits, `—` for None/NaN, booleans as yes/no."""
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, (float, torch.Tensor)):
+        x = float(x)
+        return "—" if math.isnan(x) else f"{x:.{digits}f}"
+    return str(x)
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    """A GitHub-flavoured markdown table; cells go through `fmt`."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def as_1d_tokens(tokens) -> torch.Tensor:
+    """A token array (numpy memmap, list, tensor) as a flat int64 CPU tensor."""
+    import numpy as np
+
+    if isinstance(tokens, torch.Tensor):
+        return tokens.detach().reshape(-1).long().cpu()
+    return torch.from_numpy(np.asarray(tokens, dtype=np.int64).reshape(-1))
+
+
+def windows(tokens, seq_len: int, n: int, seed: int = 0, bos: int | None = None) -> torch.Tensor:
+    """`n` evenly spaced windows of `seq_len` tokens from a 1-D token array (with BOS prepended when given,
+    the window then holds `seq_len - 1` corpus tokens): `[n, seq_len]` int64. Deterministic: windows start at
+    evenly spaced offsets shifted by `seed`."""
+    flat = as_1d_tokens(tokens)
+    body = seq_len - (bos is not None)
+    if flat.numel() < body + 1:
+        raise ValueError(f"need at least {body + 1} tokens for a window of {seq_len}, got {flat.numel()}")
+    span = flat.numel() - body
+    starts = (torch.arange(n) * max(span // max(n, 1), 1) + seed) % span
+    out = torch.stack([flat[s : s + body] for s in starts.tolist()])
+    if bos is not None:
+        out = torch.cat([torch.full((n, 1), bos, dtype=torch.long), out], 1)
+    return out
