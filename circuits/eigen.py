@@ -1,0 +1,88 @@
+"""Eigenvalues of factored circuits and the copying scores built on them.
+
+The non-zero eigenvalues of `AB` equal those of `BA` (if `ABv = λv` with λ ≠ 0 then `BA(Bv) = λ(Bv)` and
+`Bv ≠ 0`), so a `d_vocab × d_vocab` circuit factored through `d_head` has its spectrum in a `d_head × d_head`
+matrix. Computed in float64 (complex128 results), returned on the input's device.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformer_lens import FactoredMatrix
+
+from .interface import warn_if_unfolded
+
+Matrix = FactoredMatrix | torch.Tensor
+
+
+def _to_f64(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    if t.device.type == "mps":  # no float64 on MPS
+        t = t.cpu()
+    return t.to(torch.float64)
+
+
+def eigenvalues(fm: Matrix) -> torch.Tensor:
+    """Eigenvalues of a square (stack of) matrices `[..., n, n]`, via the BA trick for a `FactoredMatrix`.
+
+    For `fm = A B` with inner dimension m < n, returns the m eigenvalues of `BA` (the non-zero eigenvalues of
+    `AB`, padded with zeros where `BA` is singular); otherwise those of `AB`. A dense tensor is decomposed as is.
+    Result: complex128 `[..., min(m, n)]`, sorted by decreasing |λ|, on the input's device. This is
+    TransformerLens' `FactoredMatrix.eigenvalues` (which always uses `BA`), in float64 and sorted.
+    """
+    if isinstance(fm, FactoredMatrix):
+        if fm.ldim != fm.rdim:
+            raise ValueError(f"eigenvalues need a square matrix, got shape {tuple(fm.shape)}")
+        device = fm.A.device
+        A, B = _to_f64(fm.A), _to_f64(fm.B)
+        small = B @ A if fm.mdim <= fm.ldim else A @ B
+    else:
+        if fm.shape[-1] != fm.shape[-2]:
+            raise ValueError(f"eigenvalues need a square matrix, got shape {tuple(fm.shape)}")
+        device, small = fm.device, _to_f64(fm)
+    lam = torch.linalg.eigvals(small.cpu() if small.device.type != "cpu" else small)
+    order = lam.abs().argsort(dim=-1, descending=True, stable=True)
+    return lam.gather(-1, order).to(device)
+
+
+def copying_score(fm: Matrix) -> torch.Tensor:
+    """Copying score `Σ_i λ_i / Σ_i |λ_i|` over the eigenvalues of a (full OV) circuit, in [−1, 1].
+
+    Framework (Elhage et al. 2021), "Copying / Primarily Positive Eigenvalues": +1 for a matrix with only
+    non-negative eigenvalues (a copying head's `W_E W_OV W_U`), −1 for only non-positive ones, ≈ 0 for random
+    matrices. The numerator is real (the sum of a real matrix's eigenvalues, i.e. its trace). 0 for a zero
+    matrix. Vectorised over leading dims; float64, on the input's device."""
+    lam = eigenvalues(fm)
+    total = lam.abs().sum(-1)
+    return torch.where(total > 0, lam.sum(-1).real / total.clamp_min(torch.finfo(torch.float64).tiny),
+                       torch.zeros_like(total))
+
+
+def positive_eigenvalue_fraction(fm: Matrix, weighted: bool = False, rtol: float = 1e-9) -> torch.Tensor:
+    """Fraction of the non-negligible eigenvalues (|λ| > rtol·max|λ|) whose real part is positive.
+
+    With `weighted=True`: `Σ_{Re λ>0} |λ| / Σ |λ|` instead, the share of the spectrum's magnitude that is
+    positive (Framework, "Copying / Primarily Positive Eigenvalues", which plots the eigenvalues and reports the
+    share that are positive). Float64, vectorised over leading dims, 0 for a zero matrix."""
+    lam = eigenvalues(fm)
+    mag = lam.abs()
+    keep = mag > rtol * mag.amax(-1, keepdim=True)
+    pos = keep & (lam.real > 0)
+    if weighted:
+        num, den = (mag * pos).sum(-1), (mag * keep).sum(-1)
+    else:
+        num, den = pos.sum(-1).to(torch.float64), keep.sum(-1).to(torch.float64)
+    return torch.where(den > 0, num / den.clamp_min(1e-300), torch.zeros_like(num))
+
+
+def copying_scores(model) -> torch.Tensor:
+    """`copying_score` of every head's full OV circuit `W_E W_V^h W_O^h W_U`, as `[n_layers, n_heads]` float64.
+
+    The vocabulary is touched once per model: `M = W_U W_E` `[d_model, d_model]` (computed in the model's dtype,
+    a single pass over d_vocab), then per head the d_head × d_head matrix `W_O^h M W_V^h`, whose eigenvalues
+    are the non-zero eigenvalues of the full OV circuit (`AB` vs `BA` with `A = W_E W_V`, `B = W_O W_U`),
+    batched over all heads in float64."""
+    warn_if_unfolded(model)
+    M = model.W_U.detach() @ model.W_E.detach()  # [d_model, d_model]
+    W_OM = _to_f64(model.W_O) @ _to_f64(M)  # [layer, head, d_head, d_model]
+    return copying_score(FactoredMatrix(W_OM, _to_f64(model.W_V))).to(model.W_E.device)

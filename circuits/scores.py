@@ -1,0 +1,133 @@
+"""Decomposition of one head's attention scores by the sources of its query and its key.
+
+Framework (Elhage et al. 2021), §"Two-layer attention-only transformers / QK circuit": with earlier patterns
+frozen, the query and key inputs of a layer-2 head are sums of sources (token embedding, positions, each
+earlier head's output), so its scores split into `A_q ⊗ A_k ⊗ W` terms, one per (query source, key source):
+direct (no head on either side), Q-composition (a head on the query side only), K-composition (key side only)
+and Q-and-K composition (both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .frozen import frozen_forward
+from .interface import attn_scale, head_label, norm_params
+
+KINDS = ("direct", "q_composition", "k_composition", "qk_composition")
+_NON_HEAD = ("embed", "pos", "bias")
+
+
+def source_kind(query_source: str, key_source: str) -> str:
+    """"direct", "q_composition", "k_composition" or "qk_composition" for a pair of sources."""
+    q_head, k_head = query_source not in _NON_HEAD, key_source not in _NON_HEAD
+    return {(False, False): "direct", (True, False): "q_composition", (False, True): "k_composition",
+            (True, True): "qk_composition"}[(q_head, k_head)]
+
+
+@dataclass
+class ScoreDecomposition:
+    """The result of `attention_score_decomposition`.
+
+    `terms`: (query source, key source) → `[batch, query_pos, key_pos]`; sources are "embed" (`W_E[t]`), "pos"
+    (`W_pos[i]`: residual positions, or shortformer's query/key-only positions), "bias" (b_O of earlier layers,
+    norm biases, and this head's b_Q / b_K) and "L{l}H{h}" (each earlier head's output, its b_V included).
+    `alibi`: the ALiBi bias `[query_pos, key_pos]` or None. `scores`: the model's own scores (after its causal
+    mask: −inf above the diagonal). All entries are before masking; the terms plus `alibi` sum to the scores."""
+
+    layer: int
+    head: int
+    terms: dict[tuple[str, str], torch.Tensor]
+    alibi: torch.Tensor | None
+    scores: torch.Tensor
+    causal: bool
+
+    def total(self) -> torch.Tensor:
+        out = sum(self.terms.values())
+        return out + self.alibi if self.alibi is not None else out
+
+    def by_kind(self) -> dict[str, torch.Tensor]:
+        """The terms summed by kind ("direct", "q_composition", "k_composition", "qk_composition", and "alibi"
+        when present); these also sum to the scores."""
+        out = {k: torch.zeros_like(self.scores.nan_to_num(0, 0, 0)) for k in KINDS}
+        for (q, k), t in self.terms.items():
+            out[source_kind(q, k)] = out[source_kind(q, k)] + t
+        if self.alibi is not None:
+            out["alibi"] = self.alibi.expand_as(self.scores)
+        return out
+
+    def mask(self) -> torch.Tensor:
+        """`[query_pos, key_pos]` bool: entries the model does not mask."""
+        P_q, P_k = self.scores.shape[-2:]
+        keep = torch.ones(P_q, P_k, dtype=torch.bool, device=self.scores.device)
+        return keep.tril() if self.causal else keep
+
+    @property
+    def reconstruction_error(self) -> float:
+        """Relative Frobenius error of `total()` against the model's scores on the unmasked entries."""
+        m = self.mask()
+        a, b = self.total()[..., m].to(torch.float64), self.scores[..., m].to(torch.float64)
+        return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def _rotate(model, x: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of `x [batch, pos, d_head]` (linear, so it applies to each source separately)."""
+    from models.positions import apply_rotary, rotary_angles
+
+    cfg = model.cfg
+    cos, sin = rotary_angles(x.shape[1], cfg.rotary_dim, cfg.rotary_base, x.dtype, x.device)
+    return apply_rotary(x[:, :, None], cos, sin, bool(getattr(cfg, "rotary_adjacent_pairs", False)))[:, :, 0]
+
+
+def attention_score_decomposition(model, tokens, layer: int, head: int) -> ScoreDecomposition:
+    """Split head (`layer`, `head`)'s pre-softmax scores `q·k / √d_head` on `tokens` by the source of the query
+    and of the key (Framework, §"Two-layer attention-only transformers": the `A_q ⊗ A_k ⊗ W` terms).
+
+    Earlier layers' patterns and every norm's denominator are frozen from the real forward pass; the query and
+    key inputs are then sums over sources (see `ScoreDecomposition`), and each (query source, key source) term
+    is `(x_q^s W_Q [+ b_Q]) · (x_k^s' W_K [+ b_K]) / √d_head` (biases with the "bias" source). Rotary positions
+    rotate each source's q and k (rotation is linear); ALiBi adds its own term. Attention-only models."""
+    cfg = model.cfg
+    if not 0 <= layer < cfg.n_layers or not 0 <= head < cfg.n_heads:
+        raise ValueError(f"no head L{layer}H{head} in a model of {cfg.n_layers} layers × {cfg.n_heads} heads")
+    score_hook = f"blocks.{layer}.attn.hook_attn_scores"
+    ff = frozen_forward(model, tokens, n_layers=layer, extra_hooks=(score_hook,))
+    B, P = ff.tokens.shape
+    with torch.no_grad():
+        W_Q, W_K = model.W_Q[layer, head].detach(), model.W_K[layer, head].detach()
+        b_Q, b_K = model.b_Q[layer, head].detach(), model.b_K[layer, head].detach()
+        sources: dict[str, torch.Tensor] = {"embed": ff.embed}
+        if ff.pos_resid is not None:
+            sources["pos"] = ff.pos_resid.expand_as(ff.embed)
+        for l in range(layer):
+            for h in range(cfg.n_heads):
+                sources[head_label(l, h)] = ff.results[l][:, :, h]
+        bias = sum((model.b_O[l].detach() for l in range(layer)), torch.zeros_like(ff.embed))
+        resid = ff.resid_pre[layer]  # [batch, pos, d_model]
+        if ff.pos_qk is not None:  # shortformer: positions reach the query/key input only
+            sources["pos"] = ff.pos_qk.expand_as(ff.embed)
+            resid = resid + ff.pos_qk
+        norm = norm_params(model, layer)
+        scale = norm.scale(resid) if norm.kind else None
+        inputs = {name: norm.linear(x, scale) for name, x in sources.items()}
+        bias_in = norm.linear(bias, scale) + (norm.b if norm.b is not None else 0)
+        has_bias = any(bool(torch.any(t != 0)) for t in (bias_in, b_Q, b_K))
+        qs = {n: x @ W_Q for n, x in inputs.items()}
+        ks = {n: x @ W_K for n, x in inputs.items()}
+        if has_bias:
+            qs["bias"], ks["bias"] = bias_in @ W_Q + b_Q, bias_in @ W_K + b_K
+        if cfg.positional_embedding_type == "rotary":
+            qs = {n: _rotate(model, q) for n, q in qs.items()}
+            ks = {n: _rotate(model, k) for n, k in ks.items()}
+        div = attn_scale(model)
+        terms = {(nq, nk): q @ k.transpose(-1, -2) / div for nq, q in qs.items() for nk, k in ks.items()}
+        alibi = None
+        if cfg.positional_embedding_type == "alibi":
+            from models.positions import alibi_bias
+
+            alibi = alibi_bias(cfg.n_heads, P, P, ff.embed.dtype, ff.embed.device)[head]
+        scores = ff.cache[score_hook][:, head]
+    causal = getattr(cfg, "attention_dir", "causal") == "causal"
+    return ScoreDecomposition(layer, head, terms, alibi, scores, causal)
