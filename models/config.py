@@ -83,13 +83,13 @@ class HookedTransformerConfig:
                     "set d_head explicitly"
                 )
             self.d_head = self.d_model // self.n_heads
-        if not isinstance(self.d_head, int) or self.d_head < 1:
+        if not isinstance(self.d_head, int) or isinstance(self.d_head, bool) or self.d_head < 1:
             raise ConfigError(f"d_head must be a positive int, got {self.d_head!r}")
         if self.attn_only:
             self.d_mlp = None
         elif self.d_mlp is None:
             self.attn_only = True
-        elif not isinstance(self.d_mlp, int) or self.d_mlp < 1:
+        elif not isinstance(self.d_mlp, int) or isinstance(self.d_mlp, bool) or self.d_mlp < 1:
             raise ConfigError(f"d_mlp must be a positive int or None (attention-only), got {self.d_mlp!r}")
         self._check_choice("act_fn", ACT_FNS)
         self._check_choice("normalization_type", NORMALIZATION_TYPES)
@@ -106,6 +106,8 @@ class HookedTransformerConfig:
             )
         if self.rotary_dim is None:
             self.rotary_dim = self.d_head
+        if not isinstance(self.rotary_dim, int) or isinstance(self.rotary_dim, bool):
+            raise ConfigError(f"rotary_dim must be an int or None, got {self.rotary_dim!r}")
         if self.positional_embedding_type == "rotary" and (
             self.rotary_dim < 2 or self.rotary_dim % 2 or self.rotary_dim > self.d_head
         ):
@@ -114,12 +116,17 @@ class HookedTransformerConfig:
             )
         if self.positional_embedding_type == "sinusoidal" and self.d_model % 2:
             raise ConfigError(f"sinusoidal positions need an even d_model, got {self.d_model}")
-        if self.rotary_base <= 0:
-            raise ConfigError(f"rotary_base must be > 0, got {self.rotary_base}")
-        if self.init_range <= 0:
-            raise ConfigError(f"init_range must be > 0, got {self.init_range}")
-        if self.eps <= 0:
-            raise ConfigError(f"eps must be > 0, got {self.eps}")
+        for name in ("rotary_base", "init_range", "eps"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:  # `not >` also rejects NaN
+                raise ConfigError(f"{name} must be a number > 0, got {v!r}")
+        for name in ("attn_only", "rotary_adjacent_pairs", "use_bias", "use_attn_result", "default_prepend_bos"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ConfigError(f"seed must be an int or None, got {self.seed!r}")
+        if not isinstance(self.extra, dict):
+            raise ConfigError(f"extra must be a dict, got {type(self.extra).__name__}")
         self.dtype = _dtype_name(self.dtype)
         self.device = str(self.device)
 

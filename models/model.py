@@ -95,7 +95,7 @@ class HookedTransformer(HookedRootModule):
     def validate_tokens(self, tokens) -> torch.Tensor:
         """Coerce input to an int64 `[batch, pos]` tensor on the model's device, or raise `ValueError`."""
         if isinstance(tokens, (str, list)) and (isinstance(tokens, str) or (tokens and isinstance(tokens[0], str))):
-            return self.to_tokens(tokens)
+            tokens = self.to_tokens(tokens)  # then validated like ids (the tokenizer may exceed d_vocab)
         if isinstance(tokens, (list, tuple)):
             try:
                 tokens = torch.tensor(tokens)
@@ -103,14 +103,14 @@ class HookedTransformer(HookedRootModule):
                 raise ValueError(f"tokens must be a rectangular list of ints: {e}") from None
         if not isinstance(tokens, torch.Tensor):
             raise ValueError(f"tokens must be an int64 tensor [batch, pos], got {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise ValueError(f"tokens must be an integer tensor (int64), got dtype {tokens.dtype}")
         if tokens.ndim == 1:
             tokens = tokens[None]
         if tokens.ndim != 2:
             raise ValueError(f"tokens must have shape [batch, pos] or [pos], got {tuple(tokens.shape)}")
         if tokens.numel() == 0:
             raise ValueError(f"tokens is empty (shape {tuple(tokens.shape)}); give at least one token")
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise ValueError(f"tokens must be an integer tensor (int64), got dtype {tokens.dtype}")
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.cfg.d_vocab:
             bad = lo if lo < 0 else hi
