@@ -73,3 +73,41 @@ def windows(tokens, seq_len: int, n: int, seed: int = 0, bos: int | None = None)
     if bos is not None:
         out = torch.cat([torch.full((n, 1), bos, dtype=torch.long), out], 1)
     return out
+
+
+_CIRCUITS_HOME = {
+    "qk_circuit": "factored", "ov_circuit": "factored", "full_qk_circuit": "factored",
+    "full_ov_circuit": "factored", "k_composition_circuit": "factored", "eigenvalues": "eigen",
+    "copying_score": "eigen", "copying_scores": "eigen", "positive_eigenvalue_fraction": "eigen",
+    "diagonal_rank_stats": "diagonal", "composition_scores": "composition", "composition_baseline": "composition",
+    "fold_layer_norm": "fold", "term_importance": "importance", "path_expansion": "paths",
+    "build_induction_model": "testing",
+}
+
+
+def circuits_api(name: str):
+    """`circuits.<name>`, looked up at call time (imports flow analyses → circuits → models)."""
+    from importlib import import_module
+
+    import circuits
+
+    fn = getattr(circuits, name, None)
+    if fn is None:  # package exports not in place yet: the defining module
+        fn = getattr(import_module(f"circuits.{_CIRCUITS_HOME[name]}"), name)
+    return fn
+
+
+def weight_view(model):
+    """The model whose weights the weight-space circuits should read: `model` itself when its norms are trivial
+    (no norm, or already folded), else `circuits.fold_layer_norm(model)` (a folded copy). Models that cannot be
+    folded (e.g. a TransformerLens bridge) are returned as they are."""
+    if getattr(model.cfg, "normalization_type", None) is None:
+        return model
+    try:
+        from circuits.interface import norms_are_trivial
+
+        if norms_are_trivial(model):
+            return model
+        return circuits_api("fold_layer_norm")(model)
+    except (TypeError, AttributeError, NotImplementedError, ImportError):
+        return model

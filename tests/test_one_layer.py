@@ -1,0 +1,150 @@
+"""One-layer study on hand-built weights with known skip-trigrams, copying heads and positional heads."""
+
+import math
+
+import pytest
+import torch
+
+from analyses.one_layer import copying_heads_table, head_ablation_losses, positional_vs_content
+from analyses.skip_trigrams import skip_trigram_bugs, skip_trigrams
+from analyses.zero_layer import bigram_table
+from models import HookedTransformer, HookedTransformerConfig
+
+V = 20
+
+
+def one_layer(n_heads=2, d_model=V, d_head=V, n_ctx=64, pos="shortformer", seed=0):
+    cfg = HookedTransformerConfig(n_layers=1, d_model=d_model, n_ctx=n_ctx, d_vocab=V, n_heads=n_heads,
+                                  d_head=d_head, normalization_type=None, positional_embedding_type=pos,
+                                  use_bias=False, seed=seed)
+    return HookedTransformer(cfg)
+
+
+def trigram_model():
+    """Head 0: QK[d, s] = M, OV = P: [3]…[5]→7 (and 11), [3]…[8]→7 (and 11), [2]…[9]→12. One-hot E and U."""
+    m = one_layer(n_heads=1)
+    M = torch.zeros(V, V)
+    M[5, 3], M[8, 3], M[9, 2] = 10.0, 6.0, 4.0
+    P = torch.zeros(V, V)
+    P[3, 7], P[3, 11], P[2, 12] = 5.0, 4.0, 3.0
+    with torch.no_grad():
+        m.embed.W_E.copy_(torch.eye(V))
+        m.unembed.W_U.copy_(torch.eye(V))
+        m.pos_embed.W_pos.zero_()
+        a = m.blocks[0].attn
+        a.W_Q[0].copy_(M * math.sqrt(V))
+        a.W_K[0].copy_(torch.eye(V))
+        a.W_V[0].copy_(P)
+        a.W_O[0].copy_(torch.eye(V))
+    return m
+
+
+def test_skip_trigrams_recovers_the_built_triples():
+    table = skip_trigrams(trigram_model(), 0, 0, k=5, block=7)
+    top = [r.ids for r in table.rows[:3]]
+    assert top == [(3, 5, 7), (3, 8, 7), (2, 9, 12)]
+    assert table.rows[0].outs[0][0] == "#7" and table.rows[0].outs[1][0] == "#11"
+    assert table.rows[0].strength > table.rows[1].strength > table.rows[2].strength > 0
+    assert "[#3] … [#5] → [#7]" in table.markdown()
+    assert "Skip-trigrams of L0H0" in str(table)
+
+
+def test_skip_trigram_bugs_cross_destinations_and_outs():
+    table = skip_trigrams(trigram_model(), 0, 0, k=3)
+    bugs = skip_trigram_bugs(table)
+    shared = [b for b in bugs if b.kind == "shared source"]
+    assert len(shared) == 1 and shared[0].source == "#3"
+    assert set(shared[0].destination) == {"#5", "#8"} and shared[0].outs[:2] == ["#7", "#11"]
+    assert "[#3] … [#5] → [#11]" in shared[0].crossed
+    # against a corpus where 5→7 and 8→11 occur but 5→11 and 8→7 never do
+    corpus = torch.tensor([5, 7, 1, 8, 11, 1, 5, 7, 8, 11])
+    bugs = skip_trigram_bugs(table, bigrams=bigram_table(corpus, V))
+    unseen = [b for b in bugs if b.kind == "shared source"][0].unseen_in_corpus
+    assert "[#3] … [#5] → [#11]" in unseen and "[#3] … [#8] → [#7]" in unseen
+    assert "[#3] … [#5] → [#7]" not in unseen
+
+
+def test_copying_heads_table_identity_vs_negative():
+    m = one_layer(n_heads=3, seed=1)
+    with torch.no_grad():
+        m.embed.W_E.copy_(torch.eye(V))
+        m.unembed.W_U.copy_(torch.eye(V))
+        a = m.blocks[0].attn
+        for h, sign in enumerate((1.0, -1.0)):
+            a.W_V[h].copy_(torch.eye(V))
+            a.W_O[h].copy_(sign * torch.eye(V))
+    t = copying_heads_table(m, behavioural=False)
+    assert t.copying_score[0, 0] == pytest.approx(1.0) and t.copying_score[0, 1] == pytest.approx(-1.0)
+    assert t.top1[0, 0] == 1.0 and t.top5[0, 1] == 0.0
+    assert t.positive_fraction[0, 0] == 1.0 and t.positive_fraction[0, 1] == 0.0
+    assert abs(float(t.copying_score[0, 2])) < 0.5  # random head
+    assert t.heads == [(0, 0)]
+    assert "copying?" in t.markdown() and "1 of 3 heads copy" in str(t)
+
+
+def positional_model(n_ctx=32):
+    """Head 0 attends to the previous position (position dims only); head 1 to earlier copies of its token."""
+    d = V + n_ctx
+    m = one_layer(n_heads=2, d_model=d, d_head=n_ctx, n_ctx=n_ctx, pos="shortformer", seed=2)
+    c = 30.0 * math.sqrt(n_ctx)
+    with torch.no_grad():
+        m.embed.W_E.zero_()
+        m.embed.W_E[:, :V].copy_(torch.eye(V))
+        m.pos_embed.W_pos.zero_()
+        m.pos_embed.W_pos[:, V:].copy_(torch.eye(n_ctx))
+        a = m.blocks[0].attn
+        a.W_Q.zero_()
+        a.W_K.zero_()
+        for i in range(1, n_ctx):
+            a.W_Q[0, V + i, i] = c  # query at position i ...
+            a.W_K[0, V + i - 1, i] = 1.0  # ... matches the key at position i-1
+        a.W_Q[1, :V, :V] = torch.eye(V) * c / 3
+        a.W_K[1, :V, :V] = torch.eye(V)
+    return m
+
+
+def test_positional_vs_content_separates_the_heads():
+    res = positional_vs_content(positional_model(), seq_len=32, batch=4)
+    assert res.content_independence[0, 0] > 0.99 and res.previous[0, 0] > 0.99
+    assert res.content_independence[0, 1] < 0.8
+    assert res.labels[0] == ["positional: previous token", "content"]
+    assert res.positional_r2[0, 0] > 0.99 and res.positional_r2[0, 1] < 0.2
+    assert "content independence" in res.markdown()
+
+
+def test_head_ablation_matches_removing_the_head_term():
+    m = one_layer(n_heads=3, d_model=16, d_head=8, seed=3)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.5)
+    tokens = torch.randint(1, V, (3, 24), generator=torch.Generator().manual_seed(0))
+    res = head_ablation_losses(m, tokens)
+    with torch.no_grad():
+        logits, cache = m.run_with_cache(tokens)
+        clean = float(m(tokens, return_type="loss"))
+    for h in range(3):
+        ablated = logits - cache["blocks.0.attn.hook_result"][:, :, h] @ m.W_U
+        lp = ablated[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])
+        expect = -lp.mean() - clean
+        assert res.delta[0, h].item() == pytest.approx(float(expect), abs=1e-5)
+    assert res.clean_loss == pytest.approx(clean, abs=1e-6)
+
+
+def test_head_ablation_freezes_patterns_in_two_layers():
+    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=32, d_vocab=V, n_heads=2, normalization_type="LN",
+                                  seed=4)
+    m = HookedTransformer(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    tokens = torch.randint(1, V, (2, 20), generator=torch.Generator().manual_seed(1))
+    res = head_ablation_losses(m, tokens)
+    # an unfrozen ablation (patterns free to change) differs for layer-0 heads
+    def zero(z, hook):
+        z = z.clone()
+        z[:, :, 0] = 0
+        return z
+
+    free = float(m.run_with_hooks(tokens, return_type="loss", fwd_hooks=[("blocks.0.attn.hook_z", zero)]))
+    assert abs((free - res.clean_loss) - float(res.delta[0, 0])) > 1e-4
+    assert res.delta.shape == (2, 2)
