@@ -1,6 +1,6 @@
 """Seeded probe sequences for the behavioural scores: random tokens, repeated random tokens.
 
-"Random tokens" are drawn uniformly (with replacement) from a pool of ids: every id of the vocabulary
+"Random tokens" are drawn uniformly from a pool of ids: every id of the vocabulary
 except the special tokens (BOS / PAD / EOS of `model.tokenizer`, when it has them), or, with
 `tokens_from`, the distinct ids of a given array (e.g. the training corpus), minus the specials. Byte-level
 vocabularies hold ids that never occur in text; reference.md suggests drawing from ids the model has seen.
@@ -46,18 +46,26 @@ def token_pool(model, tokens_from=None) -> torch.Tensor:
     return pool
 
 
-def random_tokens(model, seq_len: int, batch: int = 1, seed: int = 0, tokens_from=None) -> torch.Tensor:
-    """`[batch, seq_len]` ids drawn uniformly (with replacement) from `token_pool`, seeded, on CPU."""
+def random_tokens(model, seq_len: int, batch: int = 1, seed: int = 0, tokens_from=None,
+                  distinct: bool = False) -> torch.Tensor:
+    """`[batch, seq_len]` ids drawn uniformly from `token_pool`, seeded, on CPU: with replacement, or with
+    `distinct` without replacement within each row (when the pool holds at least `seq_len` ids)."""
     pool = token_pool(model, tokens_from)
     g = torch.Generator().manual_seed(seed)
+    if distinct and pool.numel() >= seq_len:
+        return pool[torch.rand(batch, pool.numel(), generator=g).argsort(-1)[:, :seq_len]]
     return pool[torch.randint(0, pool.numel(), (batch, seq_len), generator=g)]
 
 
 def repeated_tokens(model, seq_len: int, n_repeats: int = 2, batch: int = 1, seed: int = 0,
-                    tokens_from=None, prepend_bos: bool = True) -> torch.Tensor:
+                    tokens_from=None, prepend_bos: bool = True, distinct: bool = True) -> torch.Tensor:
     """`[BOS] + R * n_repeats` with R `[batch, seq_len]` random tokens: `[batch, 1 + n_repeats*seq_len]`.
 
-    Raises `ValueError` when the sequence does not fit the model's learned positions (n_ctx)."""
+    R's tokens are distinct within a row (`distinct`, whenever the pool allows), so that every token of a
+    later copy has exactly one occurrence per earlier copy: ARENA draws with replacement from 50k ids, where
+    repeats inside R are rare; with a small vocabulary they would split an induction head's attention between
+    several "earlier occurrences" and blur the scores. Raises `ValueError` when the sequence does not fit the
+    model's learned positions (n_ctx)."""
     if seq_len < 1 or n_repeats < 1 or batch < 1:
         raise ValueError(f"seq_len, n_repeats and batch must be >= 1, got {seq_len}, {n_repeats}, {batch}")
     length = int(prepend_bos) + n_repeats * seq_len
@@ -66,6 +74,6 @@ def repeated_tokens(model, seq_len: int, n_repeats: int = 2, batch: int = 1, see
             f"a sequence of {n_repeats} x {seq_len} random tokens{' + BOS' if prepend_bos else ''} has {length} "
             f"positions, more than the model's n_ctx={model.cfg.n_ctx}; use a shorter seq_len"
         )
-    r = random_tokens(model, seq_len, batch, seed, tokens_from)
+    r = random_tokens(model, seq_len, batch, seed, tokens_from, distinct)
     parts = [torch.full((batch, 1), bos_token_id(model), dtype=torch.long)] if prepend_bos else []
     return torch.cat(parts + [r] * n_repeats, dim=1)
