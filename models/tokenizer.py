@@ -95,6 +95,27 @@ class BPETokenizer:
         self.tok.save(str(path))
 
 
+def make_tokenizer(spec: str, texts=None):
+    """A tokenizer from a spec: `"bytes"` (256 bytes + specials), `"bpe-N"` (byte-level BPE with N ids trained
+    on the iterable of strings `texts`, in its given order), or a path to a `tokenizer.json`."""
+    if spec == "bytes":
+        return ByteTokenizer()
+    if isinstance(spec, str) and spec.startswith("bpe-"):
+        try:
+            n = int(spec[4:])
+        except ValueError:
+            raise TokenizerError(f"tokenizer spec {spec!r}: expected 'bpe-<vocab size>', e.g. 'bpe-2048'") from None
+        if texts is None:
+            raise TokenizerError(f"tokenizer spec {spec!r} needs texts to train on")
+        try:
+            return BPETokenizer.train(texts, vocab_size=n)
+        except ValueError as e:
+            raise TokenizerError(f"tokenizer spec {spec!r}: {e}") from None
+    if Path(spec).is_file():
+        return load_tokenizer(spec)
+    raise TokenizerError(f"unknown tokenizer {spec!r}: use 'bytes', 'bpe-<vocab size>' or a tokenizer.json path")
+
+
 def load_tokenizer(path):
     """Read a `tokenizer.json` written by either tokenizer."""
     path = Path(path)

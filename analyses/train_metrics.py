@@ -1,0 +1,257 @@
+"""Training-time measurements and model cards, built from `analyses.scores` for `models.train.train`.
+
+`make_eval_fn(...)` returns the `eval_fn(model) -> dict` callback that `models.train.train` calls at every
+checkpoint (models/ never imports analyses/): each head's induction score on `[BOS] + R + R` (|R| = 50 and
+a second period), each head's previous-token score on validation text, and the in-context-learning score
+(loss at token late − loss at token early, positions scaled from Olsson et al.'s 50 and 500 of 512).
+`make_report_fn(...)` returns the `report_fn` that writes `card.md` and `training_curve.png`.
+"""
+
+from __future__ import annotations
+
+import io
+import platform
+import time
+
+import numpy as np
+import torch
+
+
+def icl_positions(n_ctx: int) -> tuple[int, int]:
+    """Olsson et al.'s tokens 50 and 500 of a 512 context, scaled to `n_ctx`: (early, late)."""
+    return max(1, round(n_ctx * 50 / 512)), min(n_ctx - 1, round(n_ctx * 500 / 512))
+
+
+def _rounded(t: torch.Tensor) -> list:
+    return [[round(float(x), 4) for x in row] for row in t]
+
+
+def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16, seed: int = 0):
+    """`eval_fn(model) -> dict` of the checkpoint scores (see the module docstring).
+
+    `val_tokens [n, T]`: validation sequences starting with BOS (natural text); `seen_ids`: the training ids
+    that random probe tokens are drawn from (specials excluded)."""
+    from .scores import in_context_learning_score, induction_scores, previous_token_scores
+
+    val = torch.as_tensor(np.asarray(val_tokens), dtype=torch.long)
+    seen = torch.as_tensor(np.asarray(seen_ids), dtype=torch.long)
+
+    @torch.no_grad()
+    def eval_fn(model) -> dict:
+        had = model.tokenizer
+        model.tokenizer = model.tokenizer or tokenizer  # the probes' BOS and specials come from it
+        try:
+            out = {}
+            early, late = icl_positions(min(model.cfg.n_ctx, val.shape[1]))
+            out["icl_score"] = round(in_context_learning_score(model, val.to(model.W_E.device), early, late), 4)
+            if model.cfg.n_layers == 0:
+                return out
+            for p in periods:
+                if 1 + 2 * p > model.cfg.n_ctx:
+                    continue
+                s = induction_scores(model, seq_len=p, batch=batch, seed=seed, tokens_from=seen)
+                out[f"induction_scores_{p}"] = _rounded(s)
+                out[f"max_induction_{p}"] = round(float(s[-1].max()), 4)
+            prev = previous_token_scores(model, val.to(model.W_E.device))
+            out["previous_token_scores"] = _rounded(prev)
+            out["max_previous_token"] = round(float(prev.max()), 4)
+            return out
+        finally:
+            model.tokenizer = had
+
+    return eval_fn
+
+
+def eval_inputs(cfg, model_cfg):
+    """(tokenizer, validation sequences, seen ids) for `make_eval_fn`, from a `TrainConfig`'s data."""
+    from models.train import build_data
+
+    batches, tok, corpus = build_data(cfg, model_cfg)
+    val = batches.val_batch(min(cfg.val_sequences, 32))
+    seen = corpus.seen_ids() if corpus is not None else batches.pool
+    return tok, val, seen, corpus
+
+
+# --- training curve ---------------------------------------------------------------------------------
+def training_curve_png(metrics: list[dict], title: str) -> bytes:
+    """Train / validation loss against tokens, with the best layer-1+ induction score and the ICL score."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    tr = [(r["tokens"], r["train_loss"]) for r in metrics if "train_loss" in r]
+    va = [(r["tokens"], r["val_loss"]) for r in metrics if "val_loss" in r]
+    if tr:
+        ax[0].plot(*zip(*tr), label="train (mixture)", lw=1)
+    if va:
+        ax[0].plot(*zip(*va), "o-", label="validation (natural text)", ms=3)
+    ax[0].set_xscale("symlog", linthresh=1e5)
+    ax[0].set_xlabel("tokens")
+    ax[0].set_ylabel("loss (nats/token)")
+    ax[0].legend()
+    ax[0].set_title(title)
+    ind = [(r["tokens"], r["max_induction_50"]) for r in metrics if "max_induction_50" in r]
+    icl = [(r["tokens"], r["icl_score"]) for r in metrics if "icl_score" in r]
+    prev = [(r["tokens"], r["max_previous_token"]) for r in metrics if "max_previous_token" in r]
+    if ind:
+        ax[1].plot(*zip(*ind), "o-", ms=3, label="max induction score, last layer (|R|=50)")
+    if prev:
+        ax[1].plot(*zip(*prev), "s-", ms=3, label="max previous-token score")
+    if icl:
+        ax[1].plot(*zip(*icl), "^-", ms=3, label="ICL score (nats)")
+    ax[1].set_xscale("symlog", linthresh=1e5)
+    ax[1].set_xlabel("tokens")
+    ax[1].axhline(0, color="grey", lw=0.5)
+    ax[1].legend(fontsize=8)
+    ax[1].set_title("checkpoint scores")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def hardware() -> str:
+    import os
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads){gpu}"
+
+
+def induction_onset(metrics: list[dict], threshold: float = 0.4) -> dict | None:
+    """The first checkpoint whose best last-layer induction score (|R| = 50) passes `threshold`."""
+    for r in metrics:
+        if r.get("max_induction_50", 0) >= threshold:
+            return r
+    return None
+
+
+def stamp() -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime())
+
+
+# --- model card -----------------------------------------------------------------------------------------
+def _fmt_heads(rows, layer: int) -> str:
+    return ", ".join(f"{v:.2f}" for v in rows[layer])
+
+
+def _last_scores(metrics: list[dict]) -> dict:
+    return next((r for r in reversed(metrics) if "icl_score" in r), {})
+
+
+def card_results(model, metrics, summary, corpus) -> tuple[list[str], dict]:
+    """Markdown lines and a dict of the measured numbers for a card (scores at the final checkpoint)."""
+    last = _last_scores(metrics)
+    numbers = {"final_val_loss": summary.get("final_val_loss"), "unigram_val_loss": summary.get("unigram_val_loss"),
+               "icl_score": last.get("icl_score")}
+    lines = [
+        f"- final validation loss: **{summary.get('final_val_loss', float('nan')):.4f}** nats/token",
+        f"- unigram baseline (train-split unigram frequencies, add-one) on the same validation text: "
+        f"**{summary.get('unigram_val_loss', float('nan')):.4f}** nats/token",
+    ]
+    L = model.cfg.n_layers
+    if "icl_score" in last:
+        early, late = icl_positions(model.cfg.n_ctx)
+        lines.append(f"- in-context-learning score (loss at token {late} − loss at token {early}, validation text): "
+                     f"**{last['icl_score']:+.3f}** nats")
+    if L >= 1 and "previous_token_scores" in last:
+        prev = last["previous_token_scores"]
+        numbers["previous_token_scores"] = prev
+        lines.append(f"- previous-token scores (validation text), layer 0 heads: {_fmt_heads(prev, 0)} "
+                     f"(max **{max(prev[0]):.3f}**)")
+    for p in (50, 100):
+        key = f"induction_scores_{p}"
+        if L >= 1 and key in last:
+            s = last[key]
+            numbers[key] = s
+            lines.append(f"- induction scores on [BOS]+R+R, |R| = {p} (R drawn from ids seen in training), layer "
+                         f"{L - 1} heads: {_fmt_heads(s, L - 1)} (max **{max(s[L - 1]):.3f}**)")
+    if L >= 2:
+        onset = induction_onset(metrics, 0.4)
+        numbers["induction_onset_step"] = onset["step"] if onset else None
+        lines.append("- induction heads formed (best last-layer score ≥ 0.4 at |R| = 50): " + (
+            f"by checkpoint step {onset['step']} ({onset['tokens']:,} tokens)" if onset else "not within this run"))
+    if L == 1:
+        try:
+            from circuits import copying_scores
+        except ImportError:  # pragma: no cover - circuits is part of this repository
+            from circuits.eigen import copying_scores
+        cs = copying_scores(model).float().cpu()
+        numbers["copying_scores"] = _rounded(cs)
+        n_pos = int((cs[0] > 0.5).sum())
+        lines.append(f"- copying scores Σλ/Σ|λ| of each head's full OV circuit W_E W_V W_O W_U: {_fmt_heads(cs, 0)} "
+                     f"(**{n_pos} of {model.cfg.n_heads}** above 0.5)")
+    if L == 0 and corpus is not None:
+        from .zero_layer import direct_path_fit
+
+        fit = direct_path_fit(model, np.asarray(corpus.train))
+        fit_val = direct_path_fit(model, np.asarray(corpus.val))
+        numbers.update(bigram_entropy_train=fit.bigram_entropy, direct_path_kl_train=fit.weighted_kl,
+                       bigram_entropy_val=fit_val.bigram_entropy, direct_path_kl_val=fit_val.weighted_kl)
+        lines.append(f"- corpus bigram entropy H(next | current): training split **{fit.bigram_entropy:.4f}**, "
+                     f"validation split (in-sample) {fit_val.bigram_entropy:.4f} nats/token")
+        lines.append(f"- direct path vs the bigrams (frequency-weighted KL per token): **{fit.weighted_kl:.4f}** "
+                     f"nats on the training split, {fit_val.weighted_kl:.4f} on the validation split; its argmax "
+                     f"agrees with the corpus's most likely next token for {fit.argmax_agreement:.1%} of tokens")
+    return lines, numbers
+
+
+def data_line(cfg, corpus, summary) -> str:
+    if corpus is None:
+        return f"- data: {cfg.data}"
+    held = ("the `test`/`tests` packages" if cfg.data == "stdlib" else "the held-out tail of the text")
+    return (f"- data: {corpus.name} ({summary.get('train_tokens_in_corpus', 0):,} training tokens; validation = "
+            f"{held}, {summary.get('val_tokens_in_corpus', 0):,} tokens), tokenizer `{cfg.tokenizer}` "
+            "(tokenizer.json)")
+
+
+def make_report_fn(name: str, about: str, command: str, cfg, corpus, val, seen, notes: str = ""):
+    """`report_fn(model, summary, metrics) -> {"card.md": ..., "training_curve.png": ...}` for `models.train`."""
+
+    def report_fn(model, summary, metrics) -> dict:
+        import json
+
+        from models.train_presets import PRESETS
+
+        c = model.cfg
+        lines, numbers = card_results(model, metrics, summary, corpus)
+        extra_notes = notes or PRESETS.get(name, {}).get("notes", "")
+        mix = (f"{cfg.repeat_fraction:.0%} of the training sequences carry one repeated segment (length "
+               f"{cfg.repeat_min_len}–{cfg.repeat_max_len} tokens, random offsets; {cfg.repeat_random_fraction:.0%} "
+               "of the segments are random seen tokens, the rest natural text)") if cfg.repeat_fraction else \
+            "natural text only (no synthetic repeats)"
+        arch = (f"{c.n_layers} layers × {c.n_heads} heads, d_model {c.d_model}, d_head {c.d_head}, "
+                f"{'attention-only' if c.attn_only else f'MLP d_mlp {c.d_mlp} ({c.act_fn})'}, "
+                f"{c.positional_embedding_type} positions, normalization {c.normalization_type}, "
+                f"biases {'on' if c.use_bias else 'off'}, n_ctx {c.n_ctx}, d_vocab {c.d_vocab}")
+        text = [f"# {name}", "", about, "", "## Model", "", f"- {arch}",
+                f"- parameters: {sum(p.numel() for p in model.parameters()):,}", "", "## Training", "",
+                data_line(cfg, corpus, summary),
+                f"- mixture: {mix}",
+                f"- {summary['steps']} steps × batch {cfg.batch_size} × {cfg.seq_len or c.n_ctx} tokens = "
+                f"{summary['tokens_seen']:,} tokens seen; AdamW lr {cfg.lr} (warm-up {cfg.warmup_steps}, cosine to "
+                f"{cfg.lr * cfg.min_lr_ratio:g}), weight decay {cfg.weight_decay}, clip {cfg.grad_clip}, label "
+                f"smoothing {cfg.label_smoothing}, seed {cfg.seed}",
+                f"- wall time: {summary['wall_time']:.0f} s on {hardware()} (device {summary['device']}, "
+                f"shared machine)",
+                f"- command: `{command}`", "", "## Measured (final model)", "", *lines]
+        if extra_notes:
+            text += ["", "## Notes", "", extra_notes]
+        text += ["", "Files: config.json, model.safetensors, tokenizer.json, metrics.jsonl (train/validation loss, "
+                 "tokens, wall time; head scores at every checkpoint), training_curve.png, train_config.json, "
+                 "summary.json, checkpoints/ (early weights).", ""]
+        summary["card_numbers"] = numbers
+        return {"card.md": "\n".join(text), "training_curve.png": training_curve_png(metrics, name),
+                "measured.json": json.dumps(numbers, indent=1)}
+
+    return report_fn

@@ -1,0 +1,410 @@
+"""Training corpora: text sources, on-disk token arrays (memory-mapped), and deterministic batch sampling.
+
+- Text sources: the running Python's standard library (`*.py`, the `test`/`tests` packages held out as
+  validation text), a user folder, or a list of text files (`TextSource`).
+- Token arrays: a source is tokenized once, streaming file by file, into `train.bin` / `val.bin`
+  (uint16 or uint32 ids, documents separated by EOS) under a cache folder keyed by a hash of the files'
+  contents and the tokenizer; they are read back as `np.memmap`, so a corpus larger than memory trains.
+- Sampling: the batch of step `s` is a pure function of `(seed, s)` (never of iterator state), so a run
+  resumed from a checkpoint sees exactly the data an uninterrupted run sees; data-parallel ranks take
+  contiguous slices of the same global batch.
+- Synthetic tasks: `[BOS] + R + R + ...` repeated random tokens, and a mixture of natural text with a
+  fraction of sequences containing a repeated segment of random length at random offsets (the period and
+  the offset both vary: a fixed period teaches a positional shortcut instead of induction).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import atomic_write_dir
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot train a model (no files, no text, too few tokens); the message says why."""
+
+
+def default_cache_dir() -> Path:
+    """`$CIRCUITS_CACHE`, else `$XDG_CACHE_HOME/toy-circuits`, else `~/.cache/toy-circuits`."""
+    if os.environ.get("CIRCUITS_CACHE"):
+        return Path(os.environ["CIRCUITS_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "toy-circuits"
+
+
+# --- text sources ---------------------------------------------------------------------------------
+@dataclass
+class TextSource:
+    """Files of one corpus, in a fixed order. With no `val_files`, the last `val_fraction` of the training
+    tokens is held out as validation text."""
+
+    name: str
+    train_files: list
+    val_files: list
+    val_fraction: float = 0.05
+
+    def describe(self) -> str:
+        return f"{self.name}: {len(self.train_files)} training files, {len(self.val_files)} validation files"
+
+
+def _is_test_path(rel_parts: tuple) -> bool:
+    return any(p in ("test", "tests") for p in rel_parts[:-1])
+
+
+def stdlib_source() -> TextSource:
+    """The `*.py` files of the running Python's standard library (site-packages skipped), in sorted order;
+    files under a `test` or `tests` package (`Lib/test`, `*/tests/*`) are the validation split."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if not root.is_dir():
+        raise CorpusError(f"the standard library folder {root} does not exist; pass a text folder instead")
+    train, val = [], []
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root).parts
+        if "site-packages" in rel or "dist-packages" in rel or not p.is_file():
+            continue
+        (val if _is_test_path(rel) else train).append(p)
+    if not train:
+        raise CorpusError(f"no *.py files found under the standard library folder {root}")
+    return TextSource(f"python{sysconfig.get_python_version()}-stdlib", train, val)
+
+
+def _looks_like_text(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8192)
+    except OSError:
+        return False
+    return b"\x00" not in head
+
+
+def folder_source(spec, val_fraction: float = 0.05) -> TextSource:
+    """A folder (every non-hidden text file below it, sorted) or a list of text files. Binary files
+    (a NUL byte in the first 8 KiB) are skipped. Validation = the last `val_fraction` of the tokens."""
+    if isinstance(spec, (str, os.PathLike)):
+        root = Path(spec)
+        if root.is_file():
+            files = [root]
+        elif root.is_dir():
+            files = [p for p in sorted(root.rglob("*")) if p.is_file()
+                     and not any(part.startswith(".") for part in p.relative_to(root).parts)]
+        else:
+            raise CorpusError(f"corpus path {str(root)!r} does not exist")
+        name = root.name or str(root)
+    else:
+        files = [Path(p) for p in spec]
+        missing = [str(p) for p in files if not p.is_file()]
+        if missing:
+            raise CorpusError(f"corpus file(s) not found: {missing[:5]}")
+        name = f"{len(files)}-files"
+    files = [p for p in files if _looks_like_text(p)]
+    if not files:
+        raise CorpusError(f"corpus {str(spec)!r} has no text files (empty folder, or only binary files)")
+    if not 0 < val_fraction < 1:
+        raise CorpusError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    return TextSource(name, files, [], val_fraction)
+
+
+def resolve_source(data) -> TextSource:
+    """`"stdlib"` → `stdlib_source()`; a path or a list of paths → `folder_source`."""
+    if isinstance(data, TextSource):
+        return data
+    if data in (None, "stdlib"):
+        return stdlib_source()
+    return folder_source(data)
+
+
+def read_text(path: Path) -> str:
+    return Path(path).read_text(encoding="utf-8", errors="replace")
+
+
+def iter_texts(files):
+    for p in files:
+        yield read_text(p)
+
+
+# --- token arrays on disk -------------------------------------------------------------------------
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the tokenizer's serialised form (identical tokenizers → identical fingerprints)."""
+    if hasattr(tokenizer, "tok"):
+        text = tokenizer.tok.to_str()
+    else:
+        text = json.dumps({"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size})
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _files_digest(files, h) -> None:
+    for p in files:
+        h.update(str(Path(p).name).encode() + b"\0")
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\1")
+
+
+def source_fingerprint(source: TextSource) -> str:
+    """sha256 over the file names and contents of both splits (and the held-out fraction)."""
+    h = hashlib.sha256()
+    _files_digest(source.train_files, h)
+    h.update(b"--val--")
+    _files_digest(source.val_files, h)
+    h.update(str(source.val_fraction if not source.val_files else "").encode())
+    return h.hexdigest()
+
+
+def _encode_to_file(files, tokenizer, path: Path, dtype, batch_files: int = 64) -> int:
+    """Stream-tokenize `files` into a flat binary array at `path` (EOS after each document)."""
+    eos = tokenizer.eos_token_id
+    n = 0
+    with open(path, "wb") as out:
+        for i in range(0, len(files), batch_files):
+            texts = [read_text(p) for p in files[i : i + batch_files]]
+            if hasattr(tokenizer, "tok"):
+                encoded = [e.ids for e in tokenizer.tok.encode_batch(texts, add_special_tokens=False)]
+            else:
+                encoded = [tokenizer.encode(t) for t in texts]
+            for ids in encoded:
+                if not ids:
+                    continue
+                arr = np.asarray(ids + [eos], dtype=dtype)
+                out.write(arr.tobytes())
+                n += arr.size
+    return n
+
+
+@dataclass
+class TokenCorpus:
+    """Memory-mapped token ids of a corpus: `train` and `val` are 1-D arrays (documents separated by EOS)."""
+
+    name: str
+    train: np.ndarray
+    val: np.ndarray
+    tokenizer: object
+    folder: Path | None = None
+
+    @property
+    def bos_id(self) -> int:
+        return self.tokenizer.bos_token_id
+
+    def special_ids(self) -> list[int]:
+        ids = {self.tokenizer.bos_token_id, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id}
+        return sorted(i for i in ids if i is not None)
+
+    def unigram_counts(self, split: str = "train") -> np.ndarray:
+        """Occurrences of each id in a split (streamed in 16M-token chunks), `[vocab_size]` int64."""
+        arr = self.train if split == "train" else self.val
+        counts = np.zeros(self.tokenizer.vocab_size, dtype=np.int64)
+        for i in range(0, arr.size, 1 << 24):
+            counts += np.bincount(np.asarray(arr[i : i + (1 << 24)]), minlength=counts.size)[: counts.size]
+        return counts
+
+    def seen_ids(self) -> np.ndarray:
+        """Ids that occur in the training split, specials excluded: the pool for 'random tokens'."""
+        counts = self.unigram_counts("train")
+        counts[self.special_ids()] = 0
+        return np.flatnonzero(counts).astype(np.int64)
+
+    def check(self, seq_len: int) -> None:
+        for split, arr in (("training", self.train), ("validation", self.val)):
+            if arr.size < seq_len:
+                raise CorpusError(
+                    f"corpus {self.name!r} has {arr.size} {split} tokens, fewer than one sequence of "
+                    f"{seq_len}; give more text or a shorter seq_len"
+                )
+
+
+def build_token_corpus(source, tokenizer, cache_dir=None) -> TokenCorpus:
+    """Tokenize `source` (see `resolve_source`) with `tokenizer`, cached on disk under
+    `cache_dir/corpora/<hash of contents + tokenizer>/`, and return memory-mapped arrays."""
+    source = resolve_source(source)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = hashlib.sha256((source_fingerprint(source) + tokenizer_fingerprint(tokenizer)).encode()).hexdigest()[:24]
+    folder = cache / "corpora" / key
+    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+    if not (folder / "meta.json").is_file():
+        def write(tmp: Path) -> None:
+            n_train = _encode_to_file(source.train_files, tokenizer, tmp / "train.bin", dtype)
+            n_val = _encode_to_file(source.val_files, tokenizer, tmp / "val.bin", dtype)
+            meta = {"name": source.name, "dtype": np.dtype(dtype).name, "n_train": n_train, "n_val": n_val,
+                    "val_fraction": None if source.val_files else source.val_fraction,
+                    "n_train_files": len(source.train_files), "n_val_files": len(source.val_files)}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+
+        atomic_write_dir(folder, write)
+    meta = json.loads((folder / "meta.json").read_text())
+    if meta["n_train"] == 0:
+        raise CorpusError(f"corpus {source.name!r} contains no text (0 tokens after tokenization)")
+    train = np.memmap(folder / "train.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_train"],))
+    if meta["n_val"]:
+        val = np.memmap(folder / "val.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_val"],))
+    else:  # hold out the tail of the training stream
+        cut = int(round(meta["n_train"] * (1 - meta["val_fraction"])))
+        train, val = train[:cut], train[cut:]
+    return TokenCorpus(source.name, train, val, tokenizer, folder)
+
+
+# --- deterministic sampling ------------------------------------------------------------------------
+@dataclass
+class Mixture:
+    """Synthetic structure mixed into natural-text batches.
+
+    `repeat_fraction` of the sequences get one segment of length L ~ U[min_len, max_len] copied from a random
+    offset a to a random later offset b ≥ a + L (period b − a varies too). With probability
+    `random_fraction` the segment is first overwritten with random seen tokens, so that only in-context
+    copying (not bigram statistics) can predict its second occurrence.
+    """
+
+    repeat_fraction: float = 0.0
+    min_len: int = 8
+    max_len: int = 64
+    random_fraction: float = 0.5
+
+    def validate(self, seq_len: int) -> None:
+        if not 0.0 <= self.repeat_fraction <= 1.0:
+            raise ValueError(f"repeat_fraction must be in [0, 1], got {self.repeat_fraction}")
+        if not 0.0 <= self.random_fraction <= 1.0:
+            raise ValueError(f"random_fraction must be in [0, 1], got {self.random_fraction}")
+        if self.repeat_fraction > 0:
+            if not 1 <= self.min_len <= self.max_len:
+                raise ValueError(f"need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
+            if 2 * self.min_len > seq_len - 1:
+                raise ValueError(f"min_len={self.min_len} is too long: two copies must fit in seq_len-1={seq_len - 1}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def step_rng(seed: int, step: int, stream: int = 0) -> np.random.Generator:
+    """The random generator of one training step: a pure function of (seed, step, stream)."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(step), int(stream)])))
+
+
+def _windows(tokens: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    return np.stack([np.asarray(tokens[s : s + length], dtype=np.int64) for s in starts])
+
+
+def insert_repeats(seqs: np.ndarray, rng: np.random.Generator, mixture: Mixture, pool: np.ndarray) -> np.ndarray:
+    """In place: give each row (position 0 = BOS, untouched) a repeated segment with probability
+    `mixture.repeat_fraction` (see `Mixture`)."""
+    B, T = seqs.shape
+    chosen = rng.random(B) < mixture.repeat_fraction
+    for i in np.flatnonzero(chosen):
+        L = int(rng.integers(mixture.min_len, min(mixture.max_len, (T - 1) // 2) + 1))
+        a = int(rng.integers(1, T - 2 * L + 1))
+        b = int(rng.integers(a + L, T - L + 1))
+        if rng.random() < mixture.random_fraction:
+            seqs[i, a : a + L] = pool[rng.integers(0, pool.size, L)]
+        seqs[i, b : b + L] = seqs[i, a : a + L]
+    return seqs
+
+
+class TextBatches:
+    """Batches `[BOS] + window` of a `TokenCorpus`, plus an optional `Mixture` of repeated segments."""
+
+    def __init__(self, corpus: TokenCorpus, seq_len: int, mixture: Mixture | None = None):
+        corpus.check(seq_len)
+        self.corpus, self.seq_len = corpus, seq_len
+        self.mixture = mixture or Mixture()
+        self.mixture.validate(seq_len)
+        self.pool = corpus.seen_ids() if self.mixture.repeat_fraction > 0 else None
+
+    def batch(self, seed: int, step: int, batch_size: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
+        """Rows `rank*B/W .. (rank+1)*B/W` of the global batch of `step`: int64 `[batch_size/world, seq_len]`."""
+        rng = step_rng(seed, step)
+        T = self.seq_len
+        starts = rng.integers(0, self.corpus.train.size - (T - 1) + 1, batch_size)
+        seqs = np.empty((batch_size, T), dtype=np.int64)
+        seqs[:, 0] = self.corpus.bos_id
+        seqs[:, 1:] = _windows(self.corpus.train, starts, T - 1)
+        if self.mixture.repeat_fraction > 0:
+            insert_repeats(seqs, rng, self.mixture, self.pool)
+        per = batch_size // world_size
+        return seqs[rank * per : (rank + 1) * per]
+
+    def val_batch(self, n: int, seed: int = 0) -> np.ndarray:
+        """`n` fixed validation sequences `[BOS] + window` of natural text (evenly spaced windows)."""
+        T, val = self.seq_len, self.corpus.val
+        starts = np.linspace(0, val.size - (T - 1), num=n).astype(np.int64)
+        seqs = np.empty((n, T), dtype=np.int64)
+        seqs[:, 0] = self.corpus.bos_id
+        seqs[:, 1:] = _windows(val, starts, T - 1)
+        return seqs
+
+
+class RepeatBatches:
+    """Pure synthetic task: `[BOS] + R + R + ...` (truncated to seq_len), R uniform random tokens of a length
+    drawn per sequence from [min_len, max_len] (the period varies), ids from `pool` (specials excluded)."""
+
+    def __init__(self, pool, bos_id: int, seq_len: int, min_len: int = 4, max_len: int | None = None):
+        self.pool = np.asarray(pool, dtype=np.int64)
+        if self.pool.size == 0:
+            raise CorpusError("the repeated-tokens task needs a non-empty pool of token ids")
+        self.bos_id, self.seq_len = bos_id, seq_len
+        self.min_len = min_len
+        self.max_len = max_len or max(min_len, (seq_len - 1) // 2)
+        if not 1 <= self.min_len <= self.max_len:
+            raise ValueError(f"need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
+
+    def _make(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        seqs = np.empty((n, self.seq_len), dtype=np.int64)
+        seqs[:, 0] = self.bos_id
+        for i in range(n):
+            L = int(rng.integers(self.min_len, self.max_len + 1))
+            R = self.pool[rng.integers(0, self.pool.size, L)]
+            reps = -(-(self.seq_len - 1) // L)
+            seqs[i, 1:] = np.tile(R, reps)[: self.seq_len - 1]
+        return seqs
+
+    def batch(self, seed: int, step: int, batch_size: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
+        seqs = self._make(step_rng(seed, step), batch_size)
+        per = batch_size // world_size
+        return seqs[rank * per : (rank + 1) * per]
+
+    def val_batch(self, n: int, seed: int = 0) -> np.ndarray:
+        return self._make(step_rng(seed, -1 % (1 << 32), stream=1), n)
+
+
+def repeated_tokens(pool, bos_id: int, length: int, repeats: int = 2, batch: int = 1, seed: int = 0) -> np.ndarray:
+    """`[BOS] + R * repeats` with R = `length` tokens drawn uniformly from `pool`: `[batch, 1 + length*repeats]`."""
+    rng = np.random.default_rng(seed)
+    pool = np.asarray(pool, dtype=np.int64)
+    R = pool[rng.integers(0, pool.size, (batch, length))]
+    return np.concatenate([np.full((batch, 1), bos_id, dtype=np.int64)] + [R] * repeats, axis=1)
+
+
+# --- baselines ------------------------------------------------------------------------------------
+def unigram_baseline_loss(corpus: TokenCorpus, smoothing: float = 1.0) -> float:
+    """Cross-entropy (nats/token) of the validation split under the training split's add-`smoothing`
+    unigram distribution (the loss of a model that ignores context)."""
+    counts = corpus.unigram_counts("train").astype(np.float64) + smoothing
+    logp = np.log(counts / counts.sum())
+    val = corpus.unigram_counts("val").astype(np.float64)
+    return float(-(val * logp).sum() / val.sum())
+
+
+def get_tokenizer(spec: str, source=None, cache_dir=None):
+    """`make_tokenizer(spec)`, with trained BPE tokenizers cached under `cache_dir/tokenizers/` by a hash of
+    the source's training files (training BPE on the stdlib takes seconds, so it is done once)."""
+    from .tokenizer import load_tokenizer, make_tokenizer
+
+    if not (isinstance(spec, str) and spec.startswith("bpe-")):
+        return make_tokenizer(spec)
+    source = resolve_source(source)
+    h = hashlib.sha256()
+    _files_digest(source.train_files, h)
+    cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "tokenizers"
+    path = cache / f"{h.hexdigest()[:24]}-{spec}.json"
+    if path.is_file():
+        return load_tokenizer(path)
+    tok = make_tokenizer(spec, iter_texts(source.train_files))
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tok.save(tmp)
+    os.replace(tmp, path)
+    return tok

@@ -1,0 +1,176 @@
+"""Resumable training state on disk: checkpoint schedule, checkpoint folders, metrics.jsonl.
+
+A checkpoint is a folder `checkpoints/step-000123/` written atomically (`atomic_write_dir`) holding
+`config.json` + `model.safetensors` (a loadable model, `models.load(folder)`), `optimizer.safetensors`
+(AdamW moments and step counts, plus the torch/cuda RNG states as uint8 tensors) and `trainer_state.json`
+(step, tokens seen, wall time, optimizer hyper-parameters, Python and NumPy RNG states). No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_safetensors, save
+
+CHECKPOINTS = "checkpoints"
+OPTIMIZER_FILE, STATE_FILE, METRICS_FILE = "optimizer.safetensors", "trainer_state.json", "metrics.jsonl"
+
+
+def checkpoint_steps(steps: int, every: int, n_log: int, first: int = 10) -> list[int]:
+    """Steps to checkpoint at: 0 (the initialisation), `n_log` log-spaced steps from `first` to `steps`
+    (the phase change needs early ones), every `every` steps, and the last step."""
+    out = {0, steps}
+    if n_log > 0 and steps > first:
+        out |= {int(round(x)) for x in np.geomspace(first, steps, n_log)}
+    if every > 0:
+        out |= set(range(every, steps + 1, every))
+    return sorted(s for s in out if 0 <= s <= steps)
+
+
+def step_dir(out_dir, step: int) -> Path:
+    return Path(out_dir) / CHECKPOINTS / f"step-{step:06d}"
+
+
+# --- RNG state as data ----------------------------------------------------------------------------
+def rng_state_json() -> dict:
+    py = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [py[0], list(py[1]), py[2]],
+            "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
+
+
+def set_rng_state_json(d: dict) -> None:
+    v, state, gauss = d["python"]
+    random.setstate((v, tuple(state), gauss))
+    name, keys, pos, has_gauss, cached = d["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+# --- optimizer state as data ----------------------------------------------------------------------
+def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict, list]:
+    """(`{"state.{i}.{name}": tensor}`, param_groups without tensors) from `opt.state_dict()`."""
+    sd = opt.state_dict()
+    tensors = {}
+    for idx, st in sd["state"].items():
+        for name, value in st.items():
+            t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            tensors[f"state.{idx}.{name}"] = t.detach().to("cpu").contiguous()
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
+    return tensors, groups
+
+
+def load_optimizer(opt: torch.optim.Optimizer, tensors: dict, groups: list) -> None:
+    state: dict = {}
+    for key, t in tensors.items():
+        if not key.startswith("state."):
+            continue
+        _, idx, name = key.split(".", 2)
+        state.setdefault(int(idx), {})[name] = t
+    for g in groups:
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+    opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+def save_checkpoint(out_dir, step: int, model, opt, trainer_state: dict) -> Path:
+    """Write the resumable checkpoint of `step` atomically (see the module docstring)."""
+    from safetensors.torch import save as st_save
+
+    tensors, groups = optimizer_tensors(opt)
+    tensors["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = s
+    state = dict(trainer_state, step=step, param_groups=groups, rng=rng_state_json())
+    extra = {OPTIMIZER_FILE: st_save(tensors), STATE_FILE: json.dumps(state, indent=1)}
+    tok, model.tokenizer = model.tokenizer, None  # the tokenizer lives once, beside the final model
+    try:
+        return save(model, step_dir(out_dir, step), extra_files=extra)
+    finally:
+        model.tokenizer = tok
+
+
+def resumable_checkpoints(out_dir) -> list[Path]:
+    """Checkpoint folders that carry a full training state, oldest first."""
+    root = Path(out_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and
+             (p / STATE_FILE).is_file() and (p / OPTIMIZER_FILE).is_file() and (p / WEIGHTS_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def load_checkpoint(folder: Path, model, opt) -> dict:
+    """Restore model weights, optimizer and RNG states from `folder`; returns the trainer state."""
+    from .checkpoint import load_state_dict
+
+    state = json.loads((folder / STATE_FILE).read_text())
+    load_state_dict(model, read_safetensors(folder / WEIGHTS_FILE), source=str(folder / WEIGHTS_FILE))
+    tensors = read_safetensors(folder / OPTIMIZER_FILE)
+    load_optimizer(opt, tensors, state.pop("param_groups"))
+    torch.set_rng_state(tensors["rng.torch"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    set_rng_state_json(state.pop("rng"))
+    return state
+
+
+# --- metrics.jsonl --------------------------------------------------------------------------------
+def read_metrics(path) -> list[dict]:
+    """Records of a metrics.jsonl; a torn last line (a killed run) is skipped."""
+    out = []
+    p = Path(path)
+    if not p.is_file():
+        return out
+    for line in p.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def truncate_metrics(path, last_step: int) -> None:
+    """Keep the records up to `last_step` (resuming from that checkpoint repeats the later ones)."""
+    p = Path(path)
+    if not p.exists():
+        return
+    keep = [r for r in read_metrics(p) if r.get("step", 0) <= last_step]
+    tmp = p.with_name(p.name + f".tmp-{os.getpid()}")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    os.replace(tmp, p)
+
+
+def append_metrics(path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+
+def ship_files(out_dir, keep_steps, with_state: bool) -> dict[str, Path]:
+    """`{relative name: source path}` of the checkpoint files to carry into the final folder: every file of
+    every checkpoint (`keep_steps=None`), or only the loadable model of the listed steps."""
+    files = {}
+    root = Path(out_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return files
+    for d in sorted(root.iterdir()):
+        if not (d.is_dir() and d.name.startswith("step-")):
+            continue
+        if keep_steps is not None and int(d.name.split("-")[1]) not in keep_steps:
+            continue
+        names = [CONFIG_FILE, WEIGHTS_FILE] if not with_state else [f.name for f in d.iterdir() if f.is_file()]
+        for n in names:
+            if (d / n).is_file():
+                files[f"{CHECKPOINTS}/{d.name}/{n}"] = d / n
+    return files

@@ -1,0 +1,197 @@
+"""Training loop: learning, determinism, kill-and-resume, checkpoints as data, clear failures."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from models import HookedTransformerConfig, load
+from models.checkpoint import read_safetensors
+from models.data import CorpusError
+from models.train import TrainConfig, TrainConfigError, lr_at, train
+from models.train_state import checkpoint_steps, read_metrics, resumable_checkpoints
+
+TEXT = "".join(f"def f{i}(x):\n    return x * {i % 13} + {i % 7}\n\n" for i in range(600))
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    (d / "code.py").write_text(TEXT)
+    return d
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_model():
+    return HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=32, d_vocab=259, n_heads=4, d_mlp=None,
+                                   normalization_type=None, positional_embedding_type="shortformer", use_bias=False)
+
+
+def tiny_train(corpus_dir, out=None, **kw):
+    d = dict(steps=30, batch_size=8, lr=3e-3, warmup_steps=5, data=str(corpus_dir), tokenizer="bytes",
+             out_dir=None if out is None else str(out), cache_dir=str(corpus_dir / ".cache"), checkpoint_every=10,
+             log_checkpoints=3, eval_every=10, log_every=5, progress=False, num_threads=1, repeat_fraction=0.25,
+             repeat_min_len=3, repeat_max_len=8)
+    d.update(kw)
+    return TrainConfig(**d)
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_loss_falls_quickly(corpus_dir, tmp_path):
+    t = time.perf_counter()
+    model, summary = train(tiny_model(), tiny_train(corpus_dir, tmp_path / "run", steps=60))
+    assert time.perf_counter() - t < 30
+    m = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    vals = [r["val_loss"] for r in m if "val_loss" in r]
+    assert vals[0] > 5.0 and vals[-1] < vals[0] - 2.0, vals  # from log(259) ≈ 5.56 to well below
+    assert summary["final_val_loss"] == vals[-1] and summary["unigram_val_loss"] > 0
+    assert {"step", "tokens", "wall_time", "train_loss", "tokens_per_s", "lr"} <= set(m[5])
+    loaded = load(tmp_path / "run")  # the final folder is a loadable model with its tokenizer
+    assert loaded.tokenizer is not None and torch.equal(loaded.W_E, model.W_E)
+    assert json.loads((tmp_path / "run" / "train_config.json").read_text())["steps"] == 60
+
+
+def test_seeded_runs_are_identical(corpus_dir):
+    a, _ = train(tiny_model(), tiny_train(corpus_dir, steps=12, seed=3))
+    b, _ = train(tiny_model(), tiny_train(corpus_dir, steps=12, seed=3))
+    c, _ = train(tiny_model(), tiny_train(corpus_dir, steps=12, seed=4))
+    wa, wb, wc = weights(a), weights(b), weights(c)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not all(torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_label_smoothing_changes_the_objective(corpus_dir):
+    a, _ = train(tiny_model(), tiny_train(corpus_dir, steps=8))
+    b, _ = train(tiny_model(), tiny_train(corpus_dir, steps=8, label_smoothing=0.1))
+    assert not torch.equal(a.W_U, b.W_U)
+
+
+def test_eval_fn_and_checkpoints(corpus_dir, tmp_path):
+    calls = []
+
+    def eval_fn(model):
+        calls.append(model.training)
+        return {"probe": 1.5}
+
+    cfg = tiny_train(corpus_dir, tmp_path / "run", steps=40, keep_checkpoints=[0, 10, 40])
+    train(tiny_model(), cfg, eval_fn=eval_fn, report_fn=lambda m, s, r: {"card.md": "# card\n"})
+    steps = checkpoint_steps(40, 10, 3)
+    m = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in m if "probe" in r] == steps and not any(calls)  # eval mode during eval_fn
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert kept == ["step-000000", "step-000010", "step-000040"]
+    for p in (tmp_path / "run" / "checkpoints").iterdir():
+        assert sorted(f.name for f in p.iterdir()) == ["config.json", "model.safetensors"]
+        load(p)
+    assert (tmp_path / "run" / "card.md").read_text() == "# card\n"
+
+
+def test_checkpoint_schedule_and_lr():
+    s = checkpoint_steps(3000, 500, 16)
+    assert s[0] == 0 and s[-1] == 3000 and {500, 1000, 2500} <= set(s)
+    assert sum(1 for x in s if x <= 100) >= 5  # early, log-spaced
+    cfg = TrainConfig(steps=1000, lr=1e-3, warmup_steps=100, min_lr_ratio=0.1)
+    assert lr_at(cfg, 0) == pytest.approx(1e-5) and lr_at(cfg, 99) == pytest.approx(1e-3)
+    assert lr_at(cfg, 550) == pytest.approx(0.55e-3, rel=1e-6) and lr_at(cfg, 1000) == pytest.approx(1e-4)
+
+
+def test_checkpoints_contain_no_pickle(corpus_dir, tmp_path):
+    train(tiny_model(), tiny_train(corpus_dir, tmp_path / "run", steps=12))
+    files = [f for f in (tmp_path / "run").rglob("*") if f.is_file()]
+    assert any(f.name == "optimizer.safetensors" for f in files)
+    for f in files:
+        head = f.read_bytes()[:4]
+        assert not head.startswith(b"\x80") and not head.startswith(b"PK\x03\x04"), f  # pickle / torch zip
+        if f.suffix == ".safetensors":
+            read_safetensors(f)
+        elif f.suffix in (".json", ".jsonl"):
+            for line in f.read_text().splitlines() if f.suffix == ".jsonl" else [f.read_text()]:
+                json.loads(line)
+    state = json.loads(next((tmp_path / "run").rglob("trainer_state.json")).read_text())
+    assert {"step", "tokens_seen", "wall_time", "rng"} <= set(state)
+    opt = read_safetensors(next((tmp_path / "run").rglob("optimizer.safetensors")))
+    assert opt["rng.torch"].dtype == torch.uint8
+
+
+def test_bad_settings_fail_before_training(corpus_dir, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(TrainConfigError, match="exceeds the model's n_ctx"):
+        train(tiny_model(), tiny_train(corpus_dir, out, seq_len=64))
+    with pytest.raises(TrainConfigError, match="d_vocab"):
+        train(tiny_model().replace(d_vocab=100), tiny_train(corpus_dir, out))
+    with pytest.raises(TrainConfigError, match="lr"):
+        train(tiny_model(), tiny_train(corpus_dir, out, lr=-1.0))
+    with pytest.raises(TrainConfigError, match="repeat_fraction"):
+        train(tiny_model(), tiny_train(corpus_dir, out, repeat_fraction=2.0))
+    with pytest.raises(TrainConfigError, match="unknown training setting"):
+        TrainConfig.from_dict({"stpes": 3})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorpusError, match="no text files"):
+        train(tiny_model(), tiny_train(tmp_path / "empty", out))
+    assert not out.exists()
+
+
+def test_train_config_json_round_trip():
+    cfg = TrainConfig(steps=7, keep_checkpoints=[0, 7], betas=(0.8, 0.9), label_smoothing=0.1)
+    assert TrainConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_resume_rejects_changed_settings(corpus_dir, tmp_path):
+    train(tiny_model(), tiny_train(corpus_dir, tmp_path / "run", steps=10))
+    with pytest.raises(TrainConfigError, match="lr"):
+        train(tiny_model(), tiny_train(corpus_dir, tmp_path / "run", steps=20, lr=1e-2), resume=True)
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {root!r})
+    from tests.test_train import tiny_model, tiny_train
+    from models.train import train
+    from pathlib import Path
+    cfg = tiny_train(Path({corpus!r}), {out!r}, steps={steps}, checkpoint_every=7, log_checkpoints=0)
+    train(tiny_model(), cfg, eval_fn=lambda m: (time.sleep(0.05), {{}})[1])
+""")
+
+
+def test_sigkill_and_resume_equals_uninterrupted(corpus_dir, tmp_path):
+    steps = 40
+    straight, _ = train(tiny_model(), tiny_train(corpus_dir, tmp_path / "a", steps=steps, checkpoint_every=7,
+                                                 log_checkpoints=0))
+    out = tmp_path / "b"
+    script = KILL_SCRIPT.format(root=str(Path(__file__).resolve().parent.parent), corpus=str(corpus_dir),
+                                out=str(out), steps=steps)
+    proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, PYTHONHASHSEED="0"))
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        found = resumable_checkpoints(out)
+        if found and int(found[-1].name[5:]) >= 14:
+            break
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    killed_at = int(resumable_checkpoints(out)[-1].name[5:])
+    assert 14 <= killed_at < steps
+    resumed, summary = train(tiny_model(), tiny_train(corpus_dir, out, steps=steps, checkpoint_every=7,
+                                                      log_checkpoints=0), resume=True)
+    a, b = weights(straight), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
+    m = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in m] == sorted({r["step"] for r in m})  # no duplicated records after resume
+    assert summary["tokens_seen"] == steps * 8 * 32
