@@ -34,14 +34,17 @@ class ScoreDecomposition:
     `terms`: (query source, key source) → `[batch, query_pos, key_pos]`; sources are "embed" (`W_E[t]`), "pos"
     (`W_pos[i]`: residual positions, or shortformer's query/key-only positions), "bias" (b_O of earlier layers,
     norm biases, and this head's b_Q / b_K) and "L{l}H{h}" (each earlier head's output, its b_V included).
-    `alibi`: the ALiBi bias `[query_pos, key_pos]` or None. `scores`: the model's own scores (after its causal
-    mask: −inf above the diagonal). All entries are before masking; the terms plus `alibi` sum to the scores."""
+    `alibi`: the ALiBi bias `[query_pos, key_pos]` or None. `scores`: the model's own scores from
+    `hook_attn_scores` (after its causal mask: −inf above the diagonal), or None where that hook carries the
+    post-softmax pattern (TransformerLens' bridge does, following Hugging Face); `pattern`: the model's
+    `hook_pattern`. All terms are before masking; they plus `alibi` sum to the scores."""
 
     layer: int
     head: int
     terms: dict[tuple[str, str], torch.Tensor]
     alibi: torch.Tensor | None
-    scores: torch.Tensor
+    scores: torch.Tensor | None
+    pattern: torch.Tensor
     causal: bool
 
     def total(self) -> torch.Tensor:
@@ -51,22 +54,35 @@ class ScoreDecomposition:
     def by_kind(self) -> dict[str, torch.Tensor]:
         """The terms summed by kind ("direct", "q_composition", "k_composition", "qk_composition", and "alibi"
         when present); these also sum to the scores."""
-        out = {k: torch.zeros_like(self.scores.nan_to_num(0, 0, 0)) for k in KINDS}
+        out = {k: torch.zeros_like(self.pattern) for k in KINDS}
         for (q, k), t in self.terms.items():
             out[source_kind(q, k)] = out[source_kind(q, k)] + t
         if self.alibi is not None:
-            out["alibi"] = self.alibi.expand_as(self.scores)
+            out["alibi"] = self.alibi.expand_as(self.pattern)
         return out
 
     def mask(self) -> torch.Tensor:
         """`[query_pos, key_pos]` bool: entries the model does not mask."""
-        P_q, P_k = self.scores.shape[-2:]
-        keep = torch.ones(P_q, P_k, dtype=torch.bool, device=self.scores.device)
+        P_q, P_k = self.pattern.shape[-2:]
+        keep = torch.ones(P_q, P_k, dtype=torch.bool, device=self.pattern.device)
         return keep.tril() if self.causal else keep
+
+    def total_pattern(self) -> torch.Tensor:
+        """softmax of the masked `total()`: the pattern the terms imply."""
+        return self.total().masked_fill(~self.mask(), float("-inf")).softmax(-1)
+
+    @property
+    def pattern_error(self) -> float:
+        """Relative Frobenius error of `total_pattern()` against the model's `hook_pattern`."""
+        a, b = self.total_pattern().to(torch.float64), self.pattern.to(torch.float64)
+        return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
     @property
     def reconstruction_error(self) -> float:
-        """Relative Frobenius error of `total()` against the model's scores on the unmasked entries."""
+        """Relative Frobenius error of `total()` against the model's scores on the unmasked entries (against
+        its pattern, as `pattern_error`, where the model exposes no pre-softmax scores)."""
+        if self.scores is None:
+            return self.pattern_error
         m = self.mask()
         a, b = self.total()[..., m].to(torch.float64), self.scores[..., m].to(torch.float64)
         return float((a - b).norm() / b.norm().clamp_min(1e-300))
@@ -92,8 +108,8 @@ def attention_score_decomposition(model, tokens, layer: int, head: int) -> Score
     cfg = model.cfg
     if not 0 <= layer < cfg.n_layers or not 0 <= head < cfg.n_heads:
         raise ValueError(f"no head L{layer}H{head} in a model of {cfg.n_layers} layers × {cfg.n_heads} heads")
-    score_hook = f"blocks.{layer}.attn.hook_attn_scores"
-    ff = frozen_forward(model, tokens, n_layers=layer, extra_hooks=(score_hook,))
+    score_hook, pattern_hook = f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.attn.hook_pattern"
+    ff = frozen_forward(model, tokens, n_layers=layer, extra_hooks=(score_hook, pattern_hook))
     B, P = ff.tokens.shape
     with torch.no_grad():
         W_Q, W_K = model.W_Q[layer, head].detach(), model.W_K[layer, head].detach()
@@ -128,6 +144,8 @@ def attention_score_decomposition(model, tokens, layer: int, head: int) -> Score
             from models.positions import alibi_bias
 
             alibi = alibi_bias(cfg.n_heads, P, P, ff.embed.dtype, ff.embed.device)[head]
-        scores = ff.cache[score_hook][:, head]
+        scores, pattern = ff.cache[score_hook][:, head], ff.cache[pattern_hook][:, head]
+        if torch.equal(scores, pattern):  # a post-softmax "scores" hook (TransformerLens bridge)
+            scores = None
     causal = getattr(cfg, "attention_dir", "causal") == "causal"
-    return ScoreDecomposition(layer, head, terms, alibi, scores, causal)
+    return ScoreDecomposition(layer, head, terms, alibi, scores, pattern, causal)

@@ -132,3 +132,24 @@ def induction_tokens(d_vocab: int = 16, half_len: int | None = None, batch: int 
         choice = ids[torch.randperm(len(ids), generator=gen)[:half_len]]
         rows.append(torch.cat([torch.tensor([bos]), choice, choice]))
     return torch.stack(rows)
+
+
+def random_model(n_layers: int = 2, n_heads: int = 3, d_model: int = 16, d_head: int = 6, d_vocab: int = 23,
+                 n_ctx: int = 12, positional: str = "standard", normalization: str | None = None,
+                 attn_only: bool = True, biases: bool = True, scale: float = 0.3, seed: int = 0,
+                 dtype: str = "float64", **cfg_kw):
+    """A small model with every weight, bias and norm parameter random (N(0, scale²) added to the default
+    init, seeded), so that biases and norm weights are non-trivial too. For property tests."""
+    from models import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=n_layers, d_model=d_model, n_ctx=n_ctx, d_vocab=d_vocab, n_heads=n_heads, d_head=d_head,
+        d_mlp=None if attn_only else 2 * d_model, attn_only=attn_only, normalization_type=normalization,
+        positional_embedding_type=positional, use_bias=biases, dtype=dtype, seed=seed, **cfg_kw,
+    )
+    model = HookedTransformer(cfg)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_((torch.randn(p.shape, generator=gen, dtype=torch.float64) * scale).to(p.dtype))
+    return model
