@@ -76,7 +76,8 @@ def copying_heads_table(model, vocab=None, threshold: float = COPYING_THRESHOLD,
         pos[l] = circuits_api("positive_eigenvalue_fraction")(fm).float().cpu()
         stats = circuits_api("diagonal_rank_stats")(FactoredMatrix(fm.A[:, S], fm.B[:, :, S]), k=(1, 5))
         top1[l], top5[l] = stats[1].float().cpu(), stats[5].float().cpu()
-    beh = copying_scores_behavioural(model, tokens_from=vocab) if behavioural and L else None
+    pl = min(25, (model.cfg.n_ctx - 1) // 4)
+    beh = copying_scores_behavioural(model, pl, 4, tokens_from=vocab) if behavioural and L else None
     heads = [(l, h) for l in range(L) for h in range(H) if cs[l, h] >= threshold]
     return CopyingHeads(cs, pos, top1, top5, beh, threshold, heads)
 

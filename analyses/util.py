@@ -45,8 +45,9 @@ def fmt(x, digits: int = 3) -> str:
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:
     """A GitHub-flavoured markdown table; cells go through `fmt`."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    esc = lambda x: x.replace("|", "\\|")
+    lines = ["| " + " | ".join(esc(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(esc(fmt(c)) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 

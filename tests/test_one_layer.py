@@ -10,6 +10,15 @@ from analyses.skip_trigrams import skip_trigram_bugs, skip_trigrams
 from analyses.zero_layer import bigram_table
 from models import HookedTransformer, HookedTransformerConfig
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread avoids OpenMP stalls on the shared CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 V = 20
 
 
@@ -123,7 +132,7 @@ def test_head_ablation_matches_removing_the_head_term():
         logits, cache = m.run_with_cache(tokens)
         clean = float(m(tokens, return_type="loss"))
     for h in range(3):
-        ablated = logits - cache["blocks.0.attn.hook_result"][:, :, h] @ m.W_U
+        ablated = logits - cache["blocks.0.attn.hook_result"][:, :, h] @ m.W_U.detach()
         lp = ablated[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])
         expect = -lp.mean() - clean
         assert res.delta[0, h].item() == pytest.approx(float(expect), abs=1e-5)
@@ -145,6 +154,7 @@ def test_head_ablation_freezes_patterns_in_two_layers():
         z[:, :, 0] = 0
         return z
 
-    free = float(m.run_with_hooks(tokens, return_type="loss", fwd_hooks=[("blocks.0.attn.hook_z", zero)]))
+    with torch.no_grad():
+        free = float(m.run_with_hooks(tokens, return_type="loss", fwd_hooks=[("blocks.0.attn.hook_z", zero)]))
     assert abs((free - res.clean_loss) - float(res.delta[0, 0])) > 1e-4
     assert res.delta.shape == (2, 2)

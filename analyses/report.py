@@ -1,0 +1,158 @@
+"""`build_report(model_or_name_or_path, out_dir)`: a markdown report with PNG figures, sections chosen to fit
+the model (depth, attention-only or not, a training run beside it). `circuits report MODEL --out DIR` calls it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import report_sections as S
+
+#: (key, title, predicate(ctx) → bool, function) in report order.
+SECTIONS = [
+    ("overview", "Overview", lambda c: True, S.overview),
+    ("direct_path", "Zero layers: the direct path as a bigram model", lambda c: True, S.direct_path),
+    ("attention", "Attention patterns and head scores", lambda c: c.cfg.n_layers >= 1, S.attention),
+    ("detection", "Previous-token and induction heads", lambda c: c.cfg.n_layers >= 1, S.detection),
+    ("copying", "Copying heads: OV circuit eigenvalues", lambda c: c.cfg.n_layers >= 1, S.copying),
+    ("skip_trigrams", "One layer: skip-trigrams", lambda c: c.cfg.n_layers >= 1, S.skip_trigram_section),
+    ("positional", "Positional vs content heads", lambda c: c.cfg.n_layers >= 1, S.positional),
+    ("ablation", "Pattern-preserving head ablation", lambda c: c.cfg.n_layers >= 1, S.ablation),
+    ("composition", "Two layers: composition and the induction circuit", lambda c: c.cfg.n_layers >= 2,
+     S.composition),
+    ("term_importance", "Path expansion: term importance by order",
+     lambda c: c.cfg.n_layers >= 1 and c.attn_only, S.term_importance),
+    ("icl", "In-context learning", lambda c: c.cfg.n_layers >= 0, S.in_context),
+    ("dynamics", "Training dynamics", lambda c: c.run_dir is not None, S.dynamics),
+    ("mlp_note", "A note on MLPs", lambda c: not c.attn_only, S.mlp_note),
+]
+
+
+@dataclass
+class Report:
+    """What `build_report` wrote: `path` (report.md), `files` (report.md and every figure), the sections run,
+    sections that failed (key → error message) and the seconds each section took."""
+
+    path: Path
+    files: list[Path]
+    sections: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        figs = sum(1 for f in self.files if f.suffix == ".png")
+        fail = f"; failed: {', '.join(self.failed)}" if self.failed else ""
+        return f"Report({self.path}: {len(self.sections)} sections, {figs} figures{fail})"
+
+
+def _load(model_or_name_or_path):
+    """(model, display name, model folder or None)."""
+    if isinstance(model_or_name_or_path, (str, Path)):
+        import models
+        from models.checkpoint import resolve
+
+        folder = resolve(model_or_name_or_path)
+        return models.load(folder), str(model_or_name_or_path), folder
+    m = model_or_name_or_path
+    return m, getattr(m.cfg, "model_name", None) or type(m).__name__, None
+
+
+def _validation_text(model, folder: Path | None, max_tokens: int):
+    """(1-D validation tokens, seen ids) of the corpus the model was trained on (`train_config.json`'s data,
+    else the standard library), or (None, None) when the model has no tokenizer or the corpus fails."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is None or not hasattr(tok, "vocab_size"):
+        return None, None
+    data = "stdlib"
+    if folder is not None and (folder / "train_config.json").is_file():
+        data = json.loads((folder / "train_config.json").read_text()).get("data", "stdlib") or "stdlib"
+    if isinstance(data, str) and data.startswith("synthetic"):
+        return None, None
+    try:
+        from models.data import build_token_corpus
+
+        corpus = build_token_corpus(data, tok)
+    except Exception:  # no corpus here (offline, missing folder): the report goes on without text
+        return None, None
+    val = torch.from_numpy(corpus.val[:max_tokens].astype("int64"))
+    return val, torch.from_numpy(corpus.seen_ids())
+
+
+def build_report(model_or_name_or_path, out_dir, tokens=None, sections: list[str] | None = None,
+                 n_windows: int = 16, max_text_tokens: int = 400_000, seed: int = 0, progress: bool = True,
+                 run_dir=None, num_threads: int | None = None) -> Report:
+    """Analyse a model and write `out_dir/report.md` plus PNG figures; returns a `Report` listing the files.
+
+    `model_or_name_or_path`: a model object, a zoo name ("attn-only-2l") or a saved-model folder. `tokens`: a
+    1-D validation token stream (default: the validation split of the corpus in the folder's
+    `train_config.json`, else the standard library, tokenized with the model's tokenizer). `sections`: keys of
+    `SECTIONS` to run (default: every one that fits the model). `run_dir`: a training run's folder holding
+    `metrics.jsonl` (default: the model's folder, when it has one). A section that fails is reported in the
+    markdown and in `Report.failed`; the others still run. `num_threads`: torch intra-op threads while the
+    report runs (1 avoids OpenMP stalls for these small tensors on a busy shared CPU); None leaves it."""
+    n_before = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        return _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text_tokens, seed, progress,
+                      run_dir)
+    finally:
+        torch.set_num_threads(n_before)
+
+
+def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text_tokens, seed, progress, run_dir
+           ) -> Report:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from .util import as_1d_tokens, windows
+
+    model, name, folder = _load(model_or_name_or_path)
+    if hasattr(model, "eval"):
+        model.eval()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if tokens is not None:
+        text, vocab = as_1d_tokens(tokens), None
+    else:
+        text, vocab = _validation_text(model, folder, max_text_tokens)
+    if vocab is None and text is not None:
+        vocab = torch.unique(text)
+    win = None
+    if text is not None:
+        from .sequences import bos_token_id
+
+        n = min(model.cfg.n_ctx, max(2, text.numel() - 1))
+        win = windows(text, n, n_windows, seed, bos=bos_token_id(model))
+    rd = Path(run_dir) if run_dir is not None else folder
+    if rd is not None and not (rd / "metrics.jsonl").is_file():
+        rd = None
+    ctx = S.Context(model, name, out, text, win, vocab, rd, seed)
+    chosen = [s for s in SECTIONS if (sections is None or s[0] in sections) and s[2](ctx)]
+    md = [f"# Circuit report: {name}", "",
+          "Generated by `analyses.report.build_report`. Each section says what its numbers measure; head names "
+          "are `L{layer}H{head}`; losses are in nats per token.", ""]
+    report = Report(out / "report.md", [], [s[0] for s in chosen])
+    from tqdm.auto import tqdm
+
+    bar = tqdm(chosen, desc=f"report {name}", unit="section", disable=not progress)
+    for key, title, _, fn in bar:
+        bar.set_postfix_str(key)
+        t0 = time.perf_counter()
+        md += [f"## {title}", ""]
+        try:
+            with torch.no_grad():
+                md.append(fn(ctx))
+        except Exception as e:  # one broken section must not sink the report
+            report.failed[key] = f"{type(e).__name__}: {e}"
+            md.append(f"*This section failed: {type(e).__name__}: {e}*")
+        md.append("")
+        report.seconds[key] = round(time.perf_counter() - t0, 2)
+    report.path.write_text("\n".join(md))
+    report.files = [report.path] + ctx.files
+    return report
