@@ -139,7 +139,8 @@ def detection(ctx: Context) -> str:
     names = lambda hs: ", ".join(head_label(*h) for h in hs) or "none"
     out = [f"**Previous-token heads: {names(prev.heads)}.** A head qualifies when it puts ≥ 0.4 of its "
            "attention on the previous token. 'Positional R²' (layer 0) is the share of the head's attention-score "
-           "variance that the position-position term of its QK circuit explains (1 = purely positional).", "",
+           "variance that the position-position term of its QK circuit explains (1 = purely positional; ≤ 0 when "
+           "positions explain nothing).", "",
            prev.markdown(), "",
            f"**Induction heads: {names(ind.heads)}.** A head qualifies when both its induction score and its "
            "prefix-matching score are ≥ 0.4 (two periods, so a positional shortcut that 'looks back one period' "
@@ -174,11 +175,16 @@ def skip_trigram_section(ctx: Context) -> str:
     from .skip_trigrams import skip_trigram_bugs, skip_trigrams
 
     heads = [(0, h) for h in range(ctx.cfg.n_heads)][:8]
+    vocab, note = ctx.vocab, ""
+    if ctx.text is not None:  # common tokens only: rare ids give large but irrelevant circuit entries
+        counts = torch.bincount(ctx.text, minlength=ctx.cfg.d_vocab)
+        vocab = torch.argsort(counts, descending=True)[: min(512, int((counts > 0).sum()))]
+        note = f" Tokens are restricted to the {vocab.numel()} most frequent in the validation text."
     out = ["Skip-trigrams `[source] … [destination] → [out]` read off each layer-0 head's full QK and OV circuits: "
            "the head, at the destination token, attends to the source token (QK, centred score) and raises the out "
-           "token's logit (OV, centred logit raise); strength = QK · OV over their positive parts."]
+           "token's logit (OV, centred logit raise); strength = QK · OV over their positive parts." + note]
     for l, h in heads:
-        t = skip_trigrams(ctx.model, l, h, k=8, vocab=ctx.vocab)
+        t = skip_trigrams(ctx.model, l, h, k=8, vocab=vocab)
         bugs = skip_trigram_bugs(t, ctx.cache.get("bigrams"), max_bugs=2)
         out += ["", f"**{head_label(l, h)}**", "", t.markdown()]
         for b in bugs:
@@ -260,10 +266,15 @@ def in_context(ctx: Context) -> str:
         return "Skipped: needs validation text."
     n = ctx.windows.shape[1]
     early, late = max(1, round(n * 50 / 512)), min(n - 1, round(n * 500 / 512))
-    s = in_context_learning_score(ctx.model, ctx.windows.to(ctx.model.W_E.device), early, late)
-    ctx.cache["icl"] = (s, early, late)
+    w = ctx.windows.to(ctx.model.W_E.device)
+    s = in_context_learning_score(ctx.model, w, early, late)
+    per = ctx.model(w, return_type="loss", loss_per_token=True)  # the spread of the per-window differences
+    diff = (per[:, late - 1] - per[:, early - 1]).double()
+    se = float(diff.std() / diff.numel() ** 0.5) if diff.numel() > 1 else float("nan")
+    ctx.cache["icl"] = (s, early, late, se)
     return "\n".join([
-        f"**In-context learning score {s:+.3f} nats**: the loss at token {late} minus the loss at token {early} "
+        f"**In-context learning score {s:+.3f} ± {se:.3f} nats** (± one standard error over windows): the loss "
+        f"at token {late} minus the loss at token {early} "
         f"(Olsson et al.'s tokens 500 and 50 of 512, scaled to this context of {n}), averaged over "
         f"{ctx.windows.shape[0]} validation windows. More negative = later tokens are predicted better thanks to "
         "the context; Olsson et al. report a change of < 0.15 nats before induction heads form and ≈ 0.4 after.",
