@@ -103,3 +103,16 @@ def test_zoo_report(tmp_path, name):
     assert r.failed == {}, r.failed
     check_files(r)
     assert sum(r.seconds.values()) < 240, r.seconds
+
+
+def test_every_export_resolves_and_import_is_lazy():
+    import subprocess
+    import sys
+
+    import analyses
+
+    for name in analyses.__all__:
+        assert getattr(analyses, name) is not None, name
+    code = "import sys, analyses, analyses.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr

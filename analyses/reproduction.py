@@ -1,0 +1,294 @@
+"""Write `analyses/REPRODUCTION.md`: each published number from `reference.md` that the model zoo can speak to,
+beside ours, measured.
+
+    python -m analyses.reproduction [--out analyses/REPRODUCTION.md] [--zoo models/zoo]
+
+Models: `attn-only-0l`, `attn-only-1l`, `attn-only-2l` (and their training runs' `metrics.jsonl`). A model that is
+missing is reported as such. Deterministic (seeded probes, fixed validation windows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .util import head_label
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "REPRODUCTION.md"
+
+
+@dataclass
+class Row:
+    claim: str
+    paper: str
+    ours: str
+    note: str
+
+
+def _load(zoo: Path, name: str):
+    import models
+
+    folder = zoo / name
+    if not (folder / "config.json").is_file():
+        return None, None
+    m = models.load(folder)
+    m.eval()
+    return m, folder
+
+
+def _text(model, folder, n_windows: int = 64):
+    from .report import _validation_text
+    from .sequences import bos_token_id
+    from .util import windows
+
+    text, vocab = _validation_text(model, folder, 400_000)
+    if text is None:
+        return None, None, None
+    return text, vocab, windows(text, model.cfg.n_ctx, n_windows, 0, bos=bos_token_id(model))
+
+
+@torch.no_grad()
+def _icl_with_ablation(model, w, heads, early, late):
+    """ICL score with `heads` zeroed (patterns frozen), and the clean one."""
+    from .scores import in_context_learning_score
+
+    clean = in_context_learning_score(model, w, early, late)
+    if not heads:
+        return clean, clean
+    names = [f"blocks.{l}.attn.hook_pattern" for l in range(model.cfg.n_layers)]
+    _, cache = model.run_with_cache(w, names_filter=lambda n: n in names)
+    hooks = [(n, lambda p, hook: cache[hook.name]) for n in names]
+    for l in sorted({l for l, _ in heads}):
+        hs = [h for ll, h in heads if ll == l]
+
+        def zero(z, hook, hs=hs):
+            z = z.clone()
+            z[:, :, hs] = 0
+            return z
+
+        hooks.append((f"blocks.{l}.attn.hook_z", zero))
+    per = model.run_with_hooks(w, return_type="loss", loss_per_token=True, fwd_hooks=hooks)
+    return clean, float((per[:, late - 1] - per[:, early - 1]).mean())
+
+
+@torch.no_grad()
+def _combined_diag(model, heads):
+    """Top-1 / top-5 diagonal accuracy of the summed full OV circuits of `heads` (ARENA's "1.4 and 1.10 together")."""
+    from transformer_lens import FactoredMatrix
+
+    from .sequences import token_pool
+    from .util import circuits_api
+
+    S = token_pool(model)
+    A = torch.cat([model.W_E[S] @ model.W_V[l, h] for l, h in heads], -1)  # [|S|, n·d_head]
+    B = torch.cat([model.W_O[l, h] @ model.W_U[:, S] for l, h in heads], 0)
+    st = circuits_api("diagonal_rank_stats")(FactoredMatrix(A, B), k=(1, 5))
+    return float(st[1]), float(st[5])
+
+
+@torch.no_grad()
+def _positional_subdiag(model, layer, head, n=64):
+    """ARENA's check on the previous-token head: softmax of the position-position QK term (causal), mean
+    attention on the sub-diagonal."""
+    from .util import circuits_api
+
+    parts = circuits_api("full_qk_circuit")(model, layer, head, positional=True)
+    pp = (parts.pos_pos.A[:n] @ parts.pos_pos.B[:, :n]) / model.cfg.d_head**0.5
+    pp = pp.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    return float(pp.diagonal(-1).mean())
+
+
+def zero_layer_rows(zoo: Path) -> list[Row]:
+    from .zero_layer import direct_path_fit
+
+    m, folder = _load(zoo, "attn-only-0l")
+    if m is None:
+        return [Row("0L: loss approaches the bigram entropy", "—", "model not in the zoo", "")]
+    text, _, w = _text(m, folder)
+    fit = direct_path_fit(m, text)
+    loss = float(m(w, return_type="loss"))
+    return [Row("0L: the direct path W_E W_U approximates the bigram table (frequency-weighted KL small, loss → "
+                "bigram entropy)", "no number; the rank-d_model limit keeps it above the entropy",
+                f"loss {loss:.3f} vs bigram entropy {fit.bigram_entropy:.3f} nats; weighted KL {fit.weighted_kl:.3f}; "
+                f"argmax agreement {fit.argmax_agreement:.0%}",
+                "The entropy is in-sample on validation text (optimistic); the gap is the KL plus what d_model = "
+                f"{m.cfg.d_model} cannot represent of a {m.cfg.d_vocab}-token bigram table.")]
+
+
+def one_layer_rows(zoo: Path) -> list[Row]:
+    from .one_layer import copying_heads_table, positional_vs_content
+
+    m, folder = _load(zoo, "attn-only-1l")
+    if m is None:
+        return [Row("1L: copying heads", "10 of 12", "model not in the zoo", "")]
+    _, vocab, w = _text(m, folder)
+    t = copying_heads_table(m, vocab=vocab, behavioural=False)
+    pc = positional_vs_content(m, vocab=vocab)
+    H = m.cfg.n_heads
+    pos = [head_label(0, h) for h in range(H) if pc.labels[0][h] != "content"]
+    noncopy = [head_label(0, h) for h in range(H) if (0, h) not in t.heads]
+    scores = ", ".join(f"{float(v):+.2f}" for v in t.copying_score[0])
+    rows = [Row("1L: most heads copy (OV eigenvalue copying score Σλ/Σ|λ| ≥ 0.5); the others are positional",
+                "10 of 12 heads copy; the other 2 are positional",
+                f"{len(t.heads)} of {H} heads copy (scores {scores}); positional heads: {', '.join(pos) or 'none'}",
+                f"Non-copying heads: {', '.join(noncopy) or 'none'}. Our 1L model has {H} heads of d_head "
+                f"{m.cfg.d_head} on a {m.cfg.d_vocab}-token code vocabulary, not 12 × 64 on 50k web tokens.")]
+    rows.append(Row("1L: copying score of random matrices", "≈ 0 ± 0.03 (d_model 768)",
+                    _random_copying(m), "Random heads of our shapes (d_head "
+                    f"{m.cfg.d_head}) spread wider than the paper's, so 0.5 is a conservative cut."))
+    return rows
+
+
+def _random_copying(m) -> str:
+    from .util import circuits_api
+
+    g = torch.Generator().manual_seed(0)
+    d, dh, V = m.cfg.d_model, m.cfg.d_head, m.cfg.d_vocab
+    vals = []
+    for _ in range(64):
+        A = torch.randn(V, dh, generator=g, dtype=torch.float64)
+        B = torch.randn(dh, V, generator=g, dtype=torch.float64)
+        from transformer_lens import FactoredMatrix
+
+        vals.append(float(circuits_api("copying_score")(FactoredMatrix(A, B))))
+    t = torch.tensor(vals)
+    return f"{float(t.mean()):+.3f} ± {float(t.std()):.3f} (64 random rank-{dh} circuits, d_vocab {V}; d_model {d})"
+
+
+def two_layer_rows(zoo: Path) -> list[Row]:
+    from .dynamics import training_dynamics
+    from .two_layer import composition_study, find_induction_circuit, term_importance_by_order
+
+    m, folder = _load(zoo, "attn-only-2l")
+    if m is None:
+        return [Row("2L rows", "—", "model not in the zoo", "")]
+    _, vocab, w = _text(m, folder)
+    rows = []
+    circ = find_induction_circuit(m, w[:8], vocab)
+    ind, prev = circ.induction, circ.previous
+    ih = ind.heads
+    scores = ", ".join(f"{head_label(*h)} {ind.row(*h).induction:.2f}" for h in ih) or "none"
+    rows.append(Row("2L: induction heads exist; induction score (ARENA, |R| = 50) of the heads",
+                    "ARENA's 1.4 ≈ 0.68; its induction heads > 0.6; threshold 0.4",
+                    f"{len(ih)} induction head(s): {scores}; previous-token heads: "
+                    f"{', '.join(head_label(*h) for h in prev.heads) or 'none'}",
+                    "Random probe tokens are drawn from ids seen in training; repeats inside R are avoided "
+                    "(our vocabulary is 2048, not 50k)."))
+    comp = composition_study(m)
+    if ih:
+        partners = {ind.row(*h).partner for h in ih}
+        kex = comp.excess("k")
+        shares = []
+        for l, h in ih:
+            col = kex[0, :, l, h].clamp_min(0)
+            best = ind.row(l, h).partner
+            shares.append(float(col[best[1]] / col.sum().clamp_min(1e-12)))
+        q, v = float(comp.excess("q")[:, :, 1].max()), float(comp.excess("v")[:, :, 1].max())
+        k = float(max(kex[0, p[1], l, h] for (l, h) in ih for p in [ind.row(l, h).partner]))
+        rows.append(Row("2L: induction heads K-compose with the previous-token head (and not much else)",
+                        "only K-composition matters, with one layer-0 head",
+                        f"partners {', '.join(head_label(*p) for p in partners)}; K-comp − baseline of the pair(s) "
+                        f"up to {k:.3f}; the partner holds {min(shares):.0%}–{max(shares):.0%} of each induction "
+                        f"head's positive K-composition excess; max Q {q:+.3f}, max V {v:+.3f} over baseline",
+                        "Composition scores are weight norms; with d_head 16 the random baseline is "
+                        f"{comp.baselines['k']:.3f}, so excesses are small numbers in absolute terms."))
+        qk = [circ.positivity.get(h, (float('nan'),) * 2) for h in ih]
+        rows.append(Row("2L: induction heads sit in the (QK positivity, OV positivity) corner",
+                        "both near +1 for induction heads",
+                        ", ".join(f"{head_label(*h)} ({a:+.2f}, {b:+.2f})" for h, (a, b) in zip(ih, qk)),
+                        "QK positivity: Σλ/Σ|λ| of W_E W_QK (W_OV^prev)ᵀ W_Eᵀ; OV: of W_E W_OV W_U."))
+        t1 = [_combined_diag(m, [h]) for h in ih]
+        both = _combined_diag(m, ih)
+        rows.append(Row("2L: full OV top-1 / top-5 diagonal accuracy of the induction heads",
+                        "1.4 alone 30.8 % / 47.7 %; 1.4 + 1.10 together 95.6 % / 98 %",
+                        "; ".join(f"{head_label(*h)} {a:.1%} / {b:.1%}" for h, (a, b) in zip(ih, t1))
+                        + f"; all together {both[0]:.1%} / {both[1]:.1%}",
+                        "Over every non-special id of our 2048-token vocabulary."))
+    if prev.heads:
+        l, h = prev.heads[0]
+        rows.append(Row("2L: the previous-token head's QK is positional",
+                        "0.7: mean sub-diagonal attention of the position-only pattern 0.998",
+                        f"{head_label(l, h)}: {_positional_subdiag(m, l, h):.3f} (previous-token score "
+                        f"{prev.row(l, h).previous:.2f} on text)", ""))
+    copy1 = sum(1 for hh in range(m.cfg.n_heads) if float(ind.row(1, hh).ov_copying or 0) >= 0.5)
+    rows.append(Row("2L: layer-1 heads that copy", "7 of 12 copy; about 6 are induction heads",
+                    f"{copy1} of {m.cfg.n_heads} copy (OV copying ≥ 0.5); {len([x for x in ih if x[0] == 1])} "
+                    "are induction heads", ""))
+    imp = term_importance_by_order(m, w[:8])
+    rows.append(Row("2L term importance (patterns frozen): individual-head terms vs all virtual heads",
+                    "≈ 5.2 nats vs ≈ 0.3 nats; layer-1 heads ≫ layer-0 heads",
+                    f"{imp.individual:.3f} vs {imp.virtual:+.3f} nats; removing layer 0's head terms costs "
+                    f"{imp.by_layer[0]:.3f}, layer 1's {imp.by_layer[1]:.3f}",
+                    "Absolute sizes depend on the model and text (our direct path alone scores "
+                    f"{imp.losses[0]:.2f} nats on 8 validation windows); the ordering is the claim."))
+    early, late = max(1, round(m.cfg.n_ctx * 50 / 512)), min(m.cfg.n_ctx - 1, round(m.cfg.n_ctx * 500 / 512))
+    if (folder / "metrics.jsonl").is_file():
+        d = training_dynamics(folder)
+        fw = "none" if d.formation_window is None else f"{d.formation_window[0]:,}–{d.formation_window[1]:,} tokens"
+        rows.append(Row(f"2L: ICL score (loss at token {late} − token {early}) before / after the phase change",
+                        "> −0.15 before, ≈ −0.4 after (tokens 500 − 50 of 512)",
+                        f"{_f(d.icl_before)} before / {_f(d.icl_after)} at the end; induction heads formed at {fw}",
+                        "From the training run's checkpoints; each ICL value averages one position pair over the "
+                        "run's validation sequences, so it is noisy."))
+    clean, ablated = _icl_with_ablation(m, w.to(m.W_E.device), ih, early, late)
+    rows.append(Row("2L: pattern-preserving ablation of the induction heads removes in-context learning",
+                    "almost all ICL in small attention-only models comes from induction heads",
+                    f"ICL score {clean:+.3f} clean → {ablated:+.3f} with {', '.join(head_label(*h) for h in ih)} "
+                    f"ablated ({w.shape[0]} validation windows)", ""))
+    return rows
+
+
+def _f(x) -> str:
+    return "—" if x is None else f"{x:+.3f}"
+
+
+def one_layer_dynamics_rows(zoo: Path) -> list[Row]:
+    from .dynamics import training_dynamics
+
+    folder = zoo / "attn-only-1l"
+    if not (folder / "metrics.jsonl").is_file():
+        return []
+    d = training_dynamics(folder)
+    return [Row("1L: no induction phase change (no bump; ICL stays small)", "no bump in 1-layer models",
+                f"best induction score at the end {d.best_induction[-1][1]:.2f}; ICL {_f(d.icl_before)} → "
+                f"{_f(d.icl_after)}" if d.best_induction else f"ICL {_f(d.icl_before)} → {_f(d.icl_after)}",
+                "A 1-layer model cannot K-compose, so no head can prefix-match.")]
+
+
+def write(out: Path = DEFAULT_OUT, zoo: Path | None = None) -> str:
+    from models.checkpoint import ZOO_DIR
+
+    zoo = Path(zoo) if zoo is not None else ZOO_DIR
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    rows = zero_layer_rows(zoo) + one_layer_rows(zoo) + one_layer_dynamics_rows(zoo) + two_layer_rows(zoo)
+    lines = ["# Reproduction: published numbers vs our model zoo", "",
+             "Generated by `python -m analyses.reproduction` from the models in `models/zoo/` (see each model's "
+             "card for its training). Paper columns: Elhage et al. 2021 (Framework), Olsson et al. 2022 (Induction "
+             "heads), ARENA 1.2, as collected in `reference.md`. Our models are far smaller than the papers' (d_model "
+             "128, 8 heads of 16, 2048-token BPE on Python's standard library, a few million tokens on a CPU), so "
+             "the claims to check are the qualitative ones; absolute numbers differ and each row says why.", "",
+             "| claim | paper | ours (measured) | note |", "|---|---|---|---|"]
+    esc = lambda s: s.replace("|", "\\|")
+    lines += [f"| {esc(r.claim)} | {esc(r.paper)} | {esc(r.ours)} | {esc(r.note)} |" for r in rows]
+    lines += ["", f"*Computed in {time.perf_counter() - t0:.0f} s on CPU.*", ""]
+    text = "\n".join(lines)
+    Path(out).write_text(text)
+    return text
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analyses.reproduction", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=str(DEFAULT_OUT))
+    p.add_argument("--zoo", default=None, help="folder holding the zoo models (default: models/zoo)")
+    a = p.parse_args(argv)
+    print(write(Path(a.out), a.zoo))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
