@@ -138,26 +138,34 @@ class Attention(nn.Module):
         if hooked(self.hook_attn_scores, self.hook_pattern):
             if Hkv != H:  # query head h reads kv head h // (H / Hkv)
                 k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
-            scores = q @ k.transpose(-1, -2) / math.sqrt(dh)  # [batch, head, pos, key]
-            if bias is not None:
-                scores = scores + bias
-            if causal:
-                mask = torch.ones(P, P, dtype=torch.bool, device=q.device).triu(1)
-                scores = scores.masked_fill(mask, float("-inf"))
-            pattern = self.hook_pattern(self.hook_attn_scores(scores).softmax(-1))
+            # q·kᵀ/√d_head + ALiBi, −inf above the diagonal; in place, so the [pos, key] square is written once
+            scores = (q @ k.transpose(-1, -2)).mul_(1 / math.sqrt(dh)).add_(score_bias(P, causal, bias, q))
+            pattern = self.hook_pattern(self.hook_attn_scores(scores).softmax(-1))  # [batch, head, pos, key]
             z = pattern @ v
         else:
-            if bias is not None and causal:
-                mask = torch.ones(P, P, dtype=torch.bool, device=q.device).triu(1)
-                bias = bias.masked_fill(mask, float("-inf"))
+            mask = score_bias(P, causal, bias, q) if bias is not None else None
             z = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=bias, is_causal=causal and bias is None, enable_gqa=Hkv != H
+                q, k, v, attn_mask=mask, is_causal=causal and bias is None, enable_gqa=Hkv != H
             )
         z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
         if cfg.use_attn_result and hooked(self.hook_result):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))  # [batch, pos, head, d_model]
             return result.sum(-2) + self.b_O
         return torch.addmm(self.b_O, z.reshape(B * P, H * dh), self.W_O.reshape(H * dh, -1)).view(B, P, -1)
+
+
+def score_bias(n_pos: int, causal: bool, bias, like: torch.Tensor) -> torch.Tensor:
+    """Additive attention-score bias: `bias [head, pos, key]` (ALiBi) or zeros `[pos, key]`, with −inf above
+    the diagonal when causal."""
+    out = torch.zeros(n_pos, n_pos, dtype=like.dtype, device=like.device) if bias is None else bias
+    if causal:
+        out = out.masked_fill(torch.ones(n_pos, n_pos, dtype=torch.bool, device=like.device).triu(1), float("-inf"))
+    return out
+
+
+def linear(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`x @ W + b` for `x [..., d_in]`, `W [d_in, d_out]` as one fused addmm (no separate bias pass)."""
+    return torch.addmm(b, x.reshape(-1, x.shape[-1]), W).view(*x.shape[:-1], W.shape[-1])
 
 
 _ACTIVATIONS = {
@@ -181,8 +189,8 @@ class MLP(nn.Module):
         self.hook_post = HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pre = self.hook_pre(x @ self.W_in + self.b_in)
-        return self.hook_post(self.act(pre)) @ self.W_out + self.b_out
+        pre = self.hook_pre(linear(x, self.W_in, self.b_in))
+        return linear(self.hook_post(self.act(pre)), self.W_out, self.b_out)
 
 
 class TransformerBlock(nn.Module):
@@ -218,4 +226,4 @@ class Unembed(nn.Module):
         _param_or_buffer(self, "b_U", torch.zeros(cfg.d_vocab, dtype=cfg.torch_dtype), cfg.use_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_model] -> [batch, pos, d_vocab]
-        return x @ self.W_U + self.b_U
+        return linear(x, self.W_U, self.b_U)
