@@ -79,33 +79,36 @@ def matmul_floor(repeats: int) -> float:
     return 2 * 2048**3 / t / 1e9
 
 
+def bench_model(label: str, arch: dict, repeats: int) -> list[dict]:
+    cfg = HookedTransformerConfig(n_ctx=POS, d_vocab=VOCAB, positional_embedding_type="standard", seed=0, **arch)
+    ours = HookedTransformer(cfg).eval()
+    theirs = to_transformer_lens(ours).eval()
+    tokens = torch.randint(0, VOCAB, (BATCH, POS), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        err = float((ours(tokens) - theirs(tokens)).abs().max())
+    patterns = lambda name: name.endswith("hook_pattern")
+    rows = {
+        "forward (no grad)": (lambda: ours(tokens), lambda: theirs(tokens)),
+        "run_with_cache (all hooks)": (lambda: ours.run_with_cache(tokens), lambda: theirs.run_with_cache(tokens)),
+        "run_with_cache (patterns only)": (lambda: ours.run_with_cache(tokens, names_filter=patterns),
+                                           lambda: theirs.run_with_cache(tokens, names_filter=patterns)),
+    }
+    flops = model_flops(cfg, BATCH, POS)
+    results = []
+    for row, (fo, ft) in rows.items():
+        with torch.no_grad():
+            t_ours, t_tl = bench_pair(fo, ft, repeats)
+        results.append({"model": label, "row": row, "ours_ms": t_ours * 1e3, "tl_ms": t_tl * 1e3,
+                        "ratio": t_ours / t_tl, "gflop": flops / 1e9, "ours_gflops": flops / t_ours / 1e9,
+                        "max_abs_logit_diff": err})
+    return results
+
+
 def run(repeats: int) -> dict:
     warnings.filterwarnings("ignore")
+    load_before = os.getloadavg()
     floor_before = matmul_floor(repeats)
-    results = []
-    for label, arch in MODELS.items():
-        cfg = HookedTransformerConfig(n_ctx=POS, d_vocab=VOCAB, positional_embedding_type="standard", seed=0,
-                                      **arch)
-        ours = HookedTransformer(cfg).eval()
-        theirs = to_transformer_lens(ours).eval()
-        tokens = torch.randint(0, VOCAB, (BATCH, POS), generator=torch.Generator().manual_seed(0))
-        with torch.no_grad():
-            err = float((ours(tokens) - theirs(tokens)).abs().max())
-        patterns = lambda name: name.endswith("hook_pattern")
-        rows = {
-            "forward (no grad)": (lambda: ours(tokens), lambda: theirs(tokens)),
-            "run_with_cache (all hooks)": (lambda: ours.run_with_cache(tokens),
-                                           lambda: theirs.run_with_cache(tokens)),
-            "run_with_cache (patterns only)": (lambda: ours.run_with_cache(tokens, names_filter=patterns),
-                                               lambda: theirs.run_with_cache(tokens, names_filter=patterns)),
-        }
-        flops = model_flops(cfg, BATCH, POS)
-        for row, (fo, ft) in rows.items():
-            with torch.no_grad():
-                t_ours, t_tl = bench_pair(fo, ft, repeats)
-            results.append({"model": label, "row": row, "ours_ms": t_ours * 1e3, "tl_ms": t_tl * 1e3,
-                            "ratio": t_ours / t_tl, "gflop": flops / 1e9, "ours_gflops": flops / t_ours / 1e9,
-                            "max_abs_logit_diff": err})
+    results = [r for label, arch in MODELS.items() for r in bench_model(label, arch, repeats)]
     floor_after = matmul_floor(repeats)
     floor = max(floor_before, floor_after)
     for r in results:
@@ -114,7 +117,7 @@ def run(repeats: int) -> dict:
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "torch": torch.__version__, "python": platform.python_version(),
-                    "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None},
+                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "matmul_floor_gflops": {"before": floor_before, "after": floor_after, "used": floor},
         "batch": BATCH, "pos": POS, "repeats": repeats, "results": results,
     }
@@ -123,7 +126,8 @@ def run(repeats: int) -> dict:
 def table(out: dict) -> str:
     lines = [
         f"torch {out['machine']['torch']}, {out['machine']['torch_threads']} threads, "
-        f"{out['machine']['cpu_count']} CPUs, load average {out['machine']['loadavg']}",
+        f"{out['machine']['cpu_count']} CPUs, 1-min load average {out['machine']['loadavg_before'][0]:.1f} before, "
+        f"{out['machine']['loadavg_after'][0]:.1f} after",
         f"matmul floor (2048³ float32): {out['matmul_floor_gflops']['used']:.1f} GFLOP/s "
         f"(before {out['matmul_floor_gflops']['before']:.1f}, after {out['matmul_floor_gflops']['after']:.1f})",
         "",
