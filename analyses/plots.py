@@ -87,8 +87,13 @@ def plot_score_panels(panels: dict[str, torch.Tensor], threshold: float | None =
     plt = _plt()
     n = len(panels)
     L, H = next(iter(panels.values())).shape
-    fig, axes = plt.subplots(1, n, figsize=(max(3.0, 0.55 * H + 1.2) * n, max(2.2, 0.55 * L + 1.4)), squeeze=False)
-    for ax, (title, s) in zip(axes[0], panels.items()):
+    cols = min(n, 3 if H > 4 else 5)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(3.0, 0.55 * H + 1.2) * cols, max(2.2, 0.55 * L + 1.4) * rows),
+                             squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    for ax, (title, s) in zip(axes.flat, panels.items()):
         s = torch.as_tensor(s, dtype=torch.float32)
         ax.imshow(s.numpy(), cmap="viridis", vmin=0, vmax=1, aspect="auto")
         for l in range(L):
