@@ -12,20 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 
-
-class UsageError(Exception):
-    """Bad input from the user: reported as one line, exit code 2."""
-
-
-@dataclass
-class Command:
-    name: str
-    help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+from . import cli_circuits, cli_model
+from .cli_common import Command, UsageError, add_common, emit  # noqa: F401  (re-exported)
 
 
 def _user_errors() -> tuple:
@@ -38,10 +27,6 @@ def _user_errors() -> tuple:
 
     return (UsageError, ConfigError, CheckpointError, CorpusError, TokenizerError, TrainConfigError,
             FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
-
-
-def emit(args, obj: dict, text: str) -> None:
-    print(json.dumps(obj, indent=2) if getattr(args, "json", False) else text)
 
 
 # --- train --------------------------------------------------------------------------------------------
@@ -134,7 +119,7 @@ def run_train(args) -> int:
 
 # --- zoo ----------------------------------------------------------------------------------------------
 def _zoo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    add_common(p, progress=False)  # --json, and --device/--seed, accepted everywhere (no effect here)
 
 
 def zoo_cards() -> list[dict]:
@@ -169,8 +154,13 @@ def run_zoo(args) -> int:
 
 
 COMMANDS = [
-    Command("train", "train a model (a zoo preset or a config) with checkpoints and metrics", _train_args, run_train),
     Command("zoo", "list the shipped models with one-line cards", _zoo_args, run_zoo),
+    cli_model.COMMANDS["info"],
+    Command("train", "train a model (a zoo preset or a config) with checkpoints and metrics", _train_args, run_train),
+    cli_model.COMMANDS["report"],
+    *cli_circuits.COMMANDS.values(),
+    cli_model.COMMANDS["attention"],
+    cli_model.COMMANDS["generate"],
 ]
 
 

@@ -1,0 +1,302 @@
+"""`circuits heads | eigen | compose | paths | trigrams`: head scores and verdicts, eigenvalue copying scores,
+composition scores, term importance and skip-trigrams. torch is imported inside the `run_*` functions."""
+
+from __future__ import annotations
+
+import argparse
+
+from .cli_common import (
+    Command,
+    UsageError,
+    add_common,
+    add_model,
+    emit,
+    load_model,
+    need_layers,
+    parse_head,
+    positive_int,
+    progress,
+    setup,
+    table,
+    text_windows,
+)
+
+
+def _label(l: int, h: int) -> str:
+    return f"L{l}H{h}"
+
+
+def _text_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--text-file", metavar="FILE",
+                   help=f"natural text for {what} (default: the validation split of the model's training corpus)")
+
+
+# --- heads --------------------------------------------------------------------------------------------
+def _heads_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--threshold", type=float, default=0.4, help="score threshold of the verdicts (ARENA: 0.4)")
+    _text_arg(p, "the previous-token score")
+    add_common(p)
+
+
+def run_heads(args) -> int:
+    from .detect import detect_induction_heads, detect_previous_token_heads
+    from .one_layer import COPYING_THRESHOLD
+
+    device = setup(args)
+    loaded = load_model(args, device)
+    need_layers(loaded, 1, "heads")
+    model = loaded.model
+    bar = progress(args, 3, f"heads {loaded.name}")
+    bar.set_postfix_str("text")
+    text, text_about = text_windows(loaded, args, 8, args.seed)
+    bar.update()
+    bar.set_postfix_str("previous-token")
+    prev = detect_previous_token_heads(model, text, threshold=args.threshold, seed=args.seed)
+    bar.update()
+    bar.set_postfix_str("induction")
+    vocab = None if text is None else text.unique()
+    ind = detect_induction_heads(model, seed=args.seed, tokens_from=vocab, prev_tokens=text,
+                                 threshold=args.threshold, prefix_threshold=args.threshold)
+    bar.update()
+    bar.close()
+    rows, heads = [], []
+    for r in ind.table:
+        p = prev.row(r.layer, r.head)
+        verdict = [v for v, ok in (("induction", r.positive), ("previous-token", p.positive),
+                                   ("copying", r.ov_copying is not None and r.ov_copying >= COPYING_THRESHOLD)) if ok]
+        rec = {"head": _label(r.layer, r.head), "layer": r.layer, "index": r.head, "induction": r.induction,
+               "prefix_matching": r.prefix_matching, "previous_token": p.previous, "current_token": p.current,
+               "first_token": p.first, "copying_behavioural": r.copying, "ov_copying": r.ov_copying,
+               "k_composition_partner": _label(*r.partner) if r.partner else None,
+               "k_composition_excess": r.k_composition, "qk_same_matching": r.qk_same_matching,
+               "mechanism": r.mechanism, "verdict": verdict}
+        heads.append(rec)
+        rows.append([rec["head"], r.induction, r.prefix_matching, p.previous, r.copying, r.ov_copying,
+                     ", ".join(verdict) or "—"])
+    obj = {"model": loaded.name, "heads": heads, "induction_heads": [_label(*h) for h in ind.heads],
+           "previous_token_heads": [_label(*h) for h in prev.heads],
+           "thresholds": {**ind.thresholds, **prev.thresholds, "OV copying score (Σλ/Σ|λ|)": COPYING_THRESHOLD},
+           "previous_token_text": text_about}
+    crit = "; ".join(f"{k} ≥ {v}" for k, v in obj["thresholds"].items())
+    text_out = "\n".join([
+        table(["head", "induction", "prefix-match", "prev-token", "copying", "OV copying", "verdict"], rows), "",
+        f"induction heads: {', '.join(obj['induction_heads']) or 'none'}; previous-token heads: "
+        f"{', '.join(obj['previous_token_heads']) or 'none'}",
+        "induction/prefix-match: attention to the token after the current token's earlier occurrence on repeated "
+        "random tokens; prev-token: attention to i-1 on " + ("random tokens" if text is None else "text") +
+        "; copying: Olsson's behavioural copying score; OV copying: Σλ/Σ|λ| of W_E W_OV W_U.",
+        f"verdicts: {crit}"])
+    emit(args, obj, text_out)
+    return 0
+
+
+# --- eigen --------------------------------------------------------------------------------------------
+def _eigen_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--eigenvalues", type=int, default=0, metavar="K",
+                   help="also list each head's K largest full-OV eigenvalues (default 0)")
+    add_common(p)
+
+
+def run_eigen(args) -> int:
+    import torch
+
+    from .util import circuits_api, weight_view
+
+    device = setup(args)
+    loaded = load_model(args, device)
+    need_layers(loaded, 1, "eigen")
+    m = weight_view(loaded.model)
+    L, H = m.cfg.n_layers, m.cfg.n_heads
+    c = {n: circuits_api(n) for n in ("copying_score", "positive_eigenvalue_fraction", "full_ov_circuit",
+                                       "full_qk_circuit", "eigenvalues", "composition_scores",
+                                       "k_composition_circuit")}
+    bar = progress(args, 2 * L, f"eigen {loaded.name}")
+    with torch.no_grad():
+        ov_score, ov_pos, qk_score, qk_pos, eig = [], [], [], [], []
+        for l in range(L):
+            ov = c["full_ov_circuit"](m, l)  # [head, d_vocab, d_vocab], factored
+            ov_score.append(c["copying_score"](ov).float().cpu())
+            ov_pos.append(c["positive_eigenvalue_fraction"](ov).float().cpu())
+            if args.eigenvalues > 0:
+                eig.append(c["eigenvalues"](ov)[..., : args.eigenvalues].cpu())
+            bar.update()
+            qk = c["full_qk_circuit"](m, l)
+            qk_score.append(c["copying_score"](qk).float().cpu())
+            qk_pos.append(c["positive_eigenvalue_fraction"](qk).float().cpu())
+            bar.update()
+        kcomp = c["composition_scores"](m, "k").float().cpu() if L > 1 else None
+    bar.close()
+    heads, rows = [], []
+    for l in range(L):
+        for h in range(H):
+            rec = {"head": _label(l, h), "layer": l, "index": h, "ov_copying": float(ov_score[l][h]),
+                   "ov_positive_fraction": float(ov_pos[l][h]), "qk_copying": float(qk_score[l][h]),
+                   "qk_positive_fraction": float(qk_pos[l][h]), "k_partner": None, "k_same_matching": None}
+            if l >= 1:
+                partner = max(((l1, h1) for l1 in range(l) for h1 in range(H)),
+                              key=lambda x: float(kcomp[x[0], x[1], l, h]))
+                with torch.no_grad():
+                    rec["k_partner"] = _label(*partner)
+                    rec["k_same_matching"] = float(c["copying_score"](c["k_composition_circuit"](m, (l, h), partner)))
+            if eig:
+                rec["ov_eigenvalues"] = [[round(float(z.real), 6), round(float(z.imag), 6)] for z in eig[l][h]]
+            heads.append(rec)
+            rows.append([rec["head"], rec["ov_copying"], rec["ov_positive_fraction"], rec["qk_copying"],
+                         rec["qk_positive_fraction"], rec["k_partner"], rec["k_same_matching"]])
+    obj = {"model": loaded.name, "heads": heads}
+    lines = [table(["head", "OV copying", "OV λ>0", "QK copying", "QK λ>0", "K-comp partner", "K-comp QK same"], rows),
+             "", "OV copying = Σλ/Σ|λ| of the full OV circuit W_E W_V W_O W_U (+1: copies its source token; ≈ 0 for "
+             "random). QK copying = Σλ/Σ|λ| of the direct-path QK circuit W_E W_Q W_Kᵀ W_Eᵀ (+1: attends to copies "
+             "of the current token). K-comp QK same = Σλ/Σ|λ| of W_E W_QK (W_OV^partner)ᵀ W_Eᵀ with the earlier head "
+             "it K-composes with most (+1: an induction head's 'same token matches'). λ>0: share of eigenvalues with "
+             "positive real part."]
+    if eig:
+        lines.append("")
+        for r in heads:
+            vals = ", ".join(f"{re:+.3g}{im:+.3g}j" for re, im in r["ov_eigenvalues"])
+            lines.append(f"{r['head']}: {vals}")
+    emit(args, obj, "\n".join(lines))
+    return 0
+
+
+# --- compose ------------------------------------------------------------------------------------------
+def _compose_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--kind", choices=("q", "k", "v"), default="k", help="Q-, K- or V-composition (default k)")
+    p.add_argument("--top", type=positive_int, default=10, help="list the N strongest pairs (default 10)")
+    add_common(p)
+
+
+def run_compose(args) -> int:
+    import torch
+
+    from .util import circuits_api, weight_view
+
+    device = setup(args)
+    loaded = load_model(args, device)
+    need_layers(loaded, 2, "compose")
+    m = weight_view(loaded.model)
+    L, H = m.cfg.n_layers, m.cfg.n_heads
+    with torch.no_grad():
+        scores = circuits_api("composition_scores")(m, args.kind).float().cpu()  # [l1, h1, l2, h2]
+    base = float(circuits_api("composition_baseline")(m.cfg.d_model, m.cfg.d_head, args.kind))
+    earlier = [(l, h) for l in range(L - 1) for h in range(H)]
+    later = [(l, h) for l in range(1, L) for h in range(H)]
+    pairs = sorted(((float(scores[a + b]), a, b) for a in earlier for b in later if a[0] < b[0]), reverse=True)
+    matrix = [[float(scores[a + b]) if a[0] < b[0] else None for b in later] for a in earlier]
+    obj = {"model": loaded.name, "kind": args.kind, "baseline": base,
+           "earlier_heads": [_label(*a) for a in earlier], "later_heads": [_label(*b) for b in later],
+           "scores": matrix,
+           "top": [{"earlier": _label(*a), "later": _label(*b), "score": s, "excess": s - base}
+                   for s, a, b in pairs[: args.top]]}
+    k = args.kind.upper()
+    lines = [f"{k}-composition scores ‖W_OV^h1 · R^h2‖ / (‖W_OV^h1‖ ‖R^h2‖) minus the random baseline {base:.4f} "
+             f"(rows: earlier head h1 writes; columns: later head h2 reads with its {args.kind.upper()} input)", "",
+             table(["h1 \\ h2"] + obj["later_heads"],
+                   [[_label(*a)] + [None if v is None else v - base for v in row] for a, row in zip(earlier, matrix)]),
+             "", f"strongest {len(obj['top'])} pairs:",
+             table(["earlier", "later", "score", "score − baseline"],
+                   [[t["earlier"], t["later"], t["score"], t["excess"]] for t in obj["top"]])]
+    emit(args, obj, "\n".join(lines))
+    return 0
+
+
+# --- paths --------------------------------------------------------------------------------------------
+def _paths_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--windows", type=positive_int, default=8, help="text windows of n_ctx tokens (default 8)")
+    p.add_argument("--top", type=positive_int, default=10, help="list the N most important single terms")
+    _text_arg(p, "the losses")
+    add_common(p)
+
+
+def run_paths(args) -> int:
+    import torch
+
+    from .util import circuits_api
+
+    device = setup(args)
+    loaded = load_model(args, device)
+    model = loaded.model
+    if not (model.cfg.attn_only or model.cfg.d_mlp is None):
+        raise UsageError(f"paths: the path expansion is exact for attention-only models; {loaded.name} has MLPs")
+    bar = progress(args, 2, f"paths {loaded.name}")
+    tokens, about = text_windows(loaded, args, args.windows, args.seed)
+    if tokens is None:
+        from .sequences import bos_token_id, random_tokens
+
+        n = model.cfg.n_ctx - 1
+        tokens = torch.cat([torch.full((args.windows, 1), bos_token_id(model)),
+                            random_tokens(model, n, args.windows, args.seed)], 1)
+        about += "; using random tokens instead (losses then say little about language)"
+    bar.update()
+    with torch.no_grad():
+        imp = circuits_api("term_importance")(model, tokens.to(device), per_term=True)
+    bar.update()
+    bar.close()
+    top = sorted(imp.per_term.items(), key=lambda kv: -kv[1])[: args.top]
+    obj = {"model": loaded.name, "tokens": about, "losses_by_order": list(imp.losses), "n_terms": list(imp.n_terms),
+           "gains": list(imp.gains), "model_loss": imp.model_loss,
+           "top_terms": [{"term": n, "loss_increase": v} for n, v in top], "per_term": imp.per_term}
+    rows = [["0 (direct path)" if k == 0 else f"≤ {k}", imp.n_terms[k], loss, imp.gains[k - 1] if k else None]
+            for k, loss in enumerate(imp.losses)]
+    lines = [f"Term importance (attention patterns frozen) on {about}", "",
+             table(["orders kept", "terms", "loss (nats)", "reduction"], rows),
+             f"model loss {imp.model_loss:.4f} nats", "",
+             "largest single terms (loss increase when removed from the full expansion; L1H3∘L0H2 = virtual head):",
+             table(["term", "loss increase"], [[n, v] for n, v in top])]
+    emit(args, obj, "\n".join(lines))
+    return 0
+
+
+# --- trigrams -----------------------------------------------------------------------------------------
+def _trigram_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--head", required=True, help="LAYER.HEAD (e.g. 0.3) or L0H3")
+    p.add_argument("--top", type=positive_int, default=20, help="number of skip-trigrams (default 20)")
+    p.add_argument("--bugs", action="store_true", help="also list the skip-trigram 'bugs' the factorisation implies")
+    add_common(p)
+
+
+def run_trigrams(args) -> int:
+    from .skip_trigrams import skip_trigram_bugs, skip_trigrams
+
+    device = setup(args)
+    loaded = load_model(args, device)
+    need_layers(loaded, 1, "trigrams")
+    layer, head = parse_head(args.head, loaded.model.cfg)
+    bar = progress(args, 1, f"trigrams {loaded.name} L{layer}H{head}")
+    t = skip_trigrams(loaded.model, layer, head, k=args.top)
+    bar.update()
+    bar.close()
+    rows = [{"source": r.source, "destination": r.destination, "out": r.outs[0][0],
+             "also": [o for o, _ in r.outs[1:]], "qk": r.qk, "ov": r.ov, "strength": r.strength, "ids": list(r.ids)}
+            for r in t.rows]
+    obj = {"model": loaded.name, "head": _label(layer, head), "skip_trigrams": rows}
+    lines = [f"Skip-trigrams [source] … [destination] → [out] of L{layer}H{head} (from the full QK and OV circuits; "
+             "QK: centred attention score of the destination for the source; OV: centred logit raise of the out)", "",
+             table(["skip-trigram", "also raised", "QK", "OV", "strength"],
+                   [[f"[{r['source']}] … [{r['destination']}] → [{r['out']}]", ", ".join(r["also"]), r["qk"], r["ov"],
+                     r["strength"]] for r in rows])]
+    if args.bugs:
+        bugs = skip_trigram_bugs(t)
+        obj["bugs"] = [{"kind": b.kind, "source": b.source, "destination": b.destination, "outs": b.outs,
+                        "crossed": b.crossed} for b in bugs]
+        lines += ["", "skip-trigram bugs (crossed predictions the factorisation forces):"]
+        lines += [f"  {b.kind}: " + "; ".join(b.crossed[:6]) for b in bugs] or ["  none among these trigrams"]
+    emit(args, obj, "\n".join(lines))
+    return 0
+
+
+COMMANDS = {
+    "heads": Command("heads", "every head's induction, prefix-matching, previous-token and copying scores, with "
+                     "verdicts", _heads_args, run_heads),
+    "eigen": Command("eigen", "OV and QK eigenvalue copying scores per head", _eigen_args, run_eigen),
+    "compose": Command("compose", "Q/K/V composition scores between heads, minus the random baseline",
+                       _compose_args, run_compose),
+    "paths": Command("paths", "term importance of the path expansion (direct, heads, virtual heads)", _paths_args,
+                     run_paths),
+    "trigrams": Command("trigrams", "a head's strongest skip-trigrams", _trigram_args, run_trigrams),
+}

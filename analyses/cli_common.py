@@ -1,0 +1,271 @@
+"""Shared pieces of the `circuits` command line: the `Command` record, `UsageError`, output, and the options every
+analysis subcommand takes (MODEL, `--config`, `--tokenizer`, `--json`, `--device`, `--seed`, `--threads`,
+`--no-progress`), model loading, head parsing and progress bars.
+
+Nothing here imports torch at module level: `circuits --help` must answer at once. Heavy imports happen inside
+the functions that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_DICT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported as one line, exit code 2."""
+
+
+@dataclass
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _json_default(o):
+    if hasattr(o, "tolist"):  # tensors, numpy arrays and scalars
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def clean_json(o):
+    """NaN and ±inf become None (JSON has no such numbers); tuples become lists."""
+    if isinstance(o, float):
+        return None if math.isnan(o) or math.isinf(o) else o
+    if isinstance(o, dict):
+        return {str(k): clean_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [clean_json(v) for v in o]
+    return o
+
+
+def emit(args, obj: dict, text: str) -> None:
+    """Print `obj` as JSON with `--json`, else `text`."""
+    if getattr(args, "json", False):
+        print(json.dumps(clean_json(obj), indent=2, default=_json_default))
+    else:
+        print(text)
+
+
+# --- options ------------------------------------------------------------------------------------------
+def add_common(p: argparse.ArgumentParser, progress: bool = True) -> None:
+    """`--json`, `--device`, `--seed` (every subcommand), `--threads` and `--no-progress`."""
+    g = p.add_argument_group("common options")
+    g.add_argument("--json", action="store_true", help="machine-readable output (JSON on stdout)")
+    g.add_argument("--device", default="auto", help="auto (default: cuda, then mps, then cpu), cpu, cuda[:N], mps")
+    g.add_argument("--seed", type=int, default=0, help="seed of random probe tokens and sampling (default 0)")
+    if progress:
+        g.add_argument("--threads", type=int, default=None,
+                       help="torch CPU threads (default 1: these models are small and threads contend)")
+        g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL",
+                   help="a zoo name (see `circuits zoo`), a saved model folder, or a TransformerLens state dict "
+                        "(.pth/.safetensors) with --config")
+    p.add_argument("--config", metavar="CONFIG.json",
+                   help="config of a state-dict MODEL: ours (config.json) or a TransformerLens config dict")
+    p.add_argument("--tokenizer", metavar="TOKENIZER.json", help="attach this tokenizer (for a state-dict MODEL)")
+
+
+def positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+# --- setup --------------------------------------------------------------------------------------------
+def setup(args):
+    """Seed torch, set its threads and return the `torch.device` that `--device` names (checked)."""
+    import torch
+
+    torch.manual_seed(args.seed)
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads or 1)
+    return resolve_device(args.device)
+
+
+def resolve_device(spec: str):
+    import torch
+
+    spec = (spec or "auto").lower()
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise UsageError(f"unknown device {spec!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {spec!r} is not available here (no CUDA GPU); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(f"device {spec!r} does not exist; this machine has {torch.cuda.device_count()} GPU(s)")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"device {spec!r} is not available here; use --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"unsupported device {spec!r}; use auto, cpu, cuda, cuda:N or mps")
+    return dev
+
+
+def read_json_object(path: str, what: str) -> dict:
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {path}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{what} {path} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise UsageError(f"{what} {path} must hold a JSON object")
+    return d
+
+
+@dataclass
+class Loaded:
+    """A loaded model, the name to show, and its folder (None for a state-dict file)."""
+
+    model: object
+    name: str
+    folder: Path | None
+
+
+def load_model(args, device) -> Loaded:
+    """The model MODEL names: a zoo name, a folder, or a state-dict file with `--config` (see `add_model`)."""
+    import models
+    from models.checkpoint import resolve
+
+    spec = args.model
+    path = Path(spec)
+    if path.is_file() or (path.suffix in STATE_DICT_SUFFIXES and not path.is_dir()):
+        if not path.exists():
+            raise UsageError(f"{spec}: no such file")
+        if not args.config:
+            raise UsageError(f"{spec} is a state-dict file: pass --config CONFIG.json (our config.json or a "
+                             "TransformerLens config dict) to say its architecture")
+        cfg = read_json_object(args.config, "config")
+        model = models.from_transformer_lens_state_dict(path, cfg)
+        model.to(device)
+        model.cfg.device = str(device)
+        folder, name = None, path.stem if path.stem not in ("model", "state_dict") else str(path)
+    else:
+        if args.config:
+            raise UsageError("--config is only for a state-dict MODEL file; a model folder carries its config.json")
+        folder = resolve(spec)  # CheckpointError (exit 2) for unknown names lists the zoo
+        model = models.load(folder, device=device)
+        name = spec
+    if getattr(args, "tokenizer", None):
+        from models.tokenizer import load_tokenizer
+
+        if not Path(args.tokenizer).is_file():
+            raise UsageError(f"{args.tokenizer}: no such tokenizer file")
+        model.tokenizer = load_tokenizer(args.tokenizer)
+    model.eval()
+    return Loaded(model, name, folder)
+
+
+def parse_head(spec: str, cfg) -> tuple[int, int]:
+    """`"L.H"` (ARENA's "1.4") or `"L1H4"` → (layer, head), checked against the model's shape."""
+    s = spec.strip().upper()
+    try:
+        if s.startswith("L") and "H" in s:
+            layer, head = (int(x) for x in s[1:].split("H", 1))
+        else:
+            layer, head = (int(x) for x in s.split(".", 1))
+    except ValueError:
+        raise UsageError(f"--head {spec!r}: expected LAYER.HEAD (e.g. 1.4) or L1H4") from None
+    if cfg.n_layers == 0:
+        raise UsageError(f"--head {spec}: this model has no attention layers (n_layers = 0)")
+    if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
+        raise UsageError(f"--head {spec} is out of range: layers 0..{cfg.n_layers - 1}, heads "
+                         f"0..{cfg.n_heads - 1} (e.g. --head {cfg.n_layers - 1}.0)")
+    return layer, head
+
+
+def need_layers(loaded: Loaded, n: int, what: str) -> None:
+    L = loaded.model.cfg.n_layers
+    if L < n:
+        raise UsageError(f"{what} needs a model with at least {n} attention layer(s); {loaded.name} has {L}")
+
+
+def progress(args, total: int, desc: str):
+    """A tqdm bar on stderr that appears only when the work takes more than half a second."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, delay=0.5, leave=False,
+                disable=getattr(args, "no_progress", False))
+
+
+# --- text -------------------------------------------------------------------------------------------------
+def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
+    """`(tokens [n, n_ctx] with BOS first, description)`: windows of `--text-file` if given, else of the validation
+    split of the corpus the model was trained on (the folder's train_config.json; default the Python standard
+    library, tokenized once and cached), else `(None, reason)`."""
+    import torch
+
+    from .sequences import bos_token_id
+    from .util import windows
+
+    model = loaded.model
+    n_ctx = model.cfg.n_ctx
+    text_file = getattr(args, "text_file", None)
+    if text_file:
+        if model.tokenizer is None:
+            raise UsageError("--text-file needs a tokenizer: this model has none (pass --tokenizer TOKENIZER.json)")
+        try:
+            raw = Path(text_file).read_text(errors="replace")
+        except OSError as e:
+            raise UsageError(f"cannot read --text-file {text_file}: {e.strerror}") from None
+        ids = torch.tensor(model.tokenizer.encode(raw), dtype=torch.long)
+        ids = ids[ids < model.cfg.d_vocab]
+        if ids.numel() < n_ctx:
+            raise UsageError(f"--text-file {text_file} holds {ids.numel()} tokens; need at least {n_ctx} (n_ctx)")
+        return windows(ids, n_ctx, n, seed, bos=bos_token_id(model)), f"{n} windows of {n_ctx} tokens of {text_file}"
+    from .report import _validation_text
+
+    text, _ = _validation_text(model, loaded.folder, 400_000)
+    if text is None or text.numel() < n_ctx:
+        return None, "no validation text (the model has no tokenizer or its corpus is unavailable)"
+    return (windows(text, n_ctx, n, seed, bos=bos_token_id(model)),
+            f"{n} validation windows of {n_ctx} tokens from the model's training corpus")
+
+
+def table(headers: list[str], rows: list[list], digits: int = 3) -> str:
+    """A plain aligned text table (numbers with `digits` decimals, None as —, booleans yes/no)."""
+    def cell(x):
+        if x is None:
+            return "—"
+        if isinstance(x, bool):
+            return "yes" if x else "no"
+        if isinstance(x, float):
+            return "—" if math.isnan(x) else f"{x:.{digits}f}"
+        return str(x)
+
+    cells = [[cell(c) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    num = [all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) for i in range(len(headers))]
+    fmt = lambda vals: "  ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(vals, widths, num)).rstrip()
+    return "\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells])

@@ -1,0 +1,256 @@
+"""`circuits info | report | attention | generate`: a model's make-up, its full report, one attention pattern, and
+sampling. Imports of torch and the analyses happen inside the `run_*` functions (fast `--help`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .cli_common import (
+    Command,
+    UsageError,
+    add_common,
+    add_model,
+    emit,
+    load_model,
+    parse_head,
+    positive_int,
+    progress,
+    setup,
+    table,
+)
+
+
+# --- info ---------------------------------------------------------------------------------------------
+def _info_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    add_common(p, progress=False)
+
+
+def parameter_counts(model) -> dict[str, int]:
+    """Parameter counts by component (embed, pos_embed, blocks.L.attn, blocks.L.mlp, norms, unembed) and total."""
+    out: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        parts = name.split(".")
+        key = ".".join(parts[:3]) if parts[0] == "blocks" and parts[2] in ("attn", "mlp") else \
+            ("norms" if parts[0] in ("ln_final",) or (parts[0] == "blocks" and parts[2].startswith("ln")) else parts[0])
+        out[key] = out.get(key, 0) + p.numel()
+    out["total"] = sum(v for k, v in out.items())
+    return out
+
+
+def run_info(args) -> int:
+    import json
+
+    device = setup(args)
+    loaded = load_model(args, device)
+    model, cfg = loaded.model, loaded.model.cfg
+    counts = parameter_counts(model)
+    hooks = list(model.hook_dict)
+    tok = model.tokenizer
+    tok_desc = None if tok is None else f"{getattr(tok, 'kind', type(tok).__name__)}, {tok.vocab_size} ids"
+    card = summary = None
+    if loaded.folder is not None:
+        if (loaded.folder / "summary.json").is_file():
+            summary = json.loads((loaded.folder / "summary.json").read_text())
+        if (loaded.folder / "card.md").is_file():
+            lines = [ln.strip() for ln in (loaded.folder / "card.md").read_text().splitlines()]
+            card = next((ln for ln in lines if ln and not ln.startswith("#")), None)
+    obj = {"name": loaded.name, "source": str(loaded.folder or args.model), "config": cfg.to_dict(),
+           "parameters": counts, "tokenizer": tok_desc, "hooks": hooks, "card": card,
+           "final_val_loss": (summary or {}).get("final_val_loss"), "device": str(device)}
+    kind = "attention-only" if cfg.attn_only or cfg.d_mlp is None else f"MLP d_mlp={cfg.d_mlp} ({cfg.act_fn})"
+    lines = [f"{loaded.name}: {cfg.n_layers} layer(s) x {cfg.n_heads} head(s), d_model {cfg.d_model}, d_head "
+             f"{cfg.d_head}, {kind}, n_ctx {cfg.n_ctx}, d_vocab {cfg.d_vocab}",
+             f"positions {cfg.positional_embedding_type}, normalization {cfg.normalization_type}, "
+             f"bias {cfg.use_bias}, dtype {cfg.dtype}, tokenizer {tok_desc or 'none'}"]
+    if card:
+        lines.append(card)
+    if obj["final_val_loss"] is not None:
+        lines.append(f"final validation loss {obj['final_val_loss']:.4f} nats")
+    lines += ["", "config:"] + [f"  {k} = {v!r}" for k, v in cfg.to_dict().items() if k != "extra"]
+    lines += ["", table(["component", "parameters"], [[k, v] for k, v in counts.items()])]
+    lines += ["", f"{len(hooks)} hook points:"]
+    lines += ["  " + h for h in hooks]
+    emit(args, obj, "\n".join(lines))
+    return 0
+
+
+# --- report -------------------------------------------------------------------------------------------
+def _report_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for report.md and the PNG figures")
+    p.add_argument("--sections", help="comma-separated section keys (default: every section that fits the model)")
+    p.add_argument("--windows", type=positive_int, default=64, help="validation windows of n_ctx tokens (default 64)")
+    add_common(p)
+
+
+def run_report(args) -> int:
+    import sys
+
+    from .report import SECTIONS, build_report
+
+    keys = [s[0] for s in SECTIONS]
+    sections = None
+    if args.sections:
+        sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+        bad = [s for s in sections if s not in keys]
+        if bad:
+            raise UsageError(f"unknown section(s) {', '.join(bad)}; sections: {', '.join(keys)}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    device = setup(args)
+    loaded = load_model(args, device)
+    target = loaded.folder if (loaded.folder is not None and device.type == "cpu") else loaded.model
+    report = build_report(target, out, sections=sections, n_windows=args.windows, seed=args.seed,
+                          progress=not args.no_progress, run_dir=loaded.folder, num_threads=args.threads or 1)
+    figs = [str(f) for f in report.files if f.suffix == ".png"]
+    obj = {"model": loaded.name, "report": str(report.path), "sections": report.sections, "failed": report.failed,
+           "seconds": report.seconds, "figures": figs}
+    text = (f"wrote {report.path} ({len(report.sections)} sections, {len(figs)} figures, "
+            f"{sum(report.seconds.values()):.0f} s)")
+    emit(args, obj, text)
+    if report.failed:
+        for k, v in report.failed.items():
+            print(f"circuits report: section {k} failed: {v}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# --- attention ----------------------------------------------------------------------------------------
+def _attention_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--text", required=True, help="the text to run (tokenized with the model's tokenizer)")
+    p.add_argument("--head", help="LAYER.HEAD (e.g. 1.4) or L1H4; default: every head")
+    p.add_argument("--out", required=True, metavar="FILE.png", help="where to write the figure")
+    add_common(p)
+
+
+def _plot_pattern(pattern, labels, titles):
+    """One heatmap per head: rows query (destination) tokens, columns key (source) tokens."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(titles)
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    P = len(labels)
+    size = max(3.0, min(9.0, 0.22 * P + 1.5)) if n == 1 else max(2.6, min(5.0, 0.12 * P + 1.2))
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    for ax, pat, title in zip(axes.flat, pattern, titles):
+        im = ax.imshow(pat, cmap="viridis", vmin=0, vmax=1)
+        ax.set_title(title, fontsize=10)
+        if P <= 48:
+            fs = 7 if n == 1 else 5
+            ax.set_xticks(range(P), labels, rotation=90, fontsize=fs)
+            ax.set_yticks(range(P), labels, fontsize=fs)
+        ax.set_xlabel("key (source)", fontsize=8)
+        ax.set_ylabel("query (destination)", fontsize=8)
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
+    return fig
+
+
+def run_attention(args) -> int:
+    import torch
+
+    out = Path(args.out)
+    if out.suffix.lower() != ".png":
+        raise UsageError(f"--out {out}: expected a .png file name")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    device = setup(args)
+    loaded = load_model(args, device)
+    model, cfg = loaded.model, loaded.model.cfg
+    heads = [parse_head(args.head, cfg)] if args.head else None
+    if cfg.n_layers == 0:
+        raise UsageError(f"{loaded.name} has no attention layers (n_layers = 0)")
+    if model.tokenizer is None:
+        raise UsageError(f"{loaded.name} has no tokenizer; pass --tokenizer TOKENIZER.json")
+    if not args.text:
+        raise UsageError("--text is empty")
+    tokens = model.to_tokens(args.text)  # [1, pos], BOS first, truncated to n_ctx
+    labels = [s.replace("\n", "⏎") for s in model.to_str_tokens(tokens[0])]
+    from .scores import attention_patterns
+
+    with torch.no_grad():
+        pat = attention_patterns(model, tokens)[:, 0]  # [layer, head, q, k]
+    heads = heads or [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    fig = _plot_pattern([pat[l, h].numpy() for l, h in heads], labels, [f"L{l}H{h}" for l, h in heads])
+    fig.savefig(out, dpi=100, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    lines = [f"wrote {out} ({len(heads)} head(s), {len(labels)} tokens)"]
+    obj = {"out": str(out), "tokens": labels, "heads": {}}
+    for l, h in heads:
+        p = pat[l, h]
+        top = p.argmax(-1).tolist()
+        obj["heads"][f"L{l}H{h}"] = {"pattern": [[round(float(x), 5) for x in row] for row in p],
+                                     "argmax_key": top}
+        if len(heads) == 1:
+            lines.append("query token -> most-attended key token (weight)")
+            lines += [f"  {q:>3} {labels[q]!r:<16} -> {k:>3} {labels[k]!r} ({float(p[q, k]):.2f})"
+                      for q, k in enumerate(top)]
+    emit(args, obj, "\n".join(lines))
+    return 0
+
+
+# --- generate -----------------------------------------------------------------------------------------
+def _generate_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=40, help="tokens to sample (default 40)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=positive_int, help="sample from the k most likely tokens")
+    p.add_argument("--top-p", type=float, help="nucleus sampling: the smallest set with this probability")
+    p.add_argument("--samples", type=positive_int, default=1, help="independent samples (default 1)")
+    add_common(p)
+
+
+def run_generate(args) -> int:
+    if args.max_new_tokens < 0:
+        raise UsageError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not args.prompt:
+        raise UsageError("--prompt is empty")
+    device = setup(args)
+    loaded = load_model(args, device)
+    model = loaded.model
+    if model.tokenizer is None:
+        raise UsageError(f"{loaded.name} has no tokenizer; pass --tokenizer TOKENIZER.json")
+    prompt = model.to_tokens(args.prompt)
+    n_prompt = prompt.shape[1]
+    samples = []
+    bar = progress(args, args.samples, "generate")
+    for i in range(args.samples):
+        ids = model.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                             top_k=args.top_k, top_p=args.top_p, seed=args.seed + i)
+        bos = model.cfg.default_prepend_bos
+        samples.append({"text": model.to_string(ids[0, int(bos):]), "completion": model.to_string(ids[0, n_prompt:]),
+                        "tokens": ids[0].tolist()})
+        bar.update()
+    bar.close()
+    obj = {"model": loaded.name, "prompt": args.prompt, "samples": samples,
+           "settings": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
+                        "top_p": args.top_p, "seed": args.seed}}
+    text = "\n---\n".join(s["text"] for s in samples)
+    emit(args, obj, text)
+    return 0
+
+
+COMMANDS = {
+    "info": Command("info", "a model's config, parameter counts and hook names", _info_args, run_info),
+    "report": Command("report", "full circuits report (markdown + PNG figures) of a model", _report_args, run_report),
+    "attention": Command("attention", "plot attention patterns on a text", _attention_args, run_attention),
+    "generate": Command("generate", "sample a continuation of a prompt", _generate_args, run_generate),
+}
