@@ -134,3 +134,19 @@ def test_diagonal_rank_stats_on_full_ov_circuit_of_a_copying_head():
     assert float(stats[1]) == 1.0 and float(stats[5]) == 1.0
     (l, h), = info.anti_copying_heads
     assert float(circuits.diagonal_rank_stats(circuits.full_ov_circuit(m, l, h))[1]) == 0.0
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64])
+def test_diagonal_rank_stats_chunked_filter_is_exact(chunk, monkeypatch):
+    import circuits.diagonal as diagonal
+
+    monkeypatch.setattr(diagonal, "CHUNK", chunk)
+    for seed, n in ((0, 97), (1, 150), (2, 64)):
+        A, B = _rand(seed, 3, n, 5), _rand(seed + 1, 3, 5, n)
+        A[0] += 0.8 * B[0].T  # near-copying: many rows of small rank, the ones the filter must count exactly
+        A[1] += 3.0 * B[1].T
+        ks = (1, 2, 5, 12)
+        got = circuits.diagonal_rank_stats(FactoredMatrix(A, B), k=ks, block_bytes=8 * n * 13)
+        want = _dense_diag_stats(A @ B, ks)
+        for k in ks:
+            assert torch.allclose(got[k], want[k]), (k, got[k], want[k])
