@@ -164,8 +164,27 @@ COMMANDS = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad usage: one line on stderr (pointing at --help) and exit code 2, instead of the full usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+EPILOG = """examples:
+  circuits zoo                                   the shipped models
+  circuits report attn-only-2l --out report      full report: markdown + figures
+  circuits heads attn-only-2l                    induction / previous-token / copying heads
+  circuits compose attn-only-2l --kind k         K-composition scores minus the random baseline
+  circuits info old.pth --config config.json     a legacy TransformerLens state dict
+
+MODEL is a zoo name, a saved model folder, or a .pth/.safetensors state dict with --config.
+Exit codes: 0 ok, 2 bad usage or input, 1 internal failure. `circuits COMMAND --help` for each command."""
+
+
 def build_parser(commands=None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="circuits", description="Toy transformers and the math of transformer circuits.")
+    p = _Parser(prog="circuits", description="Toy transformers and the math of transformer circuits.",
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for c in commands or COMMANDS:
         sp = sub.add_parser(c.name, help=c.help, description=c.help)

@@ -221,7 +221,7 @@ def run_paths(args) -> int:
     loaded = load_model(args, device)
     model = loaded.model
     if not (model.cfg.attn_only or model.cfg.d_mlp is None):
-        raise UsageError(f"paths: the path expansion is exact for attention-only models; {loaded.name} has MLPs")
+        raise UsageError(f"the path expansion is exact for attention-only models; {loaded.name} has MLPs")
     bar = progress(args, 2, f"paths {loaded.name}")
     tokens, about = text_windows(loaded, args, args.windows, args.seed)
     if tokens is None:
