@@ -220,11 +220,27 @@ def progress(args, total: int, desc: str):
 
 
 # --- text -------------------------------------------------------------------------------------------------
+def read_text_tokens(model, text_file: str):
+    """The 1-D int64 token ids of a text file, tokenized with the model's tokenizer."""
+    import torch
+
+    if model.tokenizer is None:
+        raise UsageError("--text-file needs a tokenizer: this model has none (pass --tokenizer TOKENIZER.json)")
+    try:
+        raw = Path(text_file).read_text(errors="replace")
+    except OSError as e:
+        raise UsageError(f"cannot read --text-file {text_file}: {e.strerror}") from None
+    ids = torch.tensor(model.tokenizer.encode(raw), dtype=torch.long)
+    ids = ids[ids < model.cfg.d_vocab]
+    if ids.numel() < 2:
+        raise UsageError(f"--text-file {text_file} holds {ids.numel()} tokens; need text to measure losses on")
+    return ids
+
+
 def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
     """`(tokens [n, n_ctx] with BOS first, description)`: windows of `--text-file` if given, else of the validation
     split of the corpus the model was trained on (the folder's train_config.json; default the Python standard
     library, tokenized once and cached), else `(None, reason)`."""
-    import torch
 
     from .sequences import bos_token_id
     from .util import windows
@@ -233,14 +249,7 @@ def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
     n_ctx = model.cfg.n_ctx
     text_file = getattr(args, "text_file", None)
     if text_file:
-        if model.tokenizer is None:
-            raise UsageError("--text-file needs a tokenizer: this model has none (pass --tokenizer TOKENIZER.json)")
-        try:
-            raw = Path(text_file).read_text(errors="replace")
-        except OSError as e:
-            raise UsageError(f"cannot read --text-file {text_file}: {e.strerror}") from None
-        ids = torch.tensor(model.tokenizer.encode(raw), dtype=torch.long)
-        ids = ids[ids < model.cfg.d_vocab]
+        ids = read_text_tokens(model, text_file)
         if ids.numel() < n_ctx:
             raise UsageError(f"--text-file {text_file} holds {ids.numel()} tokens; need at least {n_ctx} (n_ctx)")
         return windows(ids, n_ctx, n, seed, bos=bos_token_id(model)), f"{n} windows of {n_ctx} tokens of {text_file}"

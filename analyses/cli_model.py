@@ -16,6 +16,7 @@ from .cli_common import (
     parse_head,
     positive_int,
     progress,
+    read_text_tokens,
     setup,
     table,
 )
@@ -82,6 +83,8 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="folder for report.md and the PNG figures")
     p.add_argument("--sections", help="comma-separated section keys (default: every section that fits the model)")
     p.add_argument("--windows", type=positive_int, default=64, help="validation windows of n_ctx tokens (default 64)")
+    p.add_argument("--text-file", metavar="FILE",
+                   help="validation text (default: the validation split of the model's training corpus)")
     add_common(p)
 
 
@@ -103,7 +106,10 @@ def run_report(args) -> int:
     device = setup(args)
     loaded = load_model(args, device)
     target = loaded.folder if (loaded.folder is not None and device.type == "cpu") else loaded.model
-    report = build_report(target, out, sections=sections, n_windows=args.windows, seed=args.seed,
+    tokens = None
+    if args.text_file:
+        tokens = read_text_tokens(loaded.model, args.text_file)
+    report = build_report(target, out, tokens=tokens, sections=sections, n_windows=args.windows, seed=args.seed,
                           progress=not args.no_progress, run_dir=loaded.folder, num_threads=args.threads or 1)
     figs = [str(f) for f in report.files if f.suffix == ".png"]
     obj = {"model": loaded.name, "report": str(report.path), "sections": report.sections, "failed": report.failed,
