@@ -14,6 +14,8 @@ import math
 import pytest
 import torch
 from conftest import randomize
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from models import HookedTransformer, HookedTransformerConfig
 
@@ -237,3 +239,18 @@ def test_reference_rotary_pairings_differ():
     adj.load_state_dict(half.state_dict())
     tokens = torch.arange(7)[None] % 11
     assert rel_err(half(tokens), adj(tokens)) > 1e-3
+
+
+# --- slow: random configurations ----------------------------------------------------------------------
+@pytest.mark.slow
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pos=st.sampled_from(POS_TYPES), norm=st.sampled_from([None, "LN", "RMS"]), mlp=st.booleans(),
+       attention_dir=st.sampled_from(["causal", "bidirectional"]), n_layers=st.integers(0, 3),
+       gqa=st.booleans(), use_bias=st.booleans(), n_pos=st.integers(1, 12),
+       act_fn=st.sampled_from(["gelu", "gelu_new", "relu", "silu"]), seed=st.integers(0, 1000))
+def test_random_configs_match_reference(pos, norm, mlp, attention_dir, n_layers, gqa, use_bias, n_pos, act_fn, seed):
+    model = make(pos, norm, mlp, attention_dir, gqa=gqa, use_bias=use_bias, n_layers=n_layers, act_fn=act_fn)
+    if model.cfg.positional_is_learned:
+        n_pos = min(n_pos, model.cfg.n_ctx)
+    randomize(model, scale=0.5, seed=seed)
+    assert_matches_reference(model, n_pos=n_pos, seed=seed)
