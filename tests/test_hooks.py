@@ -236,3 +236,20 @@ def test_hooked_norm_path_matches_fused_norm(norm):
     expected = F.layer_norm(x, (16,), ln.w, ln.b) if norm == "LN" else F.rms_norm(x, (16,), ln.w, 1e-5)
     _, cache = model.run_with_cache(TOKENS, names_filter="blocks.0.ln1.hook_normalized")
     torch.testing.assert_close(cache["blocks.0.ln1.hook_normalized"], expected)
+
+
+@pytest.mark.parametrize("kind", ["alibi", "rotary", "shortformer"])
+def test_gradients_agree_between_fused_and_explicit_paths(kind):
+    """The explicit path (in-place scale and mask of the scores) must backpropagate like the fused one."""
+    model = make(kind, mlp=True, n_key_value_heads=2)
+
+    def grads(**kw):
+        model.zero_grad()
+        model.run_with_hooks(TOKENS, return_type="loss", **kw).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    fused = grads()
+    explicit = grads(fwd_hooks=[(lambda n: n.endswith(("hook_pattern", "hook_result")), lambda t, hook: None)])
+    for name, g in fused.items():
+        torch.testing.assert_close(explicit[name], g, rtol=1e-9, atol=1e-12, msg=name)
+    assert any(g.abs().sum() > 0 for n, g in fused.items() if "attn.W_Q" in n)
