@@ -174,3 +174,64 @@ def plot_training_dynamics(dyn: TrainingDynamics):
     fig.suptitle("Training dynamics (shaded: induction heads forming; dotted: steepest loss drop)")
     fig.tight_layout()
     return fig
+
+
+@dataclass
+class CheckpointScores:
+    """Scores re-measured on each saved checkpoint (more windows than the training-time evaluation)."""
+
+    steps: list[int]
+    tokens: list[int | None]
+    icl: list[float | None]  # in-context learning score on the given windows
+    best_induction: list[float | None]  # best layer ≥ 1 induction score (ARENA, |R| = 50 or what fits)
+    val_loss: list[float | None]
+
+    def markdown(self) -> str:
+        rows = [[s, t, l, i, b] for s, t, l, i, b in zip(self.steps, self.tokens, self.val_loss, self.icl,
+                                                          self.best_induction)]
+        return markdown_table(["step", "tokens seen", "loss on the windows", "ICL score", "best induction score"],
+                              rows)
+
+
+@torch.no_grad()
+def checkpoint_scores(run_dir, windows=None, tokens_from=None, early: int | None = None, late: int | None = None,
+                      tokenizer=None) -> CheckpointScores:
+    """Load every `run_dir/checkpoints/step-*` model and measure the ICL score on `windows [n, n_ctx]` (positions
+    `early`, `late`: default Olsson's 50 and 500 of 512 scaled to the window) and the best layer ≥ 1 induction
+    score (`analyses.scores`). `tokenizer` (default: the run's tokenizer.json) gives the probes' BOS/specials."""
+    import models
+
+    from .scores import in_context_learning_score, induction_scores
+
+    run = Path(run_dir)
+    recs = _read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
+    tok_at = {int(r["step"]): int(r["tokens"]) for r in recs if "step" in r and "tokens" in r}
+    if tokenizer is None and (run / "tokenizer.json").is_file():
+        from models.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(run / "tokenizer.json")
+    folders = sorted((p for p in (run / "checkpoints").glob("step-*") if (p / "config.json").is_file()),
+                     key=lambda p: int(p.name.split("-")[1])) if (run / "checkpoints").is_dir() else []
+    out = CheckpointScores([], [], [], [], [])
+    for f in folders:
+        step = int(f.name.split("-")[1])
+        m = models.load(f)
+        m.eval()
+        m.tokenizer = m.tokenizer or tokenizer
+        icl = loss = best = None
+        if windows is not None:
+            w = torch.as_tensor(windows, dtype=torch.long).to(m.W_E.device)
+            n = w.shape[1]
+            e = early or max(1, round(n * 50 / 512))
+            lt = late or min(n - 1, round(n * 500 / 512))
+            icl = in_context_learning_score(m, w, e, lt)
+            loss = float(m(w, return_type="loss"))
+        if m.cfg.n_layers:
+            s = induction_scores(m, seq_len=min(50, (m.cfg.n_ctx - 1) // 2), tokens_from=tokens_from)
+            best = float((s[1:] if s.shape[0] > 1 else s).max())
+        out.steps.append(step)
+        out.tokens.append(tok_at.get(step))
+        out.icl.append(icl)
+        out.best_induction.append(best)
+        out.val_loss.append(loss)
+    return out

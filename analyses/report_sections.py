@@ -286,6 +286,14 @@ def dynamics(ctx: Context) -> str:
     from .dynamics import plot_training_dynamics, training_dynamics
 
     d = training_dynamics(ctx.run_dir)
+    extra = []
+    if d.checkpoints and len(d.checkpoints) <= 12:
+        from .dynamics import checkpoint_scores
+
+        cs = checkpoint_scores(ctx.run_dir, ctx.windows, ctx.vocab, tokenizer=getattr(ctx.model, "tokenizer", None))
+        extra = ["", f"Re-measured on the {len(cs.steps)} saved checkpoints (ICL score on "
+                 f"{'no' if ctx.windows is None else ctx.windows.shape[0]} validation windows; best layer ≥ 1 "
+                 "induction score on random repeated tokens):", "", cs.markdown()]
     return "\n".join([
         f"From the training run's `metrics.jsonl` ({len(d.val_loss)} validation points, {len(d.induction)} "
         "checkpoints with head scores). Induction heads 'formed' between the last checkpoint where the best "
@@ -293,7 +301,7 @@ def dynamics(ctx: Context) -> str:
         "validation loss falls fastest per log-token; the ICL score is taken before that window and at the end.",
         "", d.markdown(), "",
         ctx.figure(plot_training_dynamics(d), "training_dynamics", "Loss, in-context-learning score and per-head "
-                   "induction scores over training (log tokens).")])
+                   "induction scores over training (log tokens).")] + extra)
 
 
 def mlp_note(ctx: Context) -> str:

@@ -71,3 +71,27 @@ def test_zoo_attn_only_2l_forms_induction_heads():
     d = training_dynamics(run)
     assert d.formation_window is not None, str(d)
     assert d.icl_after < d.icl_before
+
+
+def test_checkpoint_scores(tmp_path):
+    import torch
+
+    from analyses.dynamics import checkpoint_scores
+    from circuits.testing import build_induction_model
+
+    run = write_run(tmp_path / "run", n=3, torn=False)
+    (run / "checkpoints" / "step-000010").rmdir()
+    for step, gain in ((0, 0.0), (2, 10.0)):  # the "trained" checkpoint has the induction head switched on
+        m, _ = build_induction_model(d_vocab=24, n_ctx=48, copy_gain=gain, dtype="float32")
+        if not gain:
+            with torch.no_grad():
+                m.blocks[1].attn.W_Q.zero_()
+        m.save(run / "checkpoints" / f"step-{step:06d}")
+    from circuits.testing import induction_tokens
+
+    w = induction_tokens(24, 23, batch=4)[:, :48]
+    cs = checkpoint_scores(run, w, early=3, late=40)
+    assert cs.steps == [0, 2] and cs.tokens == [0, 1690]
+    assert cs.best_induction[0] < 0.1 < 0.8 < cs.best_induction[1]
+    assert cs.icl[1] < cs.icl[0]
+    assert "best induction score" in cs.markdown()
