@@ -6,8 +6,10 @@
 Models: (a) 2-layer attention-only, d_model 128, 4 heads, d_vocab 2048, standard positions, no LayerNorm;
 (b) 2-layer, d_model 512, 8 heads, d_mlp 2048, LayerNorm, d_vocab 2048. Batch 8 x 256 tokens.
 Rows: plain forward (no grad), `run_with_cache` of every hook, `run_with_cache` of the attention patterns
-only (`names_filter`). Every number is the median of `--repeats` timed runs after warm-up; ours and
-TransformerLens alternate run by run so that load from other processes hits both alike.
+only (`names_filter`), and every hook with `use_attn_result=False`: our default also caches the per-head
+`hook_result [batch, pos, head, d_model]` (33 MB a layer for model b), which the bridge does not offer, so
+this last row compares the same set of activations. Every number is the median of `--repeats` timed runs
+after warm-up; ours and TransformerLens alternate run by run so that load from other processes hits both alike.
 
 The floor is a dense 2048 x 2048 @ 2048 x 2048 float32 matmul timed in the same run: "GFLOP/s" of our
 forward counts the dense model FLOPs (2·m·n·k per matmul; attention scores and pattern·v over the full
@@ -87,11 +89,15 @@ def bench_model(label: str, arch: dict, repeats: int) -> list[dict]:
     with torch.no_grad():
         err = float((ours(tokens) - theirs(tokens)).abs().max())
     patterns = lambda name: name.endswith("hook_pattern")
+    lean = HookedTransformer(cfg.replace(use_attn_result=False)).eval()  # the hooks TransformerLens' bridge has
+    lean.load_state_dict(ours.state_dict())
     rows = {
         "forward (no grad)": (lambda: ours(tokens), lambda: theirs(tokens)),
         "run_with_cache (all hooks)": (lambda: ours.run_with_cache(tokens), lambda: theirs.run_with_cache(tokens)),
         "run_with_cache (patterns only)": (lambda: ours.run_with_cache(tokens, names_filter=patterns),
                                            lambda: theirs.run_with_cache(tokens, names_filter=patterns)),
+        "run_with_cache (all, use_attn_result=False)": (lambda: lean.run_with_cache(tokens),
+                                                        lambda: theirs.run_with_cache(tokens)),
     }
     flops = model_flops(cfg, BATCH, POS)
     results = []
