@@ -1,8 +1,9 @@
-"""Q-, K- and V-composition scores between heads, from small Gram matrices (no d_model × d_model products).
+"""Q-, K- and V-composition scores between heads, from d_head-sized factors (no d_model × d_model products).
 
-Frobenius norms of low-rank products: with `L = A1 B1` and `R = A2 B2` (inner dims r1, r2 ≪ d_model),
-`‖L R‖_F² = tr(Xᵀ G X H)` where `X = B1 A2` `[r1, r2]`, `G = A1ᵀ A1` `[r1, r1]` and `H = B2 B2ᵀ` `[r2, r2]`;
-`‖L‖_F² = tr(G · B1 B1ᵀ)`. Everything in float64.
+Frobenius norms of low-rank products: with `L = A1 B1` and `R = A2 B2` (inner dims r1, r2 ≪ d_model), take
+QR factorisations `A1 = Q1 R1` and `B2ᵀ = Q2 R2` (Q with orthonormal columns). Orthonormal factors do not change
+Frobenius norms, so with `Y = R1 B1` `[r1, d_model]` and `Z = A2 R2ᵀ` `[d_model, r2]`:
+`‖L‖_F = ‖Y‖_F`, `‖R‖_F = ‖Z‖_F` and `‖L R‖_F = ‖Y Z‖_F` (an r1 × r2 matrix). Everything in float64.
 """
 
 from __future__ import annotations
@@ -24,12 +25,25 @@ def _check_kind(kind: str) -> str:
     return k
 
 
-def _gram_score(G: torch.Tensor, X: torch.Tensor, H: torch.Tensor, left_sq: torch.Tensor,
-                right_sq: torch.Tensor) -> torch.Tensor:
-    """`sqrt(tr(Xᵀ G X H)) / sqrt(left_sq · right_sq)`, the arithmetic behind `composition_score`."""
-    prod_sq = ((G @ X) * (X @ H)).sum((-2, -1)).clamp_min(0)
-    denom = (left_sq * right_sq).sqrt()
-    return torch.where(denom > 0, prod_sq.sqrt() / denom.clamp_min(1e-300), torch.zeros_like(denom))
+def _r(W: torch.Tensor) -> torch.Tensor:
+    """R of `W = Q R` (`[..., n, r]` → `[..., min(n, r), r]`): `Wᵀ W = Rᵀ R`, so `‖W M‖_F = ‖R M‖_F`."""
+    return torch.linalg.qr(W, mode="r").R
+
+
+def _left(A1: torch.Tensor, B1: torch.Tensor) -> torch.Tensor:
+    """`Y = R1 B1` for the writing circuit `A1 B1` (float64)."""
+    return _r(A1) @ B1
+
+
+def _right(A2: torch.Tensor, B2: torch.Tensor) -> torch.Tensor:
+    """`Z = A2 R2ᵀ` for the reading circuit `A2 B2` (float64)."""
+    return A2 @ _r(B2.transpose(-2, -1)).transpose(-2, -1)
+
+
+def _ratio(num_sq: torch.Tensor, left_sq: torch.Tensor, right_sq: torch.Tensor) -> torch.Tensor:
+    """`sqrt(num_sq / (left_sq · right_sq))`, 0 where a factor is zero."""
+    den = (left_sq * right_sq).sqrt()
+    return torch.where(den > 0, num_sq.sqrt() / den.clamp_min(1e-300), torch.zeros_like(den))
 
 
 def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tensor:
@@ -43,14 +57,11 @@ def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tens
 
     In [0, 1] (sub-multiplicativity of the Frobenius norm). This is exactly TransformerLens'
     `utilities.composition_scores(left, right)` and `TransformerBridge.all_composition_scores(mode)` (same left
-    and right factors), computed from d_head × d_head Gram matrices in float64. Leading dims broadcast
-    elementwise; 0 where a factor is zero."""
-    A1, B1, A2, B2 = (f64(t) for t in (left.A, left.B, right.A, right.B))
-    G = A1.transpose(-2, -1) @ A1
-    H = B2 @ B2.transpose(-2, -1)
-    left_sq = (G * (B1 @ B1.transpose(-2, -1))).sum((-2, -1))
-    right_sq = ((A2.transpose(-2, -1) @ A2) * H).sum((-2, -1))
-    return _gram_score(G, B1 @ A2, H, left_sq, right_sq)
+    and right factors), computed from d_head-sized factors in float64 (see the module docstring). Leading dims
+    broadcast elementwise; 0 where a factor is zero."""
+    Y = _left(f64(left.A), f64(left.B))
+    Z = _right(f64(right.A), f64(right.B))
+    return _ratio((Y @ Z).square().sum((-2, -1)), Y.square().sum((-2, -1)), Z.square().sum((-2, -1)))
 
 
 def composition_scores(model, kind: str, subtract_baseline: bool = False, baseline_samples: int = 64,
@@ -59,31 +70,36 @@ def composition_scores(model, kind: str, subtract_baseline: bool = False, baseli
     float64, indexed `[l1, h1, l2, h2]`; zero unless `l1 < l2` (TransformerLens' layout and mask).
 
     `kind` is "q", "k" or "v" (see `composition_score` for the three right-hand circuits). Only the `l1 < l2`
-    blocks are computed: per earlier layer, one `[n_heads·d_head, d_model] @ [d_model, n_later·d_head]` product
-    `X = W_O^{h1} W_{Q|K|V}^{h2}`, then d_head × d_head Gram arithmetic. With `subtract_baseline=True` the
-    random-matrix expectation `composition_baseline(d_model, d_head, kind, baseline_samples, seed)` is
-    subtracted on the `l1 < l2` entries (the Framework's presentation); the result may then be negative."""
+    blocks are computed: the factors `Y = R_V^{h1} W_O^{h1}` and `Z` of every head (QR of d_model × d_head
+    matrices), then per earlier layer one `[n_heads·d_head, d_model] @ [d_model, n_later·d_head]` product whose
+    d_head × d_head blocks' norms are the numerators. With `subtract_baseline=True` the random-matrix
+    expectation `composition_baseline(d_model, d_head, kind, baseline_samples, seed)` is subtracted on the
+    `l1 < l2` entries (the Framework's presentation); the result may then be negative."""
     kind = _check_kind(kind)
     warn_if_unfolded(model)
-    W_Q, W_K, W_V, W_O = (f64(getattr(model, n)) for n in ("W_Q", "W_K", "W_V", "W_O"))
-    L, Hn, dm, dh = W_V.shape
-    G = W_V.transpose(-2, -1) @ W_V  # left A = W_V: [L, H, dh, dh]
-    OOt = W_O @ W_O.transpose(-2, -1)  # left B = W_O
-    left_sq = (G * OOt).sum((-2, -1))
-    A2, H2 = {"q": (W_Q, W_K.transpose(-2, -1) @ W_K), "k": (W_K, W_Q.transpose(-2, -1) @ W_Q),
-              "v": (W_V, OOt)}[kind]
-    right_sq = ((A2.transpose(-2, -1) @ A2) * H2).sum((-2, -1))
-    out = torch.zeros(L, Hn, L, Hn, dtype=torch.float64, device=W_V.device)
+    L, Hn, dm, dh = model.W_V.shape
+    out = torch.zeros(L, Hn, L, Hn, dtype=torch.float64, device=model.W_E.device)
+    if L < 2:
+        return out
+    W_O = f64(model.W_O)
+    Y = _left(f64(model.W_V[:-1]), W_O[:-1])  # [L-1, H, dh, d_model]
+    if kind == "v":
+        Z = _right(f64(model.W_V[1:]), W_O[1:])  # [L-1, H, d_model, dh]
+    else:
+        W_Q, W_K = f64(model.W_Q[1:]), f64(model.W_K[1:])
+        A2, B2 = (W_Q, W_K) if kind == "q" else (W_K, W_Q)
+        Z = _right(A2, B2.transpose(-2, -1))
+    y_sq, z_sq = Y.square().sum((-2, -1)), Z.square().sum((-2, -1))  # [L-1, H]
+    r1, r2 = Y.shape[-2], Z.shape[-1]  # d_head (or d_model, if smaller)
     for l1 in range(L - 1):
         n2 = L - l1 - 1
-        later = A2[l1 + 1:].permute(2, 0, 1, 3).reshape(dm, n2 * Hn * dh)  # [d_model, (l2, h2, e)]
-        X = (W_O[l1].reshape(Hn * dh, dm) @ later).view(Hn, dh, n2, Hn, dh).permute(0, 2, 3, 1, 4)
-        score = _gram_score(G[l1][:, None, None], X, H2[l1 + 1:][None], left_sq[l1][:, None, None],
-                            right_sq[l1 + 1:][None])  # [h1, l2, h2]
-        out[l1, :, l1 + 1:] = score
+        later = Z[l1:].permute(2, 0, 1, 3).reshape(dm, n2 * Hn * r2)  # [d_model, (l2, h2, e)]
+        P = (Y[l1].reshape(Hn * r1, dm) @ later).view(Hn, r1, n2, Hn, r2)
+        num_sq = P.square().sum((1, 4))  # [h1, l2, h2]
+        out[l1, :, l1 + 1:] = _ratio(num_sq, y_sq[l1][:, None, None], z_sq[l1:][None])
         if subtract_baseline:
             out[l1, :, l1 + 1:] -= composition_baseline(dm, dh, kind, baseline_samples, seed)
-    return out.to(model.W_E.device)
+    return out
 
 
 @functools.lru_cache(maxsize=64)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import functools
 from collections.abc import Iterable
 
 import torch
 from transformer_lens import FactoredMatrix
+
+from .interface import serial_ops
 
 DEFAULT_BLOCK_BYTES = 2**20  # one tile of the product: 1 MiB, so that it is reduced while in cache
 TILE_COLS = 1024  # columns per tile
@@ -43,17 +44,6 @@ def diagonal_rank_stats(fm: FactoredMatrix | torch.Tensor, k: int | Iterable[int
     return {kk: acc[..., i].to(fm.A.device) for i, kk in enumerate(ks)}
 
 
-@contextlib.contextmanager
-def _single_threaded_ops():
-    """Run torch ops single-threaded inside (restored after): the tile workers are the parallelism."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 def _diagonal_ranks(A: torch.Tensor, B: torch.Tensor, k_max: int, block_bytes: int) -> torch.Tensor:
     """min(rank_i, k_max) for every row of `A @ B` (`[n, m] @ [m, n]`), rank_i = #{j : M[i, j] > M[i, i]}.
 
@@ -78,7 +68,7 @@ def _diagonal_ranks(A: torch.Tensor, B: torch.Tensor, k_max: int, block_bytes: i
     if workers == 1:
         job(starts)
         return out
-    with _single_threaded_ops(), concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    with serial_ops(), concurrent.futures.ThreadPoolExecutor(workers) as pool:
         list(pool.map(job, [starts[w::workers] for w in range(workers)]))
     return out
 

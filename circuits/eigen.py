@@ -83,6 +83,7 @@ def copying_scores(model) -> torch.Tensor:
     are the non-zero eigenvalues of the full OV circuit (`AB` vs `BA` with `A = W_E W_V`, `B = W_O W_U`),
     batched over all heads in float64."""
     warn_if_unfolded(model)
-    M = model.W_U.detach() @ model.W_E.detach()  # [d_model, d_model]
-    W_OM = _to_f64(model.W_O) @ _to_f64(M)  # [layer, head, d_head, d_model]
+    M = model.W_U.detach() @ model.W_E.detach()  # [d_model, d_model]: the one pass over d_vocab
+    L, H, dh, dm = model.W_O.shape
+    W_OM = (_to_f64(model.W_O).reshape(L * H * dh, dm) @ _to_f64(M)).view(L, H, dh, dm)  # one GEMM, all heads
     return copying_score(FactoredMatrix(W_OM, _to_f64(model.W_V))).to(model.W_E.device)

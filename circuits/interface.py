@@ -16,6 +16,7 @@ qualify. Row-vector convention throughout: activations multiply weights on the l
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from dataclasses import dataclass
@@ -51,6 +52,22 @@ def select(t: torch.Tensor, layer: int | None, head: int | None) -> torch.Tensor
 def f64(t: torch.Tensor) -> torch.Tensor:
     """Detached float64 copy (or view) of `t`, where eigenvalues and norms are taken."""
     return t.detach().to(torch.float64)
+
+
+@contextlib.contextmanager
+def serial_ops():
+    """Run torch's CPU ops single-threaded inside the block (the thread count is restored after).
+
+    For long runs of small ops spread over worker threads (`diagonal_rank_stats`): each op is too small to gain
+    from intra-op threads, and each parallel region is a barrier that stalls for a scheduler slice when another
+    process holds a core (measured: 20-40x slowdowns on a shared 2-core machine). Changing the thread count
+    costs milliseconds itself, so this is only worth it around work of seconds."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def attn_scale(model) -> float:
