@@ -55,3 +55,22 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _Package(type(import_module("sys"))):
+    """`analyses.skip_trigrams` is the function, although a submodule has the same name: importing the submodule
+    sets the package attribute to the module, which would shadow the lazy export (then `analyses.skip_trigrams(...)`
+    fails with "'module' object is not callable"). A data descriptor on the module's class wins over that."""
+
+    @property
+    def skip_trigrams(self):
+        return import_module(".skip_trigrams", __name__).skip_trigrams
+
+    @skip_trigrams.setter
+    def skip_trigrams(self, value):  # the import system's setattr(package, "skip_trigrams", submodule)
+        pass
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _Package
