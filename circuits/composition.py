@@ -1,9 +1,12 @@
 """Q-, K- and V-composition scores between heads, from d_head-sized factors (no d_model × d_model products).
 
 Frobenius norms of low-rank products: with `L = A1 B1` and `R = A2 B2` (inner dims r1, r2 ≪ d_model), take
-QR factorisations `A1 = Q1 R1` and `B2ᵀ = Q2 R2` (Q with orthonormal columns). Orthonormal factors do not change
-Frobenius norms, so with `Y = R1 B1` `[r1, d_model]` and `Z = A2 R2ᵀ` `[d_model, r2]`:
-`‖L‖_F = ‖Y‖_F`, `‖R‖_F = ‖Z‖_F` and `‖L R‖_F = ‖Y Z‖_F` (an r1 × r2 matrix). Everything in float64.
+square roots of the r × r Gram matrices, `A1ᵀ A1 = R1ᵀ R1` and `B2 B2ᵀ = R2ᵀ R2` (R1 is the R of `A1 = Q1 R1`).
+Then with `Y = R1 B1` `[r1, d_model]` and `Z = A2 R2ᵀ` `[d_model, r2]`: `‖L‖_F = ‖Y‖_F`, `‖R‖_F = ‖Z‖_F` and
+`‖L R‖_F = ‖Y Z‖_F` (an r1 × r2 matrix). `composition_score` works in float64 throughout; `composition_scores`
+runs its contractions over d_model (Gram matrices, `Y`, `Z`, `Y Z`) in the model's dtype when that is float32
+(relative error ~1e-6; float64 costs 4-8× more there on CPU, plus casts) and everything d_head-sized (square
+roots, norms, sums) in float64; a float64 model is float64 throughout.
 """
 
 from __future__ import annotations
@@ -26,18 +29,30 @@ def _check_kind(kind: str) -> str:
 
 
 def _r(W: torch.Tensor) -> torch.Tensor:
-    """R of `W = Q R` (`[..., n, r]` → `[..., min(n, r), r]`): `Wᵀ W = Rᵀ R`, so `‖W M‖_F = ‖R M‖_F`."""
-    return torch.linalg.qr(W, mode="r").R
+    """A square root R of the Gram matrix, `Wᵀ W = Rᵀ R` (`[..., n, r]` → `[..., r, r]`), so `‖W M‖_F = ‖R M‖_F`.
+
+    The Cholesky factor of `Wᵀ W` (R of `W = QR`); where a Gram matrix is singular (rank < r), the
+    eigendecomposition `Wᵀ W = U Λ Uᵀ` gives `R = Λ^½ Uᵀ` instead."""
+    G = (W.transpose(-2, -1) @ W).to(torch.float64)
+    L, info = torch.linalg.cholesky_ex(G)
+    if bool((info == 0).all()):
+        return L.transpose(-2, -1)
+    lam, U = torch.linalg.eigh(G)
+    return lam.clamp_min(0).sqrt()[..., :, None] * U.transpose(-2, -1)
 
 
 def _left(A1: torch.Tensor, B1: torch.Tensor) -> torch.Tensor:
-    """`Y = R1 B1` for the writing circuit `A1 B1` (float64)."""
-    return _r(A1) @ B1
+    """`Y = R1 B1` for the writing circuit `A1 B1` (in B1's dtype)."""
+    return _r(A1).to(B1.dtype) @ B1
 
 
 def _right(A2: torch.Tensor, B2: torch.Tensor) -> torch.Tensor:
-    """`Z = A2 R2ᵀ` for the reading circuit `A2 B2` (float64)."""
-    return A2 @ _r(B2.transpose(-2, -1)).transpose(-2, -1)
+    """`Z = A2 R2ᵀ` for the reading circuit `A2 B2` (in A2's dtype)."""
+    return A2 @ _r(B2.transpose(-2, -1)).transpose(-2, -1).to(A2.dtype)
+
+
+def _sq_norm(X: torch.Tensor, dims=(-2, -1)) -> torch.Tensor:
+    return torch.sum(X.square(), dims, dtype=torch.float64)
 
 
 def _ratio(num_sq: torch.Tensor, left_sq: torch.Tensor, right_sq: torch.Tensor) -> torch.Tensor:
@@ -61,7 +76,7 @@ def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tens
     broadcast elementwise; 0 where a factor is zero."""
     Y = _left(f64(left.A), f64(left.B))
     Z = _right(f64(right.A), f64(right.B))
-    return _ratio((Y @ Z).square().sum((-2, -1)), Y.square().sum((-2, -1)), Z.square().sum((-2, -1)))
+    return _ratio(_sq_norm(Y @ Z), _sq_norm(Y), _sq_norm(Z))
 
 
 def composition_scores(model, kind: str, subtract_baseline: bool = False, baseline_samples: int = 64,
@@ -70,7 +85,7 @@ def composition_scores(model, kind: str, subtract_baseline: bool = False, baseli
     float64, indexed `[l1, h1, l2, h2]`; zero unless `l1 < l2` (TransformerLens' layout and mask).
 
     `kind` is "q", "k" or "v" (see `composition_score` for the three right-hand circuits). Only the `l1 < l2`
-    blocks are computed: the factors `Y = R_V^{h1} W_O^{h1}` and `Z` of every head (QR of d_model × d_head
+    blocks are computed: the factors `Y = R_V^{h1} W_O^{h1}` and `Z` of every head (from d_head × d_head Gram
     matrices), then per earlier layer one `[n_heads·d_head, d_model] @ [d_model, n_later·d_head]` product whose
     d_head × d_head blocks' norms are the numerators. With `subtract_baseline=True` the random-matrix
     expectation `composition_baseline(d_model, d_head, kind, baseline_samples, seed)` is subtracted on the
@@ -81,21 +96,22 @@ def composition_scores(model, kind: str, subtract_baseline: bool = False, baseli
     out = torch.zeros(L, Hn, L, Hn, dtype=torch.float64, device=model.W_E.device)
     if L < 2:
         return out
-    W_O = f64(model.W_O)
-    Y = _left(f64(model.W_V[:-1]), W_O[:-1])  # [L-1, H, dh, d_model]
+    wd = torch.float64 if model.W_V.dtype == torch.float64 else torch.float32  # see the module docstring
+    W_V, W_O = model.W_V.detach().to(wd), model.W_O.detach().to(wd)
+    Y = _left(W_V[:-1], W_O[:-1])  # [L-1, H, dh, d_model]
     if kind == "v":
-        Z = _right(f64(model.W_V[1:]), W_O[1:])  # [L-1, H, d_model, dh]
+        Z = _right(W_V[1:], W_O[1:])  # [L-1, H, d_model, dh]
     else:
-        W_Q, W_K = f64(model.W_Q[1:]), f64(model.W_K[1:])
+        W_Q, W_K = model.W_Q[1:].detach().to(wd), model.W_K[1:].detach().to(wd)
         A2, B2 = (W_Q, W_K) if kind == "q" else (W_K, W_Q)
         Z = _right(A2, B2.transpose(-2, -1))
-    y_sq, z_sq = Y.square().sum((-2, -1)), Z.square().sum((-2, -1))  # [L-1, H]
-    r1, r2 = Y.shape[-2], Z.shape[-1]  # d_head (or d_model, if smaller)
+    y_sq, z_sq = _sq_norm(Y), _sq_norm(Z)  # [L-1, H]
+    r1, r2 = Y.shape[-2], Z.shape[-1]
     for l1 in range(L - 1):
         n2 = L - l1 - 1
         later = Z[l1:].permute(2, 0, 1, 3).reshape(dm, n2 * Hn * r2)  # [d_model, (l2, h2, e)]
         P = (Y[l1].reshape(Hn * r1, dm) @ later).view(Hn, r1, n2, Hn, r2)
-        num_sq = P.square().sum((1, 4))  # [h1, l2, h2]
+        num_sq = _sq_norm(P, (1, 4))  # [h1, l2, h2]
         out[l1, :, l1 + 1:] = _ratio(num_sq, y_sq[l1][:, None, None], z_sq[l1:][None])
         if subtract_baseline:
             out[l1, :, l1 + 1:] -= composition_baseline(dm, dh, kind, baseline_samples, seed)

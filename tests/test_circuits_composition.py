@@ -58,6 +58,14 @@ def test_composition_score_of_factored_matrices(seed, r1, r2, d):
     assert 0 <= got <= 1 + 1e-12 and got == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["q", "k", "v"])
+def test_float32_model_scores_close_to_float64(kind):
+    m64 = random_model(n_layers=3, n_heads=4, d_model=48, d_head=8, seed=3)
+    m32 = random_model(n_layers=3, n_heads=4, d_model=48, d_head=8, seed=3, dtype="float32")
+    s32, s64 = circuits.composition_scores(m32, kind), circuits.composition_scores(m64, kind)
+    assert s32.dtype == torch.float64 and torch.allclose(s32, s64, rtol=1e-5, atol=1e-7)
+
+
 def test_kind_is_validated_and_case_insensitive():
     m = random_model(n_layers=2)
     assert torch.equal(circuits.composition_scores(m, "K"), circuits.composition_scores(m, "k"))
