@@ -182,6 +182,36 @@ class HookedTransformer(HookedRootModule):
     def OV(self) -> FactoredMatrix:  # [layer, head, d_model, d_model] = W_V W_O
         return FactoredMatrix(self.W_V, self.W_O)
 
+    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
+        """Sum of the biases written to the residual stream before block `layer` (b_O, and b_out unless
+        `include_mlp_biases=False`); with `mlp_input`, also block `layer`'s b_O. `[d_model]`."""
+        acc = torch.zeros(self.cfg.d_model, dtype=self.W_E.dtype, device=self.W_E.device)
+        for block in self.blocks[:layer]:
+            acc = acc + block.attn.b_O
+            if include_mlp_biases and not self.cfg.attn_only:
+                acc = acc + block.mlp.b_out
+        if mlp_input:
+            if layer >= self.cfg.n_layers:
+                raise ValueError(f"mlp_input needs layer < n_layers={self.cfg.n_layers}, got {layer}")
+            acc = acc + self.blocks[layer].attn.b_O
+        return acc
+
+    def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
+        """Unembedding directions W_U[:, t] of token(s) t: `[d_model]` for one token, `[..., d_model]` otherwise."""
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        if isinstance(tokens, int):
+            return self.W_U[:, tokens]
+        tokens = torch.as_tensor(tokens, device=self.W_U.device)
+        return self.W_U[:, tokens].movedim(0, -1)
+
+    def to_single_token(self, string: str) -> int:
+        """The id of a string that is exactly one token (no BOS)."""
+        ids = self._need_tokenizer().encode(string)
+        if len(ids) != 1:
+            raise ValueError(f"{string!r} is {len(ids)} tokens, not one")
+        return ids[0]
+
     def all_head_labels(self) -> list[str]:
         return [f"L{l}H{h}" for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]
 
