@@ -231,11 +231,22 @@ def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: 
 
         if (out / "tokenizer.json").is_file():
             tokenizer = load_tokenizer(out / "tokenizer.json")
-    batches, tokenizer, corpus = build_data(cfg, model_cfg, tokenizer)
-    check_setup(model_cfg, cfg, tokenizer, world)
     device = pick_device(cfg.device)
     if device.type == "cuda" and world > 1:
         device = torch.device("cuda", local_rank)
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if rank != 0:  # rank 0 tokenizes and caches the corpus first; the others then read the cache
+            dist.barrier()
+    batches, tokenizer, corpus = build_data(cfg, model_cfg, tokenizer)
+    if world > 1 and rank == 0:
+        dist.barrier()
+    check_setup(model_cfg, cfg, tokenizer, world)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     if model_cfg.seed is None:
@@ -277,18 +288,16 @@ def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: 
 
     ddp = None
     if world > 1:
-        import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     net = ddp or model
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     def record(step: int, loss_sum: float, n: int, t_interval: float, tok_interval: int) -> dict:
         rec = {"step": step, "tokens": tokens_seen, "lr": lr_at(cfg, max(step - 1, 0)),
-               "wall_time": round(wall_before + time.perf_counter() - t0, 3)}
+               "wall_time": round(wall_before + time.perf_counter() - t0, 3),
+               "loadavg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
         if n:
             rec["train_loss"] = loss_sum / n
             rec["tokens_per_s"] = tok_interval / max(t_interval, 1e-9)

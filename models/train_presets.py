@@ -11,7 +11,7 @@ from .train import TrainConfig
 
 _ATTN_ONLY = dict(d_model=128, n_ctx=256, d_vocab=2048, d_mlp=None, attn_only=True, normalization_type=None,
                   positional_embedding_type="shortformer", use_bias=False, init_range=0.02)
-_TRAIN = dict(batch_size=32, lr=2e-3, warmup_steps=100, weight_decay=0.01, grad_clip=1.0, seed=0, data="stdlib",
+_TRAIN = dict(batch_size=32, lr=2e-2, warmup_steps=50, weight_decay=0.01, grad_clip=1.0, seed=0, data="stdlib",
               tokenizer="bpe-2048", checkpoint_every=500, log_checkpoints=16, eval_every=100, log_every=10,
               num_threads=2)
 
@@ -29,8 +29,8 @@ PRESETS: dict[str, dict] = {
     "attn-only-2l": {
         "about": "2-layer attention-only model: previous-token heads in layer 0, induction heads in layer 1",
         "model": dict(_ATTN_ONLY, n_layers=2, n_heads=8, model_name="attn-only-2l"),
-        "train": dict(_TRAIN, steps=3000, repeat_fraction=0.3, repeat_min_len=4, repeat_max_len=64,
-                      repeat_random_fraction=0.5, keep_checkpoints=[0, 50, 100, 200, 300, 500, 1000, 3000]),
+        "train": dict(_TRAIN, steps=1500, repeat_fraction=0.4, repeat_min_len=4, repeat_max_len=64,
+                      repeat_random_fraction=0.5, keep_checkpoints=[0, 50, 100, 200, 300, 500, 1000]),
     },
     "gelu-2l": {
         "about": "2-layer transformer with GELU MLPs and LayerNorm (standard learned positions)",

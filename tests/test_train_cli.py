@@ -1,0 +1,103 @@
+"""The `circuits train` / `circuits zoo` commands: fast help, exit codes, one-line errors, a tiny run."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from analyses.cli import main
+
+TEXT = "".join(f"def g{i}(y):\n    return y - {i % 11}\n\n" for i in range(400))
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_help_is_fast_and_lazy():
+    code = ("import sys, time; t = time.perf_counter(); from analyses.cli import build_parser; "
+            "build_parser().format_help(); print(time.perf_counter() - t, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[1] == "False"  # no torch import for --help
+    assert float(out[0]) < 0.5
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "analyses.cli", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "train" in r.stdout and "zoo" in r.stdout
+    assert time.perf_counter() - t < 3.0  # interpreter start included; generous for a shared machine
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--preset", "nope", "--out", "x"], "unknown preset"),
+    (["train", "--config", "/nonexistent.json", "--out", "x"], "cannot read config"),
+    (["train", "--preset", "attn-only-2l", "--out", "x", "--steps", "0"], "steps must be"),
+    (["train", "--preset", "attn-only-2l", "--out", "x", "--lr", "-1"], "lr must be"),
+])
+def test_bad_input_exits_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bad_usage_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--preset", "attn-only-2l"])  # --out missing
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["frobnicate"])
+    assert e.value.code == 2
+
+
+def test_bad_config_and_corpus(tmp_path, capsys):
+    (tmp_path / "c.json").write_text(json.dumps({"n_layers": 1, "d_model": 16, "n_ctx": 16, "d_vocab": 259,
+                                                 "n_heads": 3}))
+    assert main(["train", "--config", str(tmp_path / "c.json"), "--out", str(tmp_path / "o")]) == 2
+    assert "d_head" in capsys.readouterr().err
+    (tmp_path / "ok.json").write_text(json.dumps({"n_layers": 1, "d_model": 16, "n_ctx": 16, "d_vocab": 259,
+                                                  "n_heads": 2}))
+    (tmp_path / "empty").mkdir()
+    argv = ["train", "--config", str(tmp_path / "ok.json"), "--out", str(tmp_path / "o"), "--data",
+            str(tmp_path / "empty"), "--tokenizer", "bytes"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no text files" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_tiny_training_run_writes_a_card(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CIRCUITS_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.py").write_text(TEXT)
+    cfg = {"model": {"n_layers": 2, "d_model": 32, "n_ctx": 48, "d_vocab": 259, "n_heads": 2,
+                     "normalization_type": None, "positional_embedding_type": "shortformer", "use_bias": False},
+           "train": {"steps": 12, "batch_size": 4, "tokenizer": "bytes", "checkpoint_every": 6,
+                     "log_checkpoints": 0, "eval_every": 6, "num_threads": 1, "repeat_fraction": 0.5,
+                     "repeat_min_len": 3, "repeat_max_len": 10}}
+    (tmp_path / "m.json").write_text(json.dumps(cfg))
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(tmp_path / "m.json"), "--data", str(tmp_path / "data"),
+                 "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 12 and summary["out"] == str(out)
+    card = (out / "card.md").read_text()
+    assert "circuits train --config" in card and "validation loss" in card
+    assert (out / "training_curve.png").read_bytes()[:4] == b"\x89PNG"
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("induction_scores_50" not in r and "previous_token_scores" in r for r in records)
+    # resuming a finished run returns at once
+    assert main(["train", "--config", str(tmp_path / "m.json"), "--data", str(tmp_path / "data"),
+                 "--out", str(out), "--resume", "--json"]) == 0
+
+
+def test_zoo_lists_models(capsys):
+    assert main(["zoo", "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)["models"]
+    assert isinstance(models, list)
+    for m in models:
+        assert {"name", "about", "n_layers", "val_loss"} <= set(m)
+    assert main(["zoo"]) == 0
