@@ -13,7 +13,7 @@ from .interface import serial_ops
 
 DEFAULT_BLOCK_BYTES = 2**20  # one tile of the product: 1 MiB, so that it is reduced while in cache
 TILE_COLS = 1024  # columns per tile
-CHUNK = 64  # columns per chunk maximum
+CHUNK = 256  # columns per chunk maximum (4 per tile)
 
 
 def diagonal_rank_stats(fm: FactoredMatrix | torch.Tensor, k: int | Iterable[int] = (1, 5),

@@ -81,9 +81,11 @@ def copying_scores(model) -> torch.Tensor:
     The vocabulary is touched once per model: `M = W_U W_E` `[d_model, d_model]` (computed in the model's dtype,
     a single pass over d_vocab), then per head the d_head × d_head matrix `W_O^h M W_V^h`, whose eigenvalues
     are the non-zero eigenvalues of the full OV circuit (`AB` vs `BA` with `A = W_E W_V`, `B = W_O W_U`),
-    batched over all heads in float64."""
+    batched over all heads. The two products over d_vocab and d_model run in the model's dtype (for float32,
+    relative error ~1e-6); `W_O M` times `W_V` and the eigenproblems run in float64."""
     warn_if_unfolded(model)
     M = model.W_U.detach() @ model.W_E.detach()  # [d_model, d_model]: the one pass over d_vocab
-    L, H, dh, dm = model.W_O.shape
-    W_OM = (_to_f64(model.W_O).reshape(L * H * dh, dm) @ _to_f64(M)).view(L, H, dh, dm)  # one GEMM, all heads
-    return copying_score(FactoredMatrix(W_OM, _to_f64(model.W_V))).to(model.W_E.device)
+    W_O = model.W_O.detach()
+    L, H, dh, dm = W_O.shape
+    W_OM = (W_O.reshape(L * H * dh, dm) @ M.to(W_O.dtype)).view(L, H, dh, dm)  # one GEMM for all heads
+    return copying_score(FactoredMatrix(W_OM, model.W_V.detach())).to(model.W_E.device)
