@@ -17,7 +17,7 @@ from .frozen import frozen_forward
 from .interface import attn_scale, head_label, norm_params
 
 KINDS = ("direct", "q_composition", "k_composition", "qk_composition")
-_NON_HEAD = ("embed", "pos", "bias")
+_NON_HEAD = ("tok", "pos", "bias")
 
 
 def source_kind(query_source: str, key_source: str) -> str:
@@ -31,7 +31,7 @@ def source_kind(query_source: str, key_source: str) -> str:
 class ScoreDecomposition:
     """The result of `attention_score_decomposition`.
 
-    `terms`: (query source, key source) → `[batch, query_pos, key_pos]`; sources are "embed" (`W_E[t]`), "pos"
+    `terms`: (query source, key source) → `[batch, query_pos, key_pos]`; sources are "tok" (`W_E[t]`), "pos"
     (`W_pos[i]`: residual positions, or shortformer's query/key-only positions), "bias" (b_O of earlier layers,
     norm biases, and this head's b_Q / b_K) and "L{l}H{h}" (each earlier head's output, its b_V included).
     `alibi`: the ALiBi bias `[query_pos, key_pos]` or None. `scores`: the model's own scores from
@@ -114,7 +114,7 @@ def attention_score_decomposition(model, tokens, layer: int, head: int) -> Score
     with torch.no_grad():
         W_Q, W_K = model.W_Q[layer, head].detach(), model.W_K[layer, head].detach()
         b_Q, b_K = model.b_Q[layer, head].detach(), model.b_K[layer, head].detach()
-        sources: dict[str, torch.Tensor] = {"embed": ff.embed}
+        sources: dict[str, torch.Tensor] = {"tok": ff.embed}
         if ff.pos_resid is not None:
             sources["pos"] = ff.pos_resid.expand_as(ff.embed)
         for l in range(layer):

@@ -110,7 +110,7 @@ def test_score_terms_sum_to_scores(seed, n_layers, positional, norm, biases, dat
     assert dec.scores is not None and dec.reconstruction_error < 1e-10 and dec.pattern_error < 1e-10
     heads = {f"L{l}H{h}" for l in range(layer) for h in range(2)}
     sources = {q for q, _ in dec.terms}
-    expected = {"embed"} | heads | ({"pos"} if positional in ("standard", "sinusoidal", "shortformer") else set())
+    expected = {"tok"} | heads | ({"pos"} if positional in ("standard", "sinusoidal", "shortformer") else set())
     assert expected <= sources <= expected | {"bias"}
     kinds = dec.by_kind()
     assert torch.allclose(sum(kinds.values())[..., dec.mask()], dec.scores[..., dec.mask()], atol=1e-10)
@@ -157,7 +157,7 @@ def test_induction_model_term_importance_and_scores():
     # the induction head's scores come from K-composition with the previous-token head
     assert float(kinds["k_composition"][..., dec.mask()].abs().max()) > 10
     assert float(kinds["direct"][..., dec.mask()].abs().max()) < 1e-9
-    assert float(dec.terms[("embed", f"L{pl}H{ph}")].max()) > 10
+    assert float(dec.terms[("tok", f"L{pl}H{ph}")].max()) > 10
 
 
 @pytest.fixture(scope="module")
