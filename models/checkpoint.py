@@ -225,6 +225,8 @@ def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
     ours = {k: v for k, v in d.items() if k in names and k not in ("dtype", "device", "seed", "extra")}
     if not isinstance(ours.get("n_key_value_heads"), int):
         ours.pop("n_key_value_heads", None)
+    if ours.get("act_fn") is None:  # TransformerLens writes act_fn=None for attention-only models
+        ours.pop("act_fn", None)
     ours["extra"] = {"transformer_lens": {k: str(v) for k, v in d.items() if k not in names}}
     return HookedTransformerConfig(**ours)
 
