@@ -88,6 +88,10 @@ def models_dir(tmp_path_factory):
     save(m, d / "tiny")
     torch.save(m.state_dict(), d / "tiny.pth")
     (d / "tiny_config.json").write_text(cfg.to_json())
+    tl = {"n_layers": 2, "d_model": 32, "n_ctx": 64, "d_head": 16, "n_heads": 2, "d_vocab": 259, "d_mlp": None,
+          "act_fn": None, "attn_only": True, "normalization_type": None, "positional_embedding_type": "standard",
+          "shortformer_pos": True, "tokenizer_name": None, "d_vocab_out": 259}  # TransformerLens' own config dict
+    (d / "tiny_tl_config.json").write_text(json.dumps(tl))
     mlp = HookedTransformerConfig(n_layers=1, d_model=32, n_ctx=64, d_vocab=259, n_heads=2, d_mlp=64,
                                   normalization_type="LN", positional_embedding_type="standard", seed=0)
     save(HookedTransformer(mlp, tokenizer=ByteTokenizer()), d / "mlp")
@@ -146,7 +150,7 @@ def test_legacy_state_dict_with_config(models_dir):
     """A TransformerLens-layout .pth with --config gives the same numbers as the saved folder."""
     from analyses import cli
 
-    a = ok_json("eigen", models_dir / "tiny.pth", "--config", models_dir / "tiny_config.json")
+    a = ok_json("eigen", models_dir / "tiny.pth", "--config", models_dir / "tiny_tl_config.json")
     b = in_process_json("eigen", models_dir / "tiny")
     assert [h["ov_copying"] for h in a["heads"]] == pytest.approx([h["ov_copying"] for h in b["heads"]])
     assert cli.main(["info", str(models_dir / "tiny.pth"), "--config", str(models_dir / "tiny_config.json")]) == 0
