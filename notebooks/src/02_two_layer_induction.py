@@ -19,6 +19,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
 
+# %%
 import matplotlib.pyplot as plt
 import torch
 

@@ -15,11 +15,13 @@
 # and re-measure its saved checkpoints. Public API only; CPU, offline, about two minutes.
 
 # %%
-import tempfile
 import warnings
-from pathlib import Path
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
+
+# %%
+import tempfile
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch

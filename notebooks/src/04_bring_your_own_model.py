@@ -19,14 +19,16 @@
 # CPU, offline, about a minute.
 
 # %%
+import warnings
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
+
+# %%
 import json
 import subprocess
 import sys
 import tempfile
-import warnings
 from pathlib import Path
-
-warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
 
 import matplotlib.pyplot as plt
 import torch
