@@ -16,7 +16,7 @@ import functools
 import torch
 from transformer_lens import FactoredMatrix
 
-from .interface import f64, warn_if_unfolded
+from .interface import f64, serial_ops, warn_if_unfolded
 
 KINDS = ("q", "k", "v")
 
@@ -74,9 +74,10 @@ def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tens
     `utilities.composition_scores(left, right)` and `TransformerBridge.all_composition_scores(mode)` (same left
     and right factors), computed from d_head-sized factors in float64 (see the module docstring). Leading dims
     broadcast elementwise; 0 where a factor is zero."""
-    Y = _left(f64(left.A), f64(left.B))
-    Z = _right(f64(right.A), f64(right.B))
-    return _ratio(_sq_norm(Y @ Z), _sq_norm(Y), _sq_norm(Z))
+    with serial_ops():
+        Y = _left(f64(left.A), f64(left.B))
+        Z = _right(f64(right.A), f64(right.B))
+        return _ratio(_sq_norm(Y @ Z), _sq_norm(Y), _sq_norm(Z))
 
 
 def composition_scores(model, kind: str, subtract_baseline: bool = False, baseline_samples: int = 64,
@@ -92,6 +93,11 @@ def composition_scores(model, kind: str, subtract_baseline: bool = False, baseli
     `l1 < l2` entries (the Framework's presentation); the result may then be negative."""
     kind = _check_kind(kind)
     warn_if_unfolded(model)
+    with serial_ops():  # a few dozen medium ops: see serial_ops
+        return _composition_scores(model, kind, subtract_baseline, baseline_samples, seed)
+
+
+def _composition_scores(model, kind, subtract_baseline, baseline_samples, seed) -> torch.Tensor:
     L, Hn, dm, dh = model.W_V.shape
     out = torch.zeros(L, Hn, L, Hn, dtype=torch.float64, device=model.W_E.device)
     if L < 2:

@@ -53,7 +53,7 @@ def _diagonal_ranks(A: torch.Tensor, B: torch.Tensor, k_max: int, block_bytes: i
     between are counted exactly, by recomputing their (< k_max) chunks above the diagonal. (Entries that tie
     the diagonal to within rounding may count either way.) Row blocks are shared among
     `torch.get_num_threads()` Python threads running single-threaded ops: thousands of small ops parallelise
-    better that way than with a barrier inside each one (which stalls when another process takes a core)."""
+    better that way than with a barrier inside each one (see `serial_ops`)."""
     n, m = A.shape
     ct = max(1, min(TILE_COLS // CHUNK, -(-n // CHUNK))) * CHUNK  # tile width, a multiple of CHUNK
     n_tiles = -(-n // ct)
@@ -68,13 +68,18 @@ def _diagonal_ranks(A: torch.Tensor, B: torch.Tensor, k_max: int, block_bytes: i
     if workers == 1:
         job(starts)
         return out
-    with serial_ops(), concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    with serial_ops(), concurrent.futures.ThreadPoolExecutor(workers) as pool:  # MKL's count is global
         list(pool.map(job, [starts[w::workers] for w in range(workers)]))
     return out
 
 
 def _rank_rows(A, B_tiles, Bt, n, rows, ct, k_max, out, starts) -> None:
     """`_diagonal_ranks` for the row blocks beginning at `starts`, with this worker's own buffers."""
+    with serial_ops():
+        _rank_rows_serial(A, B_tiles, Bt, n, rows, ct, k_max, out, starts)
+
+
+def _rank_rows_serial(A, B_tiles, Bt, n, rows, ct, k_max, out, starts) -> None:
     n_tiles, per_tile = B_tiles.shape[0], ct // CHUNK
     n_chunks, tail = n_tiles * per_tile, n - (n_tiles - 1) * ct  # tail: valid columns of the last tile
     tile_buf = A.new_empty(rows, ct)  # reused: fresh allocations cost page faults, and this stays in cache

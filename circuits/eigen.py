@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformer_lens import FactoredMatrix
 
-from .interface import warn_if_unfolded
+from .interface import serial_ops, warn_if_unfolded
 
 Matrix = FactoredMatrix | torch.Tensor
 
@@ -30,19 +30,19 @@ def eigenvalues(fm: Matrix) -> torch.Tensor:
     Result: complex128 `[..., min(m, n)]`, sorted by decreasing |λ|, on the input's device. This is
     TransformerLens' `FactoredMatrix.eigenvalues` (which always uses `BA`), in float64 and sorted.
     """
-    if isinstance(fm, FactoredMatrix):
-        if fm.ldim != fm.rdim:
-            raise ValueError(f"eigenvalues need a square matrix, got shape {tuple(fm.shape)}")
-        device = fm.A.device
-        A, B = _to_f64(fm.A), _to_f64(fm.B)
-        small = B @ A if fm.mdim <= fm.ldim else A @ B
-    else:
-        if fm.shape[-1] != fm.shape[-2]:
-            raise ValueError(f"eigenvalues need a square matrix, got shape {tuple(fm.shape)}")
-        device, small = fm.device, _to_f64(fm)
-    lam = torch.linalg.eigvals(small.cpu() if small.device.type != "cpu" else small)
-    order = lam.abs().argsort(dim=-1, descending=True, stable=True)
-    return lam.gather(-1, order).to(device)
+    shape = fm.shape
+    if shape[-1] != shape[-2]:
+        raise ValueError(f"eigenvalues need a square matrix, got shape {tuple(shape)}")
+    with serial_ops():  # a batch of small products and eigenproblems: see serial_ops
+        if isinstance(fm, FactoredMatrix):
+            device = fm.A.device
+            A, B = _to_f64(fm.A), _to_f64(fm.B)
+            small = B @ A if fm.mdim <= fm.ldim else A @ B
+        else:
+            device, small = fm.device, _to_f64(fm)
+        lam = torch.linalg.eigvals(small.cpu() if small.device.type != "cpu" else small)
+        order = lam.abs().argsort(dim=-1, descending=True, stable=True)
+        return lam.gather(-1, order).to(device)
 
 
 def copying_score(fm: Matrix) -> torch.Tensor:
