@@ -4,6 +4,10 @@ Each subcommand is a `Command`: a name, a one-line help, a function that adds it
 that runs it (`run(args) -> int`). Adding one is a small function pair plus one line in `COMMANDS`.
 Heavy imports (torch, transformer-lens) happen inside `run`, so `circuits --help` stays fast.
 
+`train` and `zoo` live here; `info`, `report`, `attention`, `generate` in `cli_model`; `heads`, `eigen`,
+`compose`, `paths`, `trigrams` in `cli_circuits`; the shared options, model loading (zoo name, folder, or a
+TransformerLens state dict with `--config`) and `UsageError` in `cli_common`.
+
 Exit codes: 0 ok; 2 bad usage or bad input (a one-line message on stderr, no traceback); 1 internal failure.
 """
 
