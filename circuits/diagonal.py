@@ -26,8 +26,10 @@ def diagonal_rank_stats(fm: FactoredMatrix | torch.Tensor, k: int | Iterable[int
     (ARENA 1.2, "Full OV circuit: top-1 / top-5 diagonal accuracy"; Framework, "copying"). The product is formed
     one tile at a time (`A[rows] @ B[:, cols]`, at most `block_bytes` per tile), in the input dtype, never the
     whole matrix: each cache-sized tile is reduced to maxima over column chunks as soon as it is computed, and
-    only the few rows those maxima leave undecided are counted exactly. Vectorised over leading dims: returns
-    `{k: tensor[...]}` (float64, on the input's device).
+    only the few rows those maxima leave undecided are counted exactly. Extra memory: a padded copy of B and one
+    tile per worker thread. Vectorised over leading dims: returns `{k: tensor[...]}` (float64, on the input's
+    device). Several heads together (ARENA's "1.4 and 1.10"): their circuits' sum is the factored matrix
+    `FactoredMatrix(torch.cat([A1, A2], -1), torch.cat([B1, B2], -2))`.
     """
     ks = (k,) if isinstance(k, int) else tuple(k)
     if not ks or min(ks) < 1:

@@ -159,3 +159,13 @@ def test_diagonal_rank_stats_chunked_filter_is_exact(chunk, monkeypatch):
         want = _dense_diag_stats(A @ B, ks)
         for k in ks:
             assert torch.allclose(got[k], want[k]), (k, got[k], want[k])
+
+
+def test_diagonal_rank_stats_of_two_heads_together():
+    """ARENA's "heads 1.4 and 1.10 together": the sum of two full OV circuits, factored by concatenation."""
+    m = random_model(n_layers=2, n_heads=2, seed=6)
+    f1, f2 = circuits.full_ov_circuit(m, 1, 0), circuits.full_ov_circuit(m, 1, 1)
+    both = FactoredMatrix(torch.cat([f1.A, f2.A], -1), torch.cat([f1.B, f2.B], -2))
+    got = circuits.diagonal_rank_stats(both, k=(1, 5))
+    want = _dense_diag_stats((f1.AB + f2.AB).detach(), (1, 5))
+    assert all(torch.allclose(got[k], want[k]) for k in (1, 5))
