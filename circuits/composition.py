@@ -16,6 +16,7 @@ import functools
 import torch
 from transformer_lens import FactoredMatrix
 
+from ._validate import check_finite, check_int, check_model, check_model_finite
 from .interface import f64, serial_ops, warn_if_unfolded
 
 KINDS = ("q", "k", "v")
@@ -52,7 +53,8 @@ def _right(A2: torch.Tensor, B2: torch.Tensor) -> torch.Tensor:
 
 
 def _sq_norm(X: torch.Tensor, dims=(-2, -1)) -> torch.Tensor:
-    return torch.sum(X.square(), dims, dtype=torch.float64)
+    """Σ X² over `dims` in float64, squared in float64 too: float32 squares of weights scaled by 1e-6 underflow."""
+    return torch.sum(X.to(torch.float64).square(), dims)
 
 
 def _ratio(num_sq: torch.Tensor, left_sq: torch.Tensor, right_sq: torch.Tensor) -> torch.Tensor:
@@ -73,7 +75,15 @@ def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tens
     In [0, 1] (sub-multiplicativity of the Frobenius norm). This is exactly TransformerLens'
     `utilities.composition_scores(left, right)` and `TransformerBridge.all_composition_scores(mode)` (same left
     and right factors), computed from d_head-sized factors in float64 (see the module docstring). Leading dims
-    broadcast elementwise; 0 where a factor is zero."""
+    broadcast elementwise; 0 where a factor is zero. `TypeError` unless both are `FactoredMatrix`es, `ValueError`
+    when R cannot read L's output (L's columns ≠ R's rows), `NonFiniteError` for NaN/inf factors."""
+    for name, fm in (("left", left), ("right", right)):
+        if not isinstance(fm, FactoredMatrix):
+            raise TypeError(f"composition_score: {name} must be a FactoredMatrix, got {type(fm).__name__}")
+    if left.rdim != right.ldim:
+        raise ValueError(f"composition_score: left {tuple(left.shape)} writes {left.rdim} dims but right "
+                         f"{tuple(right.shape)} reads {right.ldim}")
+    check_finite({"left.A": left.A, "left.B": left.B, "right.A": right.A, "right.B": right.B}, "composition_score")
     with serial_ops():
         Y = _left(f64(left.A), f64(left.B))
         Z = _right(f64(right.A), f64(right.B))
@@ -90,8 +100,14 @@ def composition_scores(model, kind: str, subtract_baseline: bool = False, baseli
     matrices), then per earlier layer one `[n_heads·d_head, d_model] @ [d_model, n_later·d_head]` product whose
     d_head × d_head blocks' norms are the numerators. With `subtract_baseline=True` the random-matrix
     expectation `composition_baseline(d_model, d_head, kind, baseline_samples, seed)` is subtracted on the
-    `l1 < l2` entries (the Framework's presentation); the result may then be negative."""
+    `l1 < l2` entries (the Framework's presentation); the result may then be negative. A 0-layer model gives an
+    empty `[0, n_heads, 0, n_heads]`; NaN/inf weights raise `NonFiniteError` (a `ValueError`)."""
     kind = _check_kind(kind)
+    check_model(model, "composition_scores")
+    if model.cfg.n_layers == 0:
+        H = model.cfg.n_heads
+        return torch.zeros(0, H, 0, H, dtype=torch.float64, device=model.W_E.device)
+    check_model_finite(model, "composition_scores", ("W_Q", "W_K", "W_V", "W_O"))
     warn_if_unfolded(model)
     with serial_ops():  # a few dozen medium ops: see serial_ops
         return _composition_scores(model, kind, subtract_baseline, baseline_samples, seed)
@@ -132,8 +148,8 @@ def composition_baseline(d_model: int, d_head: int, kind: str = "k", n_samples: 
     ≈ 5e-5). ≈ 1/√d_model (0.036 for d_model 768): the Framework subtracts this expectation
     before comparing composition scores (Elhage et al. 2021, "Two-Layer Models", composition-score figure)."""
     kind = _check_kind(kind)
-    if n_samples < 1:
-        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    d_model, d_head = check_int(d_model, "d_model"), check_int(d_head, "d_head")
+    n_samples = check_int(n_samples, "n_samples")
     gen = torch.Generator().manual_seed(seed)
     total, chunk = 0.0, 32
     for start in range(0, n_samples, chunk):

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import torch
 from transformer_lens import FactoredMatrix
 
+from ._validate import analysis_dtype, as_index, check_finite, check_matrix
 from .interface import serial_ops
 
 DEFAULT_BLOCK_BYTES = 2**20  # one tile of the product: 1 MiB, so that it is reduced while in cache
@@ -29,18 +30,24 @@ def diagonal_rank_stats(fm: FactoredMatrix | torch.Tensor, k: int | Iterable[int
     only the few rows those maxima leave undecided are counted exactly. Extra memory: a padded copy of B and one
     tile per worker thread. Vectorised over leading dims: returns `{k: tensor[...]}` (float64, on the input's
     device). Several heads together (ARENA's "1.4 and 1.10"): their circuits' sum is the factored matrix
-    `FactoredMatrix(torch.cat([A1, A2], -1), torch.cat([B1, B2], -2))`.
+    `FactoredMatrix(torch.cat([A1, A2], -1), torch.cat([B1, B2], -2))`. float16/bfloat16 factors are ranked in
+    float32; NaN/inf in a factor raises `NonFiniteError` (a `ValueError`).
     """
-    ks = (k,) if isinstance(k, int) else tuple(k)
+    if isinstance(k, (str, bytes)) or not hasattr(k, "__iter__"):
+        k = (k,)
+    ks = tuple(as_index(kk, "k") for kk in k)
     if not ks or min(ks) < 1:
         raise ValueError(f"k must be positive integers, got {ks}")
+    check_matrix(fm, "diagonal_rank_stats")
     if not isinstance(fm, FactoredMatrix):
         fm = FactoredMatrix(fm, torch.eye(fm.shape[-1], dtype=fm.dtype, device=fm.device))
     if fm.ldim != fm.rdim:
         raise ValueError(f"diagonal statistics need a square matrix, got shape {tuple(fm.shape)}")
     n, lead = fm.ldim, tuple(fm.shape[:-2])
-    A = fm.A.detach().reshape(-1, n, fm.mdim)
-    B = fm.B.detach().reshape(-1, fm.mdim, n)
+    wd = analysis_dtype(fm.A)  # rankings are never taken in half precision: ties and a slow CPU path
+    A = fm.A.detach().to(wd).reshape(-1, n, fm.mdim)
+    B = fm.B.detach().to(wd).reshape(-1, fm.mdim, n)
+    check_finite({"factor A": A, "factor B": B}, "diagonal_rank_stats")  # NaN compares False: ranks would lie
     ranks = torch.stack([_diagonal_ranks(A[i], B[i], max(ks), block_bytes) for i in range(A.shape[0])])
     acc = torch.stack([(ranks < kk).to(torch.float64).mean(-1) for kk in ks], -1).reshape(*lead, len(ks))
     return {kk: acc[..., i].to(fm.A.device) for i, kk in enumerate(ks)}

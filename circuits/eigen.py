@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from transformer_lens import FactoredMatrix
 
+from ._validate import analysis_dtype, check_finite, check_matrix, check_model, check_model_finite
 from .interface import serial_ops, warn_if_unfolded
 
 Matrix = FactoredMatrix | torch.Tensor
@@ -29,7 +30,10 @@ def eigenvalues(fm: Matrix) -> torch.Tensor:
     `AB`, padded with zeros where `BA` is singular); otherwise those of `AB`. A dense tensor is decomposed as is.
     Result: complex128 `[..., min(m, n)]`, sorted by decreasing |λ|, on the input's device. This is
     TransformerLens' `FactoredMatrix.eigenvalues` (which always uses `BA`), in float64 and sorted.
+    Raises `TypeError` for anything but a matrix, `ValueError` for a non-square one and `NonFiniteError` (a
+    `ValueError`) when an entry or factor holds NaN/inf (LAPACK would return garbage for it).
     """
+    check_matrix(fm, "eigenvalues")
     shape = fm.shape
     if shape[-1] != shape[-2]:
         raise ValueError(f"eigenvalues need a square matrix, got shape {tuple(shape)}")
@@ -37,9 +41,11 @@ def eigenvalues(fm: Matrix) -> torch.Tensor:
         if isinstance(fm, FactoredMatrix):
             device = fm.A.device
             A, B = _to_f64(fm.A), _to_f64(fm.B)
+            check_finite({"factor A": A, "factor B": B}, "eigenvalues")
             small = B @ A if fm.mdim <= fm.ldim else A @ B
         else:
             device, small = fm.device, _to_f64(fm)
+        check_finite({"the matrix": small}, "eigenvalues")
         lam = torch.linalg.eigvals(small.cpu() if small.device.type != "cpu" else small)
         order = lam.abs().argsort(dim=-1, descending=True, stable=True)
         return lam.gather(-1, order).to(device)
@@ -82,10 +88,16 @@ def copying_scores(model) -> torch.Tensor:
     a single pass over d_vocab), then per head the d_head × d_head matrix `W_O^h M W_V^h`, whose eigenvalues
     are the non-zero eigenvalues of the full OV circuit (`AB` vs `BA` with `A = W_E W_V`, `B = W_O W_U`),
     batched over all heads. The two products over d_vocab and d_model run in the model's dtype (for float32,
-    relative error ~1e-6); `W_O M` times `W_V` and the eigenproblems run in float64."""
+    relative error ~1e-6; float16/bfloat16 models are read in float32); `W_O M` times `W_V` and the eigenproblems
+    run in float64. A 0-layer model gives an empty `[0, n_heads]`; NaN/inf weights raise `NonFiniteError`."""
+    check_model(model, "copying_scores")
+    if model.cfg.n_layers == 0:
+        return torch.zeros(0, model.cfg.n_heads, dtype=torch.float64, device=model.W_E.device)
+    check_model_finite(model, "copying_scores", ("W_E", "W_V", "W_O", "W_U"))
     warn_if_unfolded(model)
-    M = model.W_U.detach() @ model.W_E.detach()  # [d_model, d_model]: the one pass over d_vocab
-    W_O = model.W_O.detach()
+    wd = analysis_dtype(model.W_E)
+    M = model.W_U.detach().to(wd) @ model.W_E.detach().to(wd)  # [d_model, d_model]: the one pass over d_vocab
+    W_O = model.W_O.detach().to(wd)
     L, H, dh, dm = W_O.shape
     W_OM = (W_O.reshape(L * H * dh, dm) @ M.to(W_O.dtype)).view(L, H, dh, dm)  # one GEMM for all heads
-    return copying_score(FactoredMatrix(W_OM, model.W_V.detach())).to(model.W_E.device)
+    return copying_score(FactoredMatrix(W_OM, model.W_V.detach().to(wd))).to(model.W_E.device)

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 from transformer_lens import FactoredMatrix
 
+from ._validate import check_head_pair, check_layer_head
 from .interface import TABLE_POSITIONS, positional_kind, select, warn_if_unfolded
 
 
@@ -33,6 +34,7 @@ def ov_circuit(model, layer: int | None = None, head: int | None = None) -> Fact
     """`W_OV = W_V W_O` `[d_model, d_model]` (row form; the paper's `W_O W_V`), inner dim d_head.
 
     A head that attends fully to a key residual `x_k` writes `x_k W_OV` (Framework, "OV circuit")."""
+    layer, head = check_layer_head(model, layer, head, "ov_circuit")
     warn_if_unfolded(model)
     return FactoredMatrix(select(model.W_V, layer, head), select(model.W_O, layer, head))
 
@@ -97,7 +99,7 @@ def k_composition_circuit(model, later: tuple[int, int], earlier: tuple[int, int
     `W_E[t] W_QK^{h2} (W_E[s] W_OV^{h1})ᵀ` (Framework, "Two-layer attention-only transformers"; paper, column
     form: `W_Eᵀ W_QK^{h2} W_OV^{h1} W_E`). For an induction head composing with a previous-token head, s is the
     key's previous token and positive eigenvalues mean "same token matches". Factored with inner dim d_head."""
-    (l2, h2), (l1, h1) = later, earlier
+    (l2, h2), (l1, h1) = check_head_pair(model, later, "later"), check_head_pair(model, earlier, "earlier")
     if not l1 < l2:
         raise ValueError(f"the earlier head's layer ({l1}) must be strictly before the later head's ({l2})")
     qk, ov = qk_circuit(model, l2, h2), ov_circuit(model, l1, h1)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._validate import check_int
 from .frozen import FrozenForward, frozen_forward
 from .interface import head_label
 
@@ -131,9 +132,7 @@ def path_expansion(model, tokens, max_order: int | None = None) -> PathExpansion
     model exposing the `circuits` interface (ours or a TransformerLens bridge). Computed in the model's dtype."""
     ff = frozen_forward(model, tokens)
     L = model.cfg.n_layers
-    max_order = L if max_order is None else max_order
-    if max_order < 0:
-        raise ValueError(f"max_order must be >= 0, got {max_order}")
+    max_order = L if max_order is None else check_int(max_order, "max_order", low=0)
     B, P = ff.tokens.shape
     dm = ff.embed.shape[-1]
     with torch.no_grad():
