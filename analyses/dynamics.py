@@ -24,7 +24,7 @@ FORMED = 0.4
 
 def _read_metrics(path: Path) -> list[dict]:
     out = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():  # binary garbage: lines that are not JSON
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:  # a torn last line of a killed run

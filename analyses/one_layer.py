@@ -194,9 +194,14 @@ def head_ablation_losses(model, tokens, heads: list[tuple[int, int]] | None = No
     """Pattern-preserving ablation (Olsson et al. 2022): for each head, the next-token loss on `tokens` when its
     output is zeroed (`hook_z` of that head set to 0, so z·W_O = 0; b_O kept) while every layer's attention
     pattern is frozen to its clean value, minus the clean loss. In nats; positive = the head helps."""
-    tokens = torch.as_tensor(tokens, dtype=torch.long).to(device_of(model))
-    tokens = tokens[None] if tokens.ndim == 1 else tokens
+    from circuits._validate import check_head_pair
+
+    from .scores import _as_tokens
+
+    tokens = _as_tokens(model, tokens)  # ValueError for float, empty, out-of-range, over-long
     L, H = model.cfg.n_layers, model.cfg.n_heads
+    if heads is not None:
+        heads = [check_head_pair(model, p, "heads[i]") for p in heads]
     names = [f"blocks.{l}.attn.hook_pattern" for l in range(L)]
     clean, cache = model.run_with_cache(tokens, return_type="loss", names_filter=lambda n: n in names)
     frozen = {n: cache[n].clone() for n in names}

@@ -5,6 +5,7 @@ the model (depth, attention-only or not, a training run beside it). `circuits re
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,7 +98,9 @@ def build_report(model_or_name_or_path, out_dir, tokens=None, sections: list[str
     A section that fails is reported in the markdown and in `Report.failed`; the others still run.
     `num_threads`: torch intra-op threads while the
     report runs: 1 (default) avoids OpenMP stalls with these small tensors on a busy shared CPU (3x faster
-    measured on 2 busy cores); None keeps torch's setting."""
+    measured on 2 busy cores); None keeps torch's setting. An `out_dir` that cannot be created or written raises
+    `NotADirectoryError` / `PermissionError` naming it, before any analysis runs."""
+    _prepare_out(Path(out_dir))
     n_before = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
@@ -106,6 +109,19 @@ def build_report(model_or_name_or_path, out_dir, tokens=None, sections: list[str
                       run_dir)
     finally:
         torch.set_num_threads(n_before)
+
+
+def _prepare_out(out: Path) -> None:
+    """Create `out` and check that a file can be written in it, so that a bad folder fails fast and clearly."""
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"report folder {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise type(e)(e.errno, f"cannot write the report to {out}: {e.strerror}") from None
 
 
 def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text_tokens, seed, progress, run_dir

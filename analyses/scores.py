@@ -29,7 +29,14 @@ def _device(model) -> torch.device:
 
 
 def _as_tokens(model, tokens) -> torch.Tensor:
-    t = torch.as_tensor(tokens, dtype=torch.long)
+    """`[batch, pos]` int64 ids on the model's device; `model.validate_tokens` (when the model has it) refuses
+    float, empty, out-of-range and over-long input with a `ValueError`."""
+    if hasattr(model, "validate_tokens"):
+        return model.validate_tokens(tokens)
+    t = torch.as_tensor(tokens)
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"tokens must be integer ids, got dtype {t.dtype}")
+    t = t.long()
     if t.ndim == 1:
         t = t[None]
     return t.to(_device(model))
@@ -44,7 +51,14 @@ def attention_patterns(model, tokens) -> torch.Tensor:
         return torch.zeros(0, tokens.shape[0], model.cfg.n_heads, tokens.shape[1], tokens.shape[1])
     names = [f"blocks.{l}.attn.hook_pattern" for l in range(L)]
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    return torch.stack([cache[n].float().cpu() for n in names])
+    out = torch.stack([cache[n].float().cpu() for n in names])
+    if not bool(torch.isfinite(out).all()):  # every score would be NaN: say why instead
+        from circuits._validate import NonFiniteError, check_finite
+
+        check_finite(dict(model.named_parameters()) if hasattr(model, "named_parameters") else {}, "attention_patterns")
+        raise NonFiniteError("attention_patterns: the patterns hold NaN/inf although the weights are finite "
+                             "(overflow in the scores?)")
+    return out
 
 
 def _default_tokens(model, seed: int = 0, length: int = 64) -> torch.Tensor:

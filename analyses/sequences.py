@@ -50,6 +50,9 @@ def random_tokens(model, seq_len: int, batch: int = 1, seed: int = 0, tokens_fro
                   distinct: bool = False) -> torch.Tensor:
     """`[batch, seq_len]` ids drawn uniformly from `token_pool`, seeded, on CPU: with replacement, or with
     `distinct` without replacement within each row (when the pool holds at least `seq_len` ids)."""
+    from circuits._validate import check_int
+
+    seq_len, batch, seed = check_int(seq_len, "seq_len", 0), check_int(batch, "batch"), check_int(seed, "seed", 0)
     pool = token_pool(model, tokens_from)
     g = torch.Generator().manual_seed(seed)
     if distinct and pool.numel() >= seq_len:
@@ -66,8 +69,10 @@ def repeated_tokens(model, seq_len: int, n_repeats: int = 2, batch: int = 1, see
     repeats inside R are rare; with a small vocabulary they would split an induction head's attention between
     several "earlier occurrences" and blur the scores. Raises `ValueError` when the sequence does not fit the
     model's learned positions (n_ctx)."""
-    if seq_len < 1 or n_repeats < 1 or batch < 1:
-        raise ValueError(f"seq_len, n_repeats and batch must be >= 1, got {seq_len}, {n_repeats}, {batch}")
+    from circuits._validate import check_int
+
+    seq_len, n_repeats, batch = (check_int(v, n) for v, n in ((seq_len, "seq_len"), (n_repeats, "n_repeats"),
+                                                               (batch, "batch")))
     length = int(prepend_bos) + n_repeats * seq_len
     if length > model.cfg.n_ctx:
         raise ValueError(

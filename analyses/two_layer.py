@@ -57,10 +57,17 @@ class CompositionStudy:
         return f"CompositionStudy (random baselines: {base})\n{self.markdown()}"
 
 
+def _need_two_layers(model, what: str) -> None:
+    L = model.cfg.n_layers
+    if L < 2:
+        raise ValueError(f"{what} needs a model with at least 2 layers (heads that compose); this one has {L}")
+
+
 @torch.no_grad()
 def composition_study(model) -> CompositionStudy:
     """Q-, K- and V-composition scores of every head pair (`circuits.composition_scores`, norms folded) with the
-    random baselines of the model's shapes."""
+    random baselines of the model's shapes. `ValueError` for models with fewer than 2 layers."""
+    _need_two_layers(model, "composition_study")
     m = weight_view(model)
     scores = {k: circuits_api("composition_scores")(m, k).float().cpu() for k in ("q", "k", "v")}
     base = {k: float(circuits_api("composition_baseline")(m.cfg.d_model, m.cfg.d_head, k)) for k in ("q", "k", "v")}
@@ -93,7 +100,9 @@ def find_induction_circuit(model, prev_tokens=None, tokens_from=None, seed: int 
                            detections: tuple[DetectionResult, DetectionResult] | None = None) -> InductionCircuit:
     """Detect induction heads (`detect_induction_heads`) and previous-token heads, and pair each induction head
     with the previous-token head it K-composes with most. Needs ≥ 2 layers for pairs. `detections`: the
-    (induction, previous-token) results when already computed with the same arguments."""
+    (induction, previous-token) results when already computed with the same arguments. `ValueError` for models
+    with fewer than 2 layers."""
+    _need_two_layers(model, "find_induction_circuit")
     if detections is None:
         ind = detect_induction_heads(model, seed=seed, tokens_from=tokens_from, prev_tokens=prev_tokens)
         prev = detect_previous_token_heads(model, prev_tokens, seed=seed)
@@ -186,7 +195,9 @@ def _zip_longest(a, b):
 def virtual_head_importance(model, tokens) -> TermRanking:
     """Rank the virtual-head terms `(A^{h2} A^{h1}) ⊗ W_E W_OV^{h1} W_OV^{h2} W_U` (and, beside them, the
     individual head terms) by the loss increase when each alone is removed from the full expansion
-    (`circuits.path_expansion`, patterns frozen), token-embedding source only."""
+    (`circuits.path_expansion`, patterns frozen), token-embedding source only. `ValueError` for models with fewer
+    than 2 layers (no virtual heads)."""
+    _need_two_layers(model, "virtual_head_importance")
     exp = circuits_api("path_expansion")(model, tokens, max_order=2)
     t = torch.as_tensor(tokens, dtype=torch.long).to(model.W_E.device)
     full_logits = exp.total()

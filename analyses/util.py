@@ -55,9 +55,14 @@ def as_1d_tokens(tokens) -> torch.Tensor:
     """A token array (numpy memmap, list, tensor) as a flat int64 CPU tensor."""
     import numpy as np
 
-    if isinstance(tokens, torch.Tensor):
-        return tokens.detach().reshape(-1).long().cpu()
-    return torch.from_numpy(np.asarray(tokens, dtype=np.int64).reshape(-1))
+    if not isinstance(tokens, torch.Tensor):
+        arr = np.asarray(tokens)
+        if arr.dtype.kind not in "iu" and arr.size:  # floats would be truncated silently; bools are not ids
+            raise ValueError(f"tokens must be integer ids, got an array of dtype {arr.dtype}")
+        return torch.from_numpy(arr.astype(np.int64).reshape(-1))
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+    return tokens.detach().reshape(-1).long().cpu()
 
 
 def windows(tokens, seq_len: int, n: int, seed: int = 0, bos: int | None = None) -> torch.Tensor:
@@ -101,7 +106,11 @@ def circuits_api(name: str):
 def weight_view(model):
     """The model whose weights the weight-space circuits should read: `model` itself when its norms are trivial
     (no norm, or already folded), else `circuits.fold_layer_norm(model)` (a folded copy). Models that cannot be
-    folded (e.g. a TransformerLens bridge) are returned as they are."""
+    folded (e.g. a TransformerLens bridge) are returned as they are. Raises `NonFiniteError` (a `ValueError`) when
+    a weight holds NaN/inf: spectra, norms and rankings of such weights mean nothing."""
+    from circuits._validate import check_model_finite
+
+    check_model_finite(model, "weight-space analysis", ("W_E", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_U"))
     if getattr(model.cfg, "normalization_type", None) is None:
         return model
     try:

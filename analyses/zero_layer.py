@@ -128,7 +128,11 @@ class DirectPathFit:
 def direct_path_fit(model, tokens, block: int = 512, top: int = 15, table: BigramTable | None = None) -> DirectPathFit:
     """Frequency-weighted KL between the corpus bigrams of `tokens` and softmax(W_E W_U) (reference.md, "Zero
     layers"): Σ_a p(a) KL(P(·|a) ‖ Q_a), Q_a = softmax(direct_path_logits(a)); streamed over blocks of `block`
-    source rows, so memory is O(block · d_vocab + observed pairs)."""
+    source rows, so memory is O(block · d_vocab + observed pairs). NaN/inf in W_E or W_U raises `NonFiniteError`."""
+    from circuits._validate import check_int, check_model_finite
+
+    check_model_finite(model, "direct_path_fit", ("W_E", "W_U"))
+    block = check_int(block, "block")
     V = model.cfg.d_vocab
     table = table if table is not None else bigram_table(tokens, V)
     cond = table.conditional()
