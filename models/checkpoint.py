@@ -7,10 +7,13 @@ TransformerLens state dicts. Nothing here unpickles: `.pth` files go through `to
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import errno
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -47,12 +50,54 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_RENAMEAT2 = None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the paths `a` and `b` in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`); False where the
+    platform or file system cannot (then the caller falls back to two renames)."""
+    global _RENAMEAT2
+    if not sys.platform.startswith("linux"):
+        return False
+    if _RENAMEAT2 is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            _RENAMEAT2 = fn
+        except (OSError, AttributeError):  # a libc without renameat2 (glibc < 2.28, musl)
+            _RENAMEAT2 = False
+    if _RENAMEAT2 is False:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if _RENAMEAT2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _recover(path: Path) -> None:
+    """Where only the two-rename fallback of `atomic_write_dir` runs, a crash between its renames leaves `path`
+    missing and the previous folder at `.{name}.old-PID`: put that back."""
+    if path.exists() or path.is_symlink() or not path.parent.is_dir():
+        return
+    prefix = f".{path.name}.old-"
+    olds = [p for p in path.parent.iterdir() if p.name.startswith(prefix) and p.is_dir()]
+    if olds:
+        os.replace(max(olds, key=lambda p: p.stat().st_mtime), path)
+
+
 def atomic_write_dir(path, write_contents) -> Path:
     """Create folder `path` atomically: `write_contents(tmp_dir)` fills a temporary sibling folder, whose
-    files are fsynced, then it replaces `path` by rename. A crash or error at any point leaves either the
-    previous folder or the new one, never a half-written one."""
+    files are fsynced, then it takes `path`'s place in one atomic swap (`renameat2(RENAME_EXCHANGE)` on Linux;
+    elsewhere two renames, and a crash between them is repaired by the next save or load). A crash or error at
+    any point leaves either the previous folder or the new one, never a half-written one; what a crash can leave
+    behind are hidden `.{name}.tmp-*` siblings, which nothing loads."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _recover(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     old = None
     try:
@@ -62,15 +107,19 @@ def atomic_write_dir(path, write_contents) -> Path:
                 with open(f, "rb+") as fh:
                     os.fsync(fh.fileno())
         _fsync_dir(tmp)
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{os.getpid()}"
-            os.replace(path, old)
-        os.replace(tmp, path)
+        if path.exists() and _exchange(tmp, path):
+            old = tmp  # the swap put the previous folder at tmp
+        else:
+            if path.exists():
+                old = path.parent / f".{path.name}.old-{os.getpid()}"
+                os.replace(path, old)
+            os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not path.exists():
-            os.replace(old, path)
+        if old is not tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if old is not None and not path.exists():
+                os.replace(old, path)
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -100,7 +149,10 @@ def save(model: HookedTransformer, path, extra_files: dict | None = None) -> Pat
 # --- reading ----------------------------------------------------------------------------------------
 def resolve(path_or_name) -> Path:
     """A saved-model folder for a zoo name or a path; raises `CheckpointError` listing the zoo names."""
+    if not isinstance(path_or_name, (str, os.PathLike)):
+        raise TypeError(f"a model is named by a zoo name or a folder path, got {type(path_or_name).__name__}")
     p = Path(path_or_name)
+    _recover(p)
     if p.is_dir():
         return p
     if isinstance(path_or_name, str) and (ZOO_DIR / path_or_name / CONFIG_FILE).is_file():
@@ -149,8 +201,11 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
     if device is not None:
         cfg.device = str(device)
     state = read_safetensors(folder / WEIGHTS_FILE)
+    _check_size(cfg, state, str(folder / CONFIG_FILE))
     model = HookedTransformer(cfg)
     load_state_dict(model, state, source=str(folder / WEIGHTS_FILE))
+    if os.path.lexists(folder / TOKENIZER_FILE) and not (folder / TOKENIZER_FILE).is_file():
+        raise CheckpointError(f"{folder / TOKENIZER_FILE}: not a file (a folder or a dangling link)")
     if (folder / TOKENIZER_FILE).is_file():
         from .tokenizer import load_tokenizer
 
@@ -166,9 +221,25 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
     return model
 
 
+def _check_size(cfg: HookedTransformerConfig, state: dict, source: str) -> None:
+    """Refuse a config that needs more weights than the file holds before allocating it (a corrupt or hostile
+    config.json could otherwise ask for terabytes). A lower bound: W_E, W_U, W_Q, W_O and the MLP matrices. Small
+    mismatches are left to `load_state_dict`, whose message names the tensor."""
+    need = 2 * cfg.d_vocab * cfg.d_model + 2 * cfg.n_layers * cfg.n_heads * cfg.d_head * cfg.d_model
+    if cfg.d_mlp:
+        need += 2 * cfg.n_layers * cfg.d_model * cfg.d_mlp
+    held = sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor))
+    if need > held and need > 2**26:  # > 64M weights missing: refuse before allocating them
+        raise CheckpointError(f"{source}: the config describes at least {need:,} weights but the checkpoint holds "
+                              f"{held:,}; does the config match the checkpoint?")
+
+
 def load_state_dict(model: HookedTransformer, state: dict, source: str = "state dict") -> None:
     """Copy `state` (TransformerLens layout) into `model`, checking every name and shape first."""
     expected = model.state_dict()
+    bad_keys = [k for k in state if not isinstance(k, str)]
+    if bad_keys:
+        raise CheckpointError(f"{source}: tensor names must be strings, got {bad_keys[:4]!r}")
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing:
@@ -188,6 +259,8 @@ def load_state_dict(model: HookedTransformer, state: dict, source: str = "state 
             )
         if not t.dtype.is_floating_point:
             raise CheckpointError(f"{source}: tensor {name} has dtype {t.dtype}, expected a float tensor")
+        if t.device.type == "meta":
+            raise CheckpointError(f"{source}: tensor {name} is on the meta device (it holds no data)")
     buffers = {n for n, _ in model.named_buffers()}
     for name in sorted(buffers & set(expected)):
         if bool(state[name].ne(0).any()):
@@ -228,7 +301,7 @@ def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
     if ours.get("act_fn") is None:  # TransformerLens writes act_fn=None for attention-only models
         ours.pop("act_fn", None)
     ours["extra"] = {"transformer_lens": {k: str(v) for k, v in d.items() if k not in names}}
-    return HookedTransformerConfig(**ours)
+    return HookedTransformerConfig.from_dict(ours)  # ConfigError (not TypeError) for missing fields
 
 
 def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransformer:
@@ -237,7 +310,10 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
     `state_dict_or_path`: a dict of tensors, or a `.pth`/`.pt` file (read with `weights_only=True`, never
     unpickling code) or a `.safetensors` file. `cfg`: our config (object or dict) or a TransformerLens
     config dict. Missing norm weights of `LNPre` models are filled with ones/zeros; missing zero biases
-    of bias-free checkpoints are filled with zeros."""
+    of bias-free checkpoints are filled with zeros. Raises `CheckpointError` for unreadable or mismatched
+    weights, `ConfigError` for an invalid config and `TypeError` when `cfg` is neither a config nor a dict."""
+    if not isinstance(cfg, (HookedTransformerConfig, dict)):
+        raise TypeError(f"cfg must be a HookedTransformerConfig or a config dict, got {type(cfg).__name__}")
     source = "state dict"
     if isinstance(state_dict_or_path, (str, os.PathLike)):
         path = Path(state_dict_or_path)
@@ -250,8 +326,9 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
             try:
                 state = torch.load(path, map_location="cpu", weights_only=True)
             except Exception as e:  # UnpicklingError for code-carrying pickles, EOFError / RuntimeError for truncation
+                first = (str(e).splitlines() or [""])[0][:200]
                 raise CheckpointError(
-                    f"{path}: refused or unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                    f"{path}: refused or unreadable ({type(e).__name__}: {first}); "
                     "only plain tensors are loaded, never pickled code"
                 ) from None
     else:
@@ -263,9 +340,13 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
             cfg = HookedTransformerConfig.from_dict(cfg)
         except (ConfigError, TypeError):
             cfg = config_from_transformer_lens(cfg)
+    _check_size(cfg, state, source)
     model = HookedTransformer(cfg)
     expected = model.state_dict()
     fixed = {}
+    bad_keys = [k for k in state if not isinstance(k, str)]
+    if bad_keys:
+        raise CheckpointError(f"{source}: tensor names must be strings, got {bad_keys[:4]!r}")
     for k, v in state.items():
         if k.endswith(_DROPPED_SUFFIXES):
             continue
@@ -287,5 +368,5 @@ def read_json(path) -> dict:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not readable JSON ({e})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{path}: not readable JSON ({type(e).__name__}: {e})") from None

@@ -178,8 +178,8 @@ class HookedTransformerConfig:
     def from_json(cls, text: str) -> HookedTransformerConfig:
         try:
             d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config is not valid JSON: {e}") from None
+        except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: '[[[[...' nested too deep
+            raise ConfigError(f"config is not valid JSON: {type(e).__name__}: {e}") from None
         return cls.from_dict(d)
 
     def replace(self, **changes: Any) -> HookedTransformerConfig:

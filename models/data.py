@@ -115,8 +115,10 @@ def resolve_source(data) -> TextSource:
     """`"stdlib"` → `stdlib_source()`; a path or a list of paths → `folder_source`."""
     if isinstance(data, TextSource):
         return data
-    if data in (None, "stdlib"):
+    if data is None or (isinstance(data, str) and data == "stdlib"):
         return stdlib_source()
+    if not isinstance(data, (str, os.PathLike, list, tuple)):
+        raise CorpusError(f"a corpus is 'stdlib', a folder or file path, or a list of paths; got {type(data).__name__}")
     return folder_source(data)
 
 

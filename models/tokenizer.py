@@ -98,6 +98,9 @@ class BPETokenizer:
 def make_tokenizer(spec: str, texts=None):
     """A tokenizer from a spec: `"bytes"` (256 bytes + specials), `"bpe-N"` (byte-level BPE with N ids trained
     on the iterable of strings `texts`, in its given order), or a path to a `tokenizer.json`."""
+    if not isinstance(spec, (str, Path)):
+        raise TokenizerError(f"tokenizer spec must be 'bytes', 'bpe-<vocab size>' or a tokenizer.json path, got "
+                             f"{type(spec).__name__} {spec!r}")
     if spec == "bytes":
         return ByteTokenizer()
     if isinstance(spec, str) and spec.startswith("bpe-"):
@@ -122,8 +125,8 @@ def load_tokenizer(path):
     try:
         text = path.read_text()
         data = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TokenizerError(f"{path}: not a readable tokenizer file ({e})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise TokenizerError(f"{path}: not a readable tokenizer file ({type(e).__name__}: {e})") from None
     if isinstance(data, dict) and data.get("toy_circuits_tokenizer") == "bytes":
         return ByteTokenizer()
     from tokenizers import Tokenizer
