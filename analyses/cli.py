@@ -23,13 +23,14 @@ from .cli_common import Command, UsageError, add_common, emit  # noqa: F401  (re
 
 def _user_errors() -> tuple:
     """Exception types that mean 'bad input' (imported lazily: they live in torch-importing modules)."""
+    from circuits._validate import NonFiniteError
     from models.checkpoint import CheckpointError
     from models.config import ConfigError
     from models.data import CorpusError
     from models.tokenizer import TokenizerError
     from models.train import TrainConfigError
 
-    return (UsageError, ConfigError, CheckpointError, CorpusError, TokenizerError, TrainConfigError,
+    return (UsageError, ConfigError, CheckpointError, CorpusError, TokenizerError, TrainConfigError, NonFiniteError,
             FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 

@@ -40,9 +40,13 @@ def _heads_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_heads(args) -> int:
+    import math
+
     from .detect import detect_induction_heads, detect_previous_token_heads
     from .one_layer import COPYING_THRESHOLD
 
+    if not math.isfinite(args.threshold):
+        raise UsageError(f"--threshold must be a finite number, got {args.threshold}")
     device = setup(args)
     loaded = load_model(args, device)
     need_layers(loaded, 1, "heads")
@@ -104,6 +108,8 @@ def run_eigen(args) -> int:
 
     from .util import circuits_api, weight_view
 
+    if args.eigenvalues < 0:
+        raise UsageError(f"--eigenvalues must be >= 0, got {args.eigenvalues}")
     device = setup(args)
     loaded = load_model(args, device)
     need_layers(loaded, 1, "eigen")

@@ -182,7 +182,11 @@ def load_model(args, device) -> Loaded:
 
         if not Path(args.tokenizer).is_file():
             raise UsageError(f"{args.tokenizer}: no such tokenizer file")
-        model.tokenizer = load_tokenizer(args.tokenizer)
+        tok = load_tokenizer(args.tokenizer)
+        if tok.vocab_size > model.cfg.d_vocab:
+            raise UsageError(f"--tokenizer {args.tokenizer} has {tok.vocab_size} ids but the model's d_vocab is "
+                             f"{model.cfg.d_vocab}: not this model's tokenizer")
+        model.tokenizer = tok
     model.eval()
     return Loaded(model, name, folder)
 
@@ -227,9 +231,12 @@ def read_text_tokens(model, text_file: str):
     if model.tokenizer is None:
         raise UsageError("--text-file needs a tokenizer: this model has none (pass --tokenizer TOKENIZER.json)")
     try:
-        raw = Path(text_file).read_text(errors="replace")
+        data = Path(text_file).read_bytes()
     except OSError as e:
         raise UsageError(f"cannot read --text-file {text_file}: {e.strerror}") from None
+    if b"\x00" in data[:8192]:
+        raise UsageError(f"--text-file {text_file} looks binary (NUL bytes); give a text file")
+    raw = data.decode("utf-8", errors="replace")
     ids = torch.tensor(model.tokenizer.encode(raw), dtype=torch.long)
     ids = ids[ids < model.cfg.d_vocab]
     if ids.numel() < 2:

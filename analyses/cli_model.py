@@ -223,8 +223,8 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
 def run_generate(args) -> int:
     if args.max_new_tokens < 0:
         raise UsageError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    if not args.temperature >= 0 or args.temperature == float("inf"):  # `not >=` also refuses NaN
+        raise UsageError(f"--temperature must be a number >= 0, got {args.temperature}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not args.prompt:
