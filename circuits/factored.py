@@ -26,6 +26,7 @@ def qk_circuit(model, layer: int | None = None, head: int | None = None) -> Fact
 
     Attention score (before the 1/√d_head scale) from a query residual `x_q` to a key residual `x_k` is
     `x_q W_QK x_kᵀ` (Framework, "QK circuit")."""
+    layer, head = check_layer_head(model, layer, head, "qk_circuit")
     warn_if_unfolded(model)
     return FactoredMatrix(select(model.W_Q, layer, head), select(model.W_K, layer, head).transpose(-2, -1))
 
