@@ -63,10 +63,10 @@ def test_missing_metrics(tmp_path):
 
 
 def test_zoo_attn_only_2l_forms_induction_heads():
-    from models.checkpoint import ZOO_DIR
+    from models.checkpoint import ZOO_DIR, zoo_names
 
     run = ZOO_DIR / "attn-only-2l"
-    if not (run / "metrics.jsonl").is_file():
+    if "attn-only-2l" not in zoo_names() or not (run / "metrics.jsonl").is_file():
         pytest.skip("zoo model attn-only-2l (with its metrics.jsonl) is not trained yet")
     d = training_dynamics(run)
     assert d.formation_window is not None, str(d)
