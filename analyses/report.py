@@ -60,6 +60,8 @@ def _load(model_or_name_or_path):
         folder = resolve(model_or_name_or_path)
         return models.load(folder), str(model_or_name_or_path), folder
     m = model_or_name_or_path
+    if not hasattr(m, "cfg") or not hasattr(m, "W_E"):
+        raise TypeError(f"build_report needs a model, a zoo name or a folder path, got {type(m).__name__}")
     return m, getattr(m.cfg, "model_name", None) or type(m).__name__, None
 
 

@@ -96,6 +96,13 @@ class HookedTransformer(HookedRootModule):
         """Coerce input to an int64 `[batch, pos]` tensor on the model's device, or raise `ValueError`."""
         if isinstance(tokens, (str, list)) and (isinstance(tokens, str) or (tokens and isinstance(tokens[0], str))):
             tokens = self.to_tokens(tokens)  # then validated like ids (the tokenizer may exceed d_vocab)
+        if hasattr(tokens, "__array__") and not isinstance(tokens, torch.Tensor):  # numpy arrays and memmaps
+            import numpy as np
+
+            arr = np.asarray(tokens)
+            if arr.dtype.kind not in "iufcb":
+                raise ValueError(f"tokens must be integer ids, got a numpy array of dtype {arr.dtype}")
+            tokens = torch.from_numpy(arr.astype(np.int64) if arr.dtype.kind in "iu" else arr)  # floats: refused below
         if isinstance(tokens, (list, tuple)):
             try:
                 tokens = torch.tensor(tokens)
