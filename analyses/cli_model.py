@@ -174,7 +174,7 @@ def run_attention(args) -> int:
     device = setup(args)
     loaded = load_model(args, device)
     model, cfg = loaded.model, loaded.model.cfg
-    heads = [parse_head(args.head, cfg)] if args.head else None
+    heads = [parse_head(args.head, cfg)] if args.head is not None else None  # --head "" is an error too
     if cfg.n_layers == 0:
         raise UsageError(f"{loaded.name} has no attention layers (n_layers = 0)")
     if model.tokenizer is None:
