@@ -118,7 +118,7 @@ def state_dicts(draw):
             sd.pop(k)
         elif op == "reshape":
             sd[k] = torch.zeros(draw(st.lists(st.integers(0, 9), max_size=3)))
-        elif op == "dtype":
+        elif op == "dtype" and isinstance(sd[k], torch.Tensor):
             sd[k] = sd[k].to(draw(st.sampled_from(_DTYPES)))
         elif op == "rename":
             sd[k + draw(st.text(min_size=1, max_size=3))] = sd.pop(k)
