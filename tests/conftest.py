@@ -1,5 +1,5 @@
 import pytest
-import torch
+from helpers import randomize  # noqa: F401  (re-exported for older imports)
 
 from models import HookedTransformer, HookedTransformerConfig
 
@@ -13,12 +13,3 @@ def tiny_cfg():
 @pytest.fixture
 def tiny_model(tiny_cfg):
     return HookedTransformer(tiny_cfg)
-
-
-def randomize(model, scale=0.3, seed=0):
-    """Perturb every parameter so that biases and norm weights are non-trivial too."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype) * scale)
-    return model

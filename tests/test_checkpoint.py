@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import randomize
+from helpers import randomize
 from safetensors.torch import load_file, save_file
 
 import models

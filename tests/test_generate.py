@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import randomize
+from helpers import randomize
 
 from models import HookedTransformer, HookedTransformerConfig
 from models.generate import filter_logits

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import randomize
+from helpers import randomize
 
 from models import HookedTransformer, HookedTransformerConfig
 

@@ -1,9 +1,9 @@
 """ActivationCache methods that call back into the model: logit attribution and full residual decomposition."""
 
 import torch
+from helpers import randomize
 
 from models import HookedTransformer, HookedTransformerConfig
-from tests.conftest import randomize
 
 
 def _model():

@@ -18,7 +18,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import randomize
+from helpers import randomize
 
 import models
 from models import HookedTransformer, HookedTransformerConfig, UnsupportedByTransformerLens

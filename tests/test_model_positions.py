@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import randomize
+from helpers import randomize
 
 from models import HookedTransformer, HookedTransformerConfig
 from models.positions import alibi_bias, alibi_slopes, apply_rotary, rotary_angles, sinusoidal_table

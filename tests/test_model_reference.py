@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from conftest import randomize
+from helpers import randomize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -245,7 +245,7 @@ def tl_view(model):
 
 @pytest.mark.parametrize("kind", ["previous_token_head", "duplicate_token_head", "induction_head"])
 def test_agrees_with_transformer_lens_head_detector(kind):
-    from tests.conftest import randomize
+    from helpers import randomize
 
     m = randomize(make_model(n_layers=2, d_vocab=259, norm="LN", seed=4), scale=0.5)
     m.tokenizer = ByteTokenizer()

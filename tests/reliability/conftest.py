@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from models import HookedTransformer, HookedTransformerConfig
+from helpers import make_model, poisoned  # noqa: F401
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -15,13 +14,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def make_model(n_layers: int = 2, **kw) -> HookedTransformer:
-    d = dict(n_layers=n_layers, d_model=16, n_ctx=24, d_vocab=30, n_heads=2, d_mlp=None,
-             normalization_type=None, positional_embedding_type="shortformer", seed=0)
-    d.update(kw)
-    return HookedTransformer(HookedTransformerConfig(**d))
 
 
 @pytest.fixture(scope="session")
@@ -44,11 +36,3 @@ def mlp():
     return make_model(2, d_mlp=32, normalization_type="LN", positional_embedding_type="standard")
 
 
-def poisoned(model: HookedTransformer, param: str, value: float) -> HookedTransformer:
-    """A copy of `model` with one entry of parameter `param` set to `value` (NaN or ±inf)."""
-    import copy
-
-    m = copy.deepcopy(model)
-    with torch.no_grad():
-        dict(m.named_parameters())[param].view(-1)[0] = value
-    return m

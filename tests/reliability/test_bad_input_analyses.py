@@ -184,7 +184,7 @@ def test_training_dynamics_bad_folders(tmp_path):
 @pytest.mark.parametrize("param", ["blocks.0.attn.W_V", "blocks.1.attn.W_Q", "embed.W_E", "unembed.W_U"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_weight_space_analyses_name_the_non_finite_tensor(m2, param, value):
-    from conftest import poisoned
+    from helpers import poisoned
 
     import circuits
 
@@ -204,7 +204,7 @@ def test_weight_space_analyses_name_the_non_finite_tensor(m2, param, value):
 
 
 def test_behavioural_scores_on_nan_weights_say_so(m2):
-    from conftest import poisoned
+    from helpers import poisoned
 
     m = poisoned(m2, "blocks.0.attn.W_K", float("nan"))
     with pytest.raises(NonFiniteError, match="blocks.0.attn.W_K holds non-finite"):
@@ -215,7 +215,7 @@ def test_behavioural_scores_on_nan_weights_say_so(m2):
 
 def test_forward_with_nan_weights_propagates_and_returns(m2):
     """Documented: the forward pass does not check weights (that would cost every call); NaN flows through."""
-    from conftest import poisoned
+    from helpers import poisoned
 
     m = poisoned(m2, "blocks.0.attn.W_V", float("nan"))
     logits = m(torch.tensor([[1, 2, 3]]))

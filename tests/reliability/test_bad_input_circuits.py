@@ -78,7 +78,7 @@ def test_k_composition_circuit_bad_heads(m2, later, earlier, exc, match):
 
 
 def test_full_qk_positional_needs_a_table():
-    from conftest import make_model
+    from helpers import make_model
 
     with pytest.raises(ValueError, match="positional table"):
         circuits.full_qk_circuit(make_model(1, positional_embedding_type="rotary"), 0, 0, positional=True)

@@ -1,0 +1,34 @@
+"""Helpers shared by the test modules (import as `from helpers import ...`; conftest modules are not importable
+unambiguously once several folders have one)."""
+
+from __future__ import annotations
+
+import torch
+
+from models import HookedTransformer, HookedTransformerConfig
+
+
+def randomize(model, scale=0.3, seed=0):
+    """Perturb every parameter so that biases and norm weights are non-trivial too."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype) * scale)
+    return model
+
+
+def make_model(n_layers: int = 2, **kw) -> HookedTransformer:
+    d = dict(n_layers=n_layers, d_model=16, n_ctx=24, d_vocab=30, n_heads=2, d_mlp=None,
+             normalization_type=None, positional_embedding_type="shortformer", seed=0)
+    d.update(kw)
+    return HookedTransformer(HookedTransformerConfig(**d))
+
+
+def poisoned(model: HookedTransformer, param: str, value: float) -> HookedTransformer:
+    """A copy of `model` with one entry of parameter `param` set to `value` (NaN or ±inf)."""
+    import copy
+
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        dict(m.named_parameters())[param].view(-1)[0] = value
+    return m
