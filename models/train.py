@@ -43,6 +43,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # cosine decay from lr to lr * min_lr_ratio
     warmup_steps: int = 100
     weight_decay: float = 0.01  # on weight matrices only (not norms, biases, embeddings' positions)
+    lr_multipliers: dict = field(default_factory=dict)  # {parameter leaf name, e.g. "W_Q": factor on lr}
     betas: tuple = (0.9, 0.99)
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0
@@ -92,6 +93,10 @@ class TrainConfig:
             raise TrainConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.device not in ("auto", "cpu", "mps") and not str(self.device).startswith("cuda"):
             raise TrainConfigError(f"device must be auto, cpu, cuda[:N] or mps, got {self.device!r}")
+        if not isinstance(self.lr_multipliers, dict) or not all(
+                isinstance(v, (int, float)) and v > 0 for v in self.lr_multipliers.values()):
+            raise TrainConfigError(f"lr_multipliers must map parameter names to positive numbers, got "
+                                   f"{self.lr_multipliers!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise TrainConfigError(f"num_threads must be >= 1, got {self.num_threads}")
         try:
@@ -157,13 +162,16 @@ def dist_info() -> tuple[int, int, int]:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on the weight matrices (`W_*` except `W_pos`), none on norms and biases."""
-    decay, no_decay = [], []
+    """AdamW; weight decay on the weight matrices (`W_*` except `W_pos`), none on norms and biases; one
+    parameter group per (decay, lr multiplier), the multiplier stored in the group as `lr_scale`."""
+    groups: dict = {}
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
-        (decay if leaf.startswith("W_") and leaf != "W_pos" else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), foreach=True)
+        decay = cfg.weight_decay if leaf.startswith("W_") and leaf != "W_pos" else 0.0
+        scale = float(cfg.lr_multipliers.get(leaf, 1.0))
+        groups.setdefault((decay, scale), []).append(p)
+    param_groups = [{"params": ps, "weight_decay": d, "lr_scale": s} for (d, s), ps in sorted(groups.items())]
+    return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=tuple(cfg.betas), foreach=True)
 
 
 def lm_loss(logits: torch.Tensor, tokens: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -323,7 +331,7 @@ def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: 
     for step in range(start, cfg.steps):
         lr = lr_at(cfg, step)
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g["lr_scale"]
         tokens = torch.as_tensor(batches.batch(cfg.seed, step, cfg.batch_size, rank, world)).to(device)
         with autocast:
             logits = net(tokens)
