@@ -1,7 +1,7 @@
 """Peak memory of long-context forwards and of `run_with_cache` with a names filter.
 
-Each case runs in a fresh subprocess and reports its peak RSS (`ru_maxrss`) minus the RSS after the
-model is built, so the numbers are the activations' cost alone. Usage:
+Each case runs in a fresh subprocess and reports its peak RSS (VmHWM, reset through /proc/self/clear_refs
+after the model is built) minus the RSS at that point, so the numbers are the activations' cost alone. Usage:
 
     python benchmarks/memory.py [--json]
 
@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import resource, sys, torch
+import sys, torch
 torch.set_num_threads(2)
 from models import HookedTransformer, HookedTransformerConfig
 n_ctx, mode = int(sys.argv[1]), sys.argv[2]
@@ -30,7 +30,12 @@ model = HookedTransformer(cfg).eval()
 tokens = torch.randint(0, 2048, (1, n_ctx), generator=torch.Generator().manual_seed(0))
 with torch.no_grad():
     model(tokens[:, :8])
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def rss_kib(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1])
+open("/proc/self/clear_refs", "w").write("5")  # reset the high-water mark (VmHWM) to the current RSS
+base = rss_kib("VmRSS")
 with torch.no_grad():
     if mode == "forward":
         model(tokens)
@@ -38,8 +43,7 @@ with torch.no_grad():
         model.run_with_cache(tokens)
     else:
         model.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post", device="cpu")
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print((peak - base) / 1024)
+print((rss_kib("VmHWM") - base) / 1024)
 """
 
 
