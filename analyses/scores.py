@@ -183,17 +183,20 @@ def copying_scores_behavioural(model, seq_len: int = 25, n_repeats: int = 4, bat
 
     Our precise reading of the paper's one-sentence definition ("the head's direct logit effect,
     mean-subtracted and ReLU'd; the raise on the attended token over the raise on all sample tokens,
-    rescaled from [0, 0.5] to [−1, 1]"). On `[BOS] + R × n_repeats` (R = 25 random tokens, S = the distinct
+    rescaled from [0, 0.5] to [−1, 1]"). On `[BOS] + R × n_repeats` (R = 25 random tokens, S = the n distinct
     tokens of R), for each sequence, head h and query position q ≥ 1:
-      1. direct logit effect  Δ = LN_final(result_h[q]) @ W_U  (`[d_vocab]`; result_h = z_h W_O^h, the
-         final norm applied at its cached scale; no b_U);
-      2. raise  r = ReLU(Δ − mean_v Δ);
-      3. ratio  ρ_q = Σ_{k ≥ 1} pattern[q, k] · r[t_k]  /  Σ_{v ∈ S} r[v]  (0 when the denominator is 0):
-         the raise on the tokens the head attends to, weighted by attention (BOS, outside S, left out),
-         over the raise on all sample tokens; ρ ∈ [0, 1];
-      4. clip ρ to [0, 0.5], average over queries and batch, and map [0, 0.5] → [−1, 1]: score = 4·mean − 1.
-    A perfect copier (it raises exactly what it attends to) scores 1; a head whose raise is spread evenly
-    over the 25 sample tokens scores 4/25 − 1 ≈ −0.84; a head that raises no sample token scores −1.
+      1. direct logit effect on the sample tokens  Δ_v = (LN_final(result_h[q]) @ W_U)[v], v ∈ S (result_h =
+         z_h W_O^h; the final norm applied at its cached scale; no b_U);
+      2. mean-subtracted over the sample  d_v = Δ_v − mean_{u ∈ S} Δ_u, and ReLU'd  r_v = max(d_v, 0);
+      3. ratio  ρ_q = Σ_{k ≥ 1} pattern[q, k] · r[t_k]  /  Σ_{v ∈ S} |d_v|  (0 when d = 0): the raise on the
+         tokens the head attends to (weighted by attention; BOS, outside S, contributes nothing) over the
+         movement of all sample tokens. Since Σ_v d_v = 0, Σ_v |d_v| = 2 Σ_v r_v, so ρ ∈ [0, 0.5]: 0.5 exactly
+         when the head raises the attended token alone — this is the paper's [0, 0.5] range;
+      4. average ρ over queries and batch and map [0, 0.5] → [−1, 1]: score = 4·mean(ρ) − 1.
+    A perfect copier scores 1 (less the queries whose attention has nowhere to go but BOS); a head that lowers
+    what it attends to scores −1; a head whose raise ignores what it attends to scores ≈ 4/(2n) − 1 ≈ −0.92.
+    Reading choices (the paper gives no formula): the mean is over the sample tokens (which makes the range
+    [0, 0.5]), "the attended token" is the attention-weighted sum over keys, and every query q ≥ 1 counts.
     """
     tokens = repeated_tokens(model, seq_len, n_repeats, batch, seed, tokens_from)
     L = model.cfg.n_layers
@@ -210,13 +213,14 @@ def copying_scores_behavioural(model, seq_len: int = 25, n_repeats: int = 4, bat
         ratios = []
         for b in range(tokens.shape[0]):
             t = tokens[b].to(W_U.device)
-            logit = result[b, 1:].float() @ W_U.float()  # [q, head, d_vocab], queries q >= 1
-            raise_ = (logit - logit.mean(-1, keepdim=True)).relu()
-            denom = raise_[..., torch.unique(t[1:])].sum(-1)  # [q, head]
-            at_keys = raise_[..., t[1:]]  # [q, head, k >= 1]: r[t_k]
+            S, key_idx = torch.unique(t[1:], return_inverse=True)  # sample tokens; key k -> its index in S
+            logit = result[b, 1:].float() @ W_U[:, S].float()  # Δ: [q, head, n], queries q >= 1
+            d = logit - logit.mean(-1, keepdim=True)
+            denom = d.abs().sum(-1)  # [q, head] = 2 Σ r
+            at_keys = d.relu()[..., key_idx]  # [q, head, k >= 1]: r[t_k]
             num = (pattern[b, :, 1:, 1:].permute(1, 0, 2).float() * at_keys).sum(-1)  # [q, head]
             ratio = torch.where(denom > 0, num / denom.clamp_min(1e-30), torch.zeros_like(num))
-            ratios.append(ratio.clamp(0, 0.5).mean(0))  # [head]
+            ratios.append(ratio.mean(0))  # [head], each in [0, 0.5]
         out[l] = 4 * torch.stack(ratios).mean(0).cpu() - 1
     return out
 

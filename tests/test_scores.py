@@ -187,7 +187,7 @@ def test_copying_score_known_answers():
     m = copy_model()
     with forcing(m, [prev_pattern, prev_pattern]):
         sc = S.copying_scores_behavioural(m, seq_len=8, n_repeats=4, batch=2)
-    # raises exactly the attended token: ratio 1 (clipped to 0.5) on 31 of the 32 queries; query 1 attends to
+    # raises exactly the attended token: ratio 0.5 (the maximum) on 31 of the 32 queries; query 1 attends to
     # BOS, outside the sample: ratio 0
     assert sc[0, 0].item() == pytest.approx(4 * 0.5 * 31 / 32 - 1)
     assert sc[0, 1].item() == pytest.approx(-1.0)  # lowers it; its raise lands on other tokens
@@ -264,3 +264,20 @@ def test_agrees_with_transformer_lens_head_detector(kind):
         rows = sum(bool((t[:q] == t[q]).any()) for q in range(P))
     # TL's "mul" score divides the marked mass by the total mass (P rows); ours by the rows that have a mark
     torch.testing.assert_close(ours * rows / P, tl.float(), atol=1e-5, rtol=1e-5)
+
+
+def test_copying_ratio_is_the_attended_share_of_the_movement():
+    """Head 0's OV raises the source and token 5 by 1 each. Over S = {1..8} (∋ 5) the attended token then holds
+    a quarter of the movement Σ|d| (ratio 0.25) unless it is 5 itself (ratio 0.5); head 1 (OV = 0) moves nothing."""
+    V = 24
+    m = copy_model(V, sign=(1.0, 0.0))
+    with torch.no_grad():
+        m.blocks[0].attn.W_O[0, :, 5] += 1.0
+    pool = torch.arange(1, 9)
+    tokens = repeated_tokens(m, 8, 4, batch=1, seed=0, tokens_from=pool)
+    with forcing(m, [prev_pattern, prev_pattern]):
+        sc = S.copying_scores_behavioural(m, seq_len=8, n_repeats=4, batch=1, tokens_from=pool)
+    attended = tokens[0, 1:-1]  # queries 2..32 attend to keys 1..31; query 1 attends to BOS (ratio 0)
+    ratios = torch.where(attended == 5, 0.5, 0.25)
+    assert sc[0, 0].item() == pytest.approx(4 * float(ratios.sum()) / 32 - 1, abs=1e-5)
+    assert sc[0, 1].item() == pytest.approx(-1.0)
