@@ -110,7 +110,10 @@ def training_dynamics(run_dir) -> TrainingDynamics:
 
 
 def _formation_window(induction) -> tuple[int, int] | None:
-    best = [(t, float((s[1:] if s.shape[0] > 1 else s).max())) for t, s in induction]
+    return _window_from_best([(t, float((s[1:] if s.shape[0] > 1 else s).max())) for t, s in induction])
+
+
+def _window_from_best(best: list[tuple[int, float]]) -> tuple[int, int] | None:
     formed = next((i for i, (_, v) in enumerate(best) if v >= FORMED), None)
     if formed is None:
         return None
@@ -186,6 +189,10 @@ class CheckpointScores:
     best_induction: list[float | None]  # best layer ≥ 1 induction score (ARENA, |R| = 50 or what fits)
     val_loss: list[float | None]
 
+    def formation_window(self) -> tuple[int, int] | None:
+        """(step, step) of induction-head formation by the rule of `TrainingDynamics.formation_window`."""
+        return _window_from_best([(s, b) for s, b in zip(self.steps, self.best_induction) if b is not None])
+
     def markdown(self) -> str:
         rows = [[s, t, l, i, b] for s, t, l, i, b in zip(self.steps, self.tokens, self.val_loss, self.icl,
                                                           self.best_induction)]
@@ -195,10 +202,11 @@ class CheckpointScores:
 
 @torch.no_grad()
 def checkpoint_scores(run_dir, windows=None, tokens_from=None, early: int | None = None, late: int | None = None,
-                      tokenizer=None) -> CheckpointScores:
+                      tokenizer=None, max_checkpoints: int | None = None) -> CheckpointScores:
     """Load every `run_dir/checkpoints/step-*` model and measure the ICL score on `windows [n, n_ctx]` (positions
     `early`, `late`: default Olsson's 50 and 500 of 512 scaled to the window) and the best layer ≥ 1 induction
-    score (`analyses.scores`). `tokenizer` (default: the run's tokenizer.json) gives the probes' BOS/specials."""
+    score (`analyses.scores`). `tokenizer` (default: the run's tokenizer.json) gives the probes' BOS/specials.
+    `max_checkpoints`: measure at most this many, evenly spread over the list (first and last always kept)."""
     import models
 
     from .scores import in_context_learning_score, induction_scores
@@ -212,6 +220,9 @@ def checkpoint_scores(run_dir, windows=None, tokens_from=None, early: int | None
         tokenizer = load_tokenizer(run / "tokenizer.json")
     folders = sorted((p for p in (run / "checkpoints").glob("step-*") if (p / "config.json").is_file()),
                      key=lambda p: int(p.name.split("-")[1])) if (run / "checkpoints").is_dir() else []
+    if max_checkpoints is not None and len(folders) > max_checkpoints >= 2:
+        keep = torch.linspace(0, len(folders) - 1, max_checkpoints).round().long().unique().tolist()
+        folders = [folders[i] for i in keep]
     out = CheckpointScores([], [], [], [], [])
     for f in folders:
         step = int(f.name.split("-")[1])

@@ -287,13 +287,17 @@ def dynamics(ctx: Context) -> str:
 
     d = training_dynamics(ctx.run_dir)
     extra = []
-    if d.checkpoints and len(d.checkpoints) <= 12:
+    if d.checkpoints:
         from .dynamics import checkpoint_scores
 
-        cs = checkpoint_scores(ctx.run_dir, ctx.windows, ctx.vocab, tokenizer=getattr(ctx.model, "tokenizer", None))
-        extra = ["", f"Re-measured on the {len(cs.steps)} saved checkpoints (ICL score on "
+        cs = checkpoint_scores(ctx.run_dir, ctx.windows, ctx.vocab, tokenizer=getattr(ctx.model, "tokenizer", None),
+                               max_checkpoints=12)
+        fw = cs.formation_window()
+        formed = ("never reached 0.4 on these checkpoints" if fw is None else
+                  f"formed between steps {fw[0]} and {fw[1]} by the same rule")
+        extra = ["", f"Re-measured on {len(cs.steps)} of the {len(d.checkpoints)} saved checkpoints (ICL score on "
                  f"{'no' if ctx.windows is None else ctx.windows.shape[0]} validation windows; best layer ≥ 1 "
-                 "induction score on random repeated tokens):", "", cs.markdown()]
+                 f"induction score on random repeated tokens); induction heads {formed}:", "", cs.markdown()]
     return "\n".join([
         f"From the training run's `metrics.jsonl` ({len(d.val_loss)} validation points, {len(d.induction)} "
         "checkpoints with head scores). Induction heads 'formed' between the last checkpoint where the best "
