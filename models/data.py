@@ -257,15 +257,17 @@ class Mixture:
     """Synthetic structure mixed into natural-text batches.
 
     `repeat_fraction` of the sequences get one segment of length L ~ U[min_len, max_len] copied from a random
-    offset a to a random later offset b ≥ a + L (period b − a varies too). With probability
-    `random_fraction` the segment is first overwritten with random seen tokens, so that only in-context
-    copying (not bigram statistics) can predict its second occurrence.
+    offset a to a random later offset b ≥ a + L (period b − a varies too); with `fill`, the segment instead
+    repeats from a to the end of the sequence (period L, many copies). With probability `random_fraction`
+    the segment is first overwritten with random seen tokens, so that only in-context copying (not bigram
+    statistics) can predict its later occurrences.
     """
 
     repeat_fraction: float = 0.0
     min_len: int = 8
     max_len: int = 64
     random_fraction: float = 0.5
+    fill: bool = False  # True: from offset a on, the segment repeats until the end of the sequence
 
     def validate(self, seq_len: int) -> None:
         if not 0.0 <= self.repeat_fraction <= 1.0:
@@ -302,7 +304,10 @@ def insert_repeats(seqs: np.ndarray, rng: np.random.Generator, mixture: Mixture,
         b = int(rng.integers(a + L, T - L + 1))
         if rng.random() < mixture.random_fraction:
             seqs[i, a : a + L] = pool[rng.integers(0, pool.size, L)]
-        seqs[i, b : b + L] = seqs[i, a : a + L]
+        if mixture.fill:
+            seqs[i, a + L :] = np.resize(seqs[i, a : a + L], T - a - L)
+        else:
+            seqs[i, b : b + L] = seqs[i, a : a + L]
     return seqs
 
 

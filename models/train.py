@@ -54,6 +54,7 @@ class TrainConfig:
     repeat_min_len: int = 8
     repeat_max_len: int = 64
     repeat_random_fraction: float = 0.5
+    repeat_fill: bool = False  # the segment repeats to the end of the sequence (Mixture.fill)
     checkpoint_every: int = 500
     log_checkpoints: int = 12  # log-spaced early checkpoints
     keep_checkpoints: list | None = None  # at the end keep only these steps' weights; None keeps everything
@@ -105,7 +106,8 @@ class TrainConfig:
             raise TrainConfigError(str(e)) from None
 
     def mixture(self) -> Mixture:
-        return Mixture(self.repeat_fraction, self.repeat_min_len, self.repeat_max_len, self.repeat_random_fraction)
+        return Mixture(self.repeat_fraction, self.repeat_min_len, self.repeat_max_len, self.repeat_random_fraction,
+                       self.repeat_fill)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -154,3 +154,19 @@ def test_get_tokenizer_caches_bpe(tmp_path):
     t2 = get_tokenizer("bpe-300", str(d), cache_dir=tmp_path / "cache")
     assert t1.tok.to_str() == t2.tok.to_str()
     assert isinstance(get_tokenizer("bytes"), ByteTokenizer)
+
+
+def test_fill_repeats_segment_to_the_end():
+    rng = step_rng(0, 1)
+    seqs = np.zeros((50, 64), dtype=np.int64)
+    seqs[:, 1:] = np.random.default_rng(1).integers(10, 20, (50, 63))
+    insert_repeats(seqs, rng, Mixture(repeat_fraction=1.0, min_len=4, max_len=12, random_fraction=1.0, fill=True),
+                   np.arange(1000, 5000))
+    periods = set()
+    for row in seqs:
+        big = np.flatnonzero(row >= 1000)
+        a = big[0]
+        assert (row[a:] >= 1000).all()  # random segment tiled from a to the end
+        L = next(L for L in range(4, 13) if np.array_equal(row[a + L :], row[a : 64 - L]))
+        periods.add(L)
+    assert len(periods) > 5
