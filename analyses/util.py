@@ -21,7 +21,7 @@ def token_str(model, i: int) -> str:
         s = tok.decode([int(i)])
     except Exception:  # a tokenizer that cannot decode a single id
         return f"#{int(i)}"
-    s = s.replace("\n", "⏎").replace("\t", "⇥").replace("|", "¦")
+    s = s.replace("\n", "⏎").replace("\t", "⇥")
     return repr(s) if s.strip() != s or not s else s
 
 
