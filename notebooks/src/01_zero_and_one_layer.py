@@ -83,38 +83,38 @@ qk = circuits.full_qk_circuit(m1, 0)
 print("OV:", type(ov).__name__, tuple(ov.shape), "factors", tuple(ov.A.shape), tuple(ov.B.shape))
 print("QK:", type(qk).__name__, tuple(qk.shape))
 
+# the 400 most frequent tokens of the training text: rows of rare BPE pieces are noisy, these are readable
+counts = torch.from_numpy(corpus.unigram_counts().astype("int64"))
+frequent = counts.topk(400).indices
+name = lambda i: m1.tokenizer.decode([int(i)])
 
-def single_id(text):
-    ids = m1.tokenizer.encode(text)
-    return ids[0] if len(ids) == 1 else None
-
-
-words = [w for w in [" self", " return", " import", " None", " if", " def", "=="] if single_id(w) is not None]
-copying = circuits.copying_scores(m1)[0]  # one copying score per head (see below)
+copying = circuits.copying_scores(m1)[0]  # one copying score per head (explained below)
 h = int(copying.argmax())
-print(f"head L0H{h} (copying score {copying[h]:+.2f}): what attending to a token raises")
-for w in words:
-    s = single_id(w)
-    row = (ov.A[h, s] @ ov.B[h]).detach()  # one row of the full OV circuit: [d_vocab]
-    top = row.topk(5).indices.tolist()
-    print(f"  {w!r:>10} → {[m1.tokenizer.decode([i]) for i in top]}")
+rows = (ov.A[h, frequent] @ ov.B[h]).detach()  # 400 rows of L0H{h}'s full OV circuit: [400, d_vocab]
+own = rows[torch.arange(len(frequent)), frequent]  # how much attending to a token raises that same token
+rank = (rows > own[:, None]).sum(-1)  # 0: its own logit is the one raised most
+print(f"L0H{h} (copying score {float(copying[h]):+.2f}): of the 400 most frequent tokens, "
+      f"{int((rank == 0).sum())} raise themselves most of all 2048 outputs, {int((rank < 10).sum())} "
+      f"are in their own top 10 (median rank {int(rank.median())}). Examples:")
+print("  ", [name(i) for i in frequent[rank == 0][:16]])
 
 # %% [markdown]
-# Many rows raise the source token itself, or close relatives of it: the head **copies**. Next, what the QK
-# circuit makes a destination token look for:
+# The head **copies**: attending to a token raises that token. And what the QK circuit makes a destination
+# token look for (its largest entries among the frequent tokens):
 
 # %%
-for w in words[:4]:
-    d = single_id(w)
-    row = (qk.A[h, d] @ qk.B[h]).detach()
-    top = row.topk(6).indices.tolist()
-    print(f"  at {w!r:>10} attend to {[m1.tokenizer.decode([i]) for i in top]}")
+for w in [" self", " return", " import", "(", " if"]:
+    ids = m1.tokenizer.encode(w)
+    if len(ids) != 1:
+        continue
+    scores = (qk.A[h, ids[0]] @ qk.B[h][:, frequent]).detach()
+    print(f"  at {w!r:>10} attend to {[name(frequent[i]) for i in scores.topk(6).indices]}")
 
 # %% [markdown]
 # ## Attention on real code
 #
-# The patterns of every head on a short snippet (rows: destination/query, columns: source/key). Positional heads
-# (a fixed shape, e.g. the previous token) and content heads (scattered, token-dependent) look different.
+# The patterns of every head on a short snippet (rows: destination/query, columns: source/key). Heads with a fixed
+# shape (previous token, first token) and content heads (scattered, token-dependent) look different.
 
 # %%
 snippet = "def add(self, other):\n    return self.value + other.value\n\nx = add(a, b)\ny = add(c, d)\n"
@@ -135,28 +135,40 @@ plt.show()
 #
 # Reading QK and OV together gives skip-trigrams `[source] … [destination] → [out]`: at `destination`, the head
 # attends to an earlier `source` and raises `out`. `skip_trigrams` streams over rows of both circuits and keeps
-# the strongest triples (strength = positive QK preference × positive OV raise).
+# the strongest triples (strength = positive QK preference × positive OV raise), here over the frequent tokens.
+# The Python standard library has its own idioms: doctest prompts, `unicodedata` character names
+# (`LATIN SMALL LETTER A WITH …`), `if … elif`.
 
 # %%
-table = analyses.skip_trigrams(m1, 0, h, k=12, vocab=seen)
+for hh in range(m1.cfg.n_heads):
+    t = analyses.skip_trigrams(m1, 0, hh, k=5, vocab=frequent)
+    print(f"L0H{hh}:", "; ".join(f"[{r.source}]…[{r.destination}]→[{r.outs[0][0]}]" for r in t.rows))
+
+# %%
+table = analyses.skip_trigrams(m1, 0, h, k=10, vocab=frequent)
 print(table)
 
 # %% [markdown]
 # Because QK and OV are separate matrices, a head cannot express "raise `o1` after `d1` but `o2` after `d2`" for
 # the same source: if a source is attended from several destinations, all of them get all of its outputs — the
 # Framework's *skip-trigram bugs* ("keep … in mind" + "keep … at bay" ⇒ "keep … in bay"). With the corpus's bigram
-# table we mark implied predictions that the text never supports.
+# table of the training text we mark implied predictions whose bigram `[destination] → [out]` never occurs in it.
 
 # %%
-bigrams = analyses.bigram_table(val, m1.cfg.d_vocab)
-bugs = analyses.skip_trigram_bugs(analyses.skip_trigrams(m1, 0, h, k=60, vocab=seen), bigrams=bigrams)
-for b in bugs[:4]:
-    print(f"{b.kind}: source {b.source!r}, destinations {b.destination}, outs {b.outs}")
-    print("   implied:", "; ".join(b.crossed[:4]))
-    if b.unseen_in_corpus:
-        print("   never in the corpus:", "; ".join(b.unseen_in_corpus[:3]))
-if not bugs:
-    print("no crossed predictions among the strongest trigrams of this head")
+bigrams = analyses.bigram_table(torch.from_numpy(corpus.train[:].astype("int64")), m1.cfg.d_vocab)
+found = 0
+for hh in range(m1.cfg.n_heads):
+    bugs = analyses.skip_trigram_bugs(analyses.skip_trigrams(m1, 0, hh, k=40, vocab=frequent), bigrams=bigrams)
+    for b in bugs[:1]:
+        found += 1
+        print(f"L0H{hh} {b.kind}: source {b.source!r}, destinations {b.destination[:6]}, outs {b.outs}")
+        print("   implied:", "; ".join(b.crossed[:4]))
+        if b.unseen_in_corpus:
+            print("   bigram never in the training text:", "; ".join(b.unseen_in_corpus[:3]))
+    if found == 3:
+        break
+if not found:
+    print("no crossed predictions among the strongest trigrams")
 
 # %% [markdown]
 # ## Copying: eigenvalues of the OV circuit
@@ -167,7 +179,7 @@ if not bugs:
 # `d_head × d_head` matrix, because the non-zero eigenvalues of `AB` and `BA` coincide.
 
 # %%
-heads = analyses.copying_heads_table(m1, vocab=seen)
+heads = analyses.copying_heads_table(m1, vocab=frequent)
 print(heads)
 
 # %%
