@@ -85,7 +85,8 @@ def make_notebook(src: Path):
             nb.cells.append(cell)
     nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
-    nb.metadata[META] = {"source": str(src.relative_to(ROOT)), "source_sha256": sha256(text)}
+    rel = src.relative_to(ROOT) if src.is_relative_to(ROOT) else src
+    nb.metadata[META] = {"source": str(rel), "source_sha256": sha256(text)}
     nbformat.validate(nb)
     return nb
 
