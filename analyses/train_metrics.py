@@ -26,11 +26,13 @@ def _rounded(t: torch.Tensor) -> list:
     return [[round(float(x), 4) for x in row] for row in t]
 
 
-def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16, seed: int = 0):
+def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16, seed: int = 0,
+                 pattern_sequences: int = 32):
     """`eval_fn(model) -> dict` of the checkpoint scores (see the module docstring).
 
-    `val_tokens [n, T]`: validation sequences starting with BOS (natural text); `seen_ids`: the training ids
-    that random probe tokens are drawn from (specials excluded)."""
+    `val_tokens [n, T]`: validation sequences starting with BOS (natural text): all of them for the ICL score
+    (one token per sequence, so it needs hundreds), the first `pattern_sequences` for previous-token scores;
+    `seen_ids`: the training ids that random probe tokens are drawn from (specials excluded)."""
     from .scores import in_context_learning_score, induction_scores, previous_token_scores
 
     val = torch.as_tensor(np.asarray(val_tokens), dtype=torch.long)
@@ -52,7 +54,7 @@ def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16
                 s = induction_scores(model, seq_len=p, batch=batch, seed=seed, tokens_from=seen)
                 out[f"induction_scores_{p}"] = _rounded(s)
                 out[f"max_induction_{p}"] = round(float(s[-1].max()), 4)
-            prev = previous_token_scores(model, val.to(model.W_E.device))
+            prev = previous_token_scores(model, val[:pattern_sequences].to(model.W_E.device))
             out["previous_token_scores"] = _rounded(prev)
             out["max_previous_token"] = round(float(prev.max()), 4)
             return out
@@ -62,12 +64,17 @@ def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16
     return eval_fn
 
 
-def eval_inputs(cfg, model_cfg):
-    """(tokenizer, validation sequences, seen ids) for `make_eval_fn`, from a `TrainConfig`'s data."""
+#: Validation sequences the checkpoint ICL score is averaged over (standard error ≈ 0.1 nats).
+ICL_SEQUENCES = 1024
+
+
+def eval_inputs(cfg, model_cfg, n_sequences: int = ICL_SEQUENCES):
+    """(tokenizer, `n_sequences` validation sequences, seen ids, corpus) for `make_eval_fn`, from a
+    `TrainConfig`'s data."""
     from models.train import build_data
 
     batches, tok, corpus = build_data(cfg, model_cfg)
-    val = batches.val_batch(min(cfg.val_sequences, 32))
+    val = batches.val_batch(n_sequences)
     seen = corpus.seen_ids() if corpus is not None else batches.pool
     return tok, val, seen, corpus
 
@@ -215,6 +222,26 @@ def data_line(cfg, corpus, summary) -> str:
             "(tokenizer.json)")
 
 
+def mixture_line(cfg) -> str:
+    """One sentence on what the training sequences held besides natural text."""
+    if cfg.data == "synthetic:repeat":
+        return "synthetic `[BOS] + R + R + ...` sequences only"
+    if cfg.repeat_fraction:
+        how = ("repeats from a random offset to the end of the sequence" if cfg.repeat_fill
+               else "is copied once to a later random offset")
+        mix = (f"{cfg.repeat_fraction:.0%} of the training sequences carry a segment of "
+               f"{cfg.repeat_min_len}–{cfg.repeat_max_len} tokens that {how}; {cfg.repeat_random_fraction:.0%} of the "
+               "segments are random seen tokens, the rest natural text")
+    else:
+        mix = "natural text only (no synthetic repeats)"
+    if cfg.synthetic_steps:
+        mix = (f"the first {cfg.synthetic_steps} steps train on synthetic `[BOS] + R + R + ...` sequences of seen "
+               f"tokens, then {mix}")
+    if cfg.lr_multipliers:
+        mix += "; per-parameter lr factors " + ", ".join(f"{k} ×{v:g}" for k, v in sorted(cfg.lr_multipliers.items()))
+    return mix
+
+
 def make_report_fn(name: str, about: str, command: str, cfg, corpus, val, seen, notes: str = ""):
     """`report_fn(model, summary, metrics) -> {"card.md": ..., "training_curve.png": ...}` for `models.train`."""
 
@@ -226,10 +253,7 @@ def make_report_fn(name: str, about: str, command: str, cfg, corpus, val, seen, 
         c = model.cfg
         lines, numbers = card_results(model, metrics, summary, corpus)
         extra_notes = notes or PRESETS.get(name, {}).get("notes", "")
-        mix = (f"{cfg.repeat_fraction:.0%} of the training sequences carry one repeated segment (length "
-               f"{cfg.repeat_min_len}–{cfg.repeat_max_len} tokens, random offsets; {cfg.repeat_random_fraction:.0%} "
-               "of the segments are random seen tokens, the rest natural text)") if cfg.repeat_fraction else \
-            "natural text only (no synthetic repeats)"
+        mix = mixture_line(cfg)
         arch = (f"{c.n_layers} layers × {c.n_heads} heads, d_model {c.d_model}, d_head {c.d_head}, "
                 f"{'attention-only' if c.attn_only else f'MLP d_mlp {c.d_mlp} ({c.act_fn})'}, "
                 f"{c.positional_embedding_type} positions, normalization {c.normalization_type}, "
@@ -247,9 +271,11 @@ def make_report_fn(name: str, about: str, command: str, cfg, corpus, val, seen, 
                 f"- command: `{command}`", "", "## Measured (final model)", "", *lines]
         if extra_notes:
             text += ["", "## Notes", "", extra_notes]
+        kept = (f"checkpoints/ (the weights at steps {', '.join(map(str, cfg.keep_checkpoints))})"
+                if cfg.keep_checkpoints else "(checkpoints were not shipped for this model)")
         text += ["", "Files: config.json, model.safetensors, tokenizer.json, metrics.jsonl (train/validation loss, "
                  "tokens, wall time; head scores at every checkpoint), training_curve.png, train_config.json, "
-                 "summary.json, checkpoints/ (early weights).", ""]
+                 f"summary.json, measured.json, {kept}.", ""]
         summary["card_numbers"] = numbers
         return {"card.md": "\n".join(text), "training_curve.png": training_curve_png(metrics, name),
                 "measured.json": json.dumps(numbers, indent=1)}

@@ -377,6 +377,23 @@ class RepeatBatches:
         return self._make(step_rng(seed, -1 % (1 << 32), stream=1), n)
 
 
+class Curriculum:
+    """The first `switch_step` steps draw their batch from `first` (e.g. `RepeatBatches`), the rest from `then`;
+    validation text always comes from `then`. A batch stays a pure function of (seed, step), so resumption and
+    data parallelism are unchanged."""
+
+    def __init__(self, first, then, switch_step: int):
+        self.first, self.then, self.switch_step = first, then, int(switch_step)
+        self.seq_len = then.seq_len
+
+    def batch(self, seed: int, step: int, batch_size: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
+        source = self.first if step < self.switch_step else self.then
+        return source.batch(seed, step, batch_size, rank, world_size)
+
+    def val_batch(self, n: int, seed: int = 0) -> np.ndarray:
+        return self.then.val_batch(n, seed)
+
+
 def repeated_tokens(pool, bos_id: int, length: int, repeats: int = 2, batch: int = 1, seed: int = 0) -> np.ndarray:
     """`[BOS] + R * repeats` with R = `length` tokens drawn uniformly from `pool`: `[batch, 1 + length*repeats]`."""
     rng = np.random.default_rng(seed)

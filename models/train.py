@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from . import train_state as ts
 from .config import HookedTransformerConfig
-from .data import Mixture, RepeatBatches, TextBatches, build_token_corpus, get_tokenizer
+from .data import Curriculum, Mixture, RepeatBatches, TextBatches, build_token_corpus, get_tokenizer
 from .model import HookedTransformer
 
 
@@ -55,6 +55,7 @@ class TrainConfig:
     repeat_max_len: int = 64
     repeat_random_fraction: float = 0.5
     repeat_fill: bool = False  # the segment repeats to the end of the sequence (Mixture.fill)
+    synthetic_steps: int = 0  # curriculum: the first N steps train on `[BOS] + R + R + ...` of the corpus's ids
     checkpoint_every: int = 500
     log_checkpoints: int = 12  # log-spaced early checkpoints
     keep_checkpoints: list | None = None  # at the end keep only these steps' weights; None keeps everything
@@ -76,7 +77,7 @@ class TrainConfig:
 
         for n in ("steps", "batch_size", "val_sequences", "log_every"):
             positive(n)
-        for n in ("warmup_steps", "checkpoint_every", "log_checkpoints", "eval_every", "seed"):
+        for n in ("warmup_steps", "checkpoint_every", "log_checkpoints", "eval_every", "seed", "synthetic_steps"):
             positive(n, allow_zero=True)
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 2):
             raise TrainConfigError(f"seq_len must be an int >= 2 (or None for n_ctx), got {self.seq_len!r}")
@@ -194,7 +195,12 @@ def build_data(cfg: TrainConfig, model_cfg: HookedTransformerConfig, tokenizer=N
         return RepeatBatches(pool, tok.bos_token_id, seq_len), tok, None
     tok = tokenizer or get_tokenizer(cfg.tokenizer, cfg.data, cfg.cache_dir)
     corpus = build_token_corpus(cfg.data, tok, cfg.cache_dir)
-    return TextBatches(corpus, seq_len, cfg.mixture()), tok, corpus
+    batches = TextBatches(corpus, seq_len, cfg.mixture())
+    if cfg.synthetic_steps:
+        first = RepeatBatches(corpus.seen_ids(), tok.bos_token_id, seq_len, min_len=cfg.repeat_min_len,
+                              max_len=min(cfg.repeat_max_len, (seq_len - 1) // 2))
+        batches = Curriculum(first, batches, cfg.synthetic_steps)
+    return batches, tok, corpus
 
 
 def check_setup(model_cfg: HookedTransformerConfig, cfg: TrainConfig, tokenizer, world_size: int) -> None:

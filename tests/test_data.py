@@ -170,3 +170,16 @@ def test_fill_repeats_segment_to_the_end():
         L = next(L for L in range(4, 13) if np.array_equal(row[a + L :], row[a : 64 - L]))
         periods.add(L)
     assert len(periods) > 5
+
+
+def test_curriculum_switches_source_at_the_step(corpus):
+    from models.data import Curriculum
+
+    text = TextBatches(corpus, 32)
+    synth = RepeatBatches(corpus.seen_ids(), corpus.bos_id, 32, min_len=4, max_len=8)
+    c = Curriculum(synth, text, switch_step=5)
+    assert np.array_equal(c.batch(0, 4, 8), synth.batch(0, 4, 8))
+    assert np.array_equal(c.batch(0, 5, 8), text.batch(0, 5, 8))
+    assert np.array_equal(c.batch(0, 3, 8, rank=1, world_size=2), synth.batch(0, 3, 8)[4:])
+    assert np.array_equal(c.val_batch(6), text.val_batch(6))  # validation is always the natural text
+    assert not np.array_equal(c.batch(0, 4, 8), text.batch(0, 4, 8))

@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -195,3 +196,17 @@ def test_sigkill_and_resume_equals_uninterrupted(corpus_dir, tmp_path):
     m = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in m] == sorted({r["step"] for r in m})  # no duplicated records after resume
     assert summary["tokens_seen"] == steps * 8 * 32
+
+
+def test_synthetic_steps_curriculum(corpus_dir):
+    from models.train import build_data
+
+    cfg = tiny_train(corpus_dir, synthetic_steps=10, repeat_fraction=0.0)
+    batches, _, corpus = build_data(cfg, tiny_model())
+    early, late = batches.batch(0, 9, 8), batches.batch(0, 10, 8)
+    periodic = [any(np.array_equal(r[1 + L:], r[1:-L]) for L in range(3, 9)) for r in early]
+    assert all(periodic)  # [BOS] + R + R + ... with |R| in [repeat_min_len, repeat_max_len]
+    text = np.asarray(corpus.train)
+    assert all(any(np.array_equal(r[1:], text[s:s + 31]) for s in range(text.size - 30)) for r in late[:2])
+    with pytest.raises(TrainConfigError, match="synthetic_steps"):
+        tiny_train(corpus_dir, synthetic_steps=-1).validate()
