@@ -26,6 +26,7 @@ from . import train_state as ts
 from .config import HookedTransformerConfig
 from .data import Curriculum, Mixture, RepeatBatches, TextBatches, build_token_corpus, get_tokenizer
 from .model import HookedTransformer
+from .positions import sinusoidal_table
 
 
 class TrainConfigError(ValueError):
@@ -56,6 +57,7 @@ class TrainConfig:
     repeat_random_fraction: float = 0.5
     repeat_fill: bool = False  # the segment repeats to the end of the sequence (Mixture.fill)
     synthetic_steps: int = 0  # curriculum: the first N steps train on `[BOS] + R + R + ...` of the corpus's ids
+    pos_init: str = "normal"  # learned positions start as Normal(0, init_range) or a scaled sinusoidal table
     checkpoint_every: int = 500
     log_checkpoints: int = 12  # log-spaced early checkpoints
     keep_checkpoints: list | None = None  # at the end keep only these steps' weights; None keeps everything
@@ -99,6 +101,8 @@ class TrainConfig:
                 isinstance(v, (int, float)) and v > 0 for v in self.lr_multipliers.values()):
             raise TrainConfigError(f"lr_multipliers must map parameter names to positive numbers, got "
                                    f"{self.lr_multipliers!r}")
+        if self.pos_init not in POS_INITS:
+            raise TrainConfigError(f"pos_init must be one of {POS_INITS}, got {self.pos_init!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise TrainConfigError(f"num_threads must be >= 1, got {self.num_threads}")
         try:
@@ -135,6 +139,23 @@ class TrainConfig:
             return cls.from_dict(json.loads(text))
         except json.JSONDecodeError as e:
             raise TrainConfigError(f"training config is not valid JSON: {e}") from None
+
+
+POS_INITS = ("normal", "sinusoidal")
+
+
+@torch.no_grad()
+def init_positions(model: HookedTransformer, how: str) -> None:
+    """`how="sinusoidal"`: overwrite a learned positional table with Vaswani et al.'s sinusoids scaled to the
+    config's `init_range` (per-entry RMS), so that nearby positions start with similar embeddings and a
+    low-rank QK circuit can already express "attend to the previous position"; the table is still trained."""
+    if how == "normal":
+        return
+    if not model.cfg.positional_is_learned:
+        raise TrainConfigError(f"pos_init={how!r} needs a learned positional table (standard or shortformer), "
+                               f"got positional_embedding_type={model.cfg.positional_embedding_type!r}")
+    table = sinusoidal_table(model.cfg.n_ctx, model.cfg.d_model, torch.float64)
+    model.pos_embed.W_pos.copy_(table * (model.cfg.init_range * 2**0.5))
 
 
 #: Settings that may differ between a run and its resumption (they do not change the trajectory).
@@ -269,6 +290,7 @@ def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: 
         model_cfg = model_cfg.replace(seed=cfg.seed)
     model_cfg = model_cfg.replace(device=str(device), extra=dict(model_cfg.extra, tokenizer=cfg.tokenizer))
     model = HookedTransformer(model_cfg)
+    init_positions(model, cfg.pos_init)
     opt = make_optimizer(model, cfg)
     seq_len = cfg.seq_len or model_cfg.n_ctx
     val = torch.as_tensor(batches.val_batch(cfg.val_sequences)).to(device)

@@ -210,3 +210,21 @@ def test_synthetic_steps_curriculum(corpus_dir):
     assert all(any(np.array_equal(r[1:], text[s:s + 31]) for s in range(text.size - 30)) for r in late[:2])
     with pytest.raises(TrainConfigError, match="synthetic_steps"):
         tiny_train(corpus_dir, synthetic_steps=-1).validate()
+
+
+def test_sinusoidal_pos_init(corpus_dir):
+    from models import HookedTransformer
+    from models.positions import sinusoidal_table
+    from models.train import init_positions
+
+    model = HookedTransformer(tiny_model())
+    init_positions(model, "sinusoidal")
+    table = sinusoidal_table(32, 32, torch.float64) * (model.cfg.init_range * 2**0.5)
+    assert torch.allclose(model.W_pos.double(), table, atol=1e-7)
+    assert float(model.W_pos.detach().pow(2).mean().sqrt()) == pytest.approx(model.cfg.init_range, rel=1e-3)
+    m, _ = train(tiny_model(), tiny_train(corpus_dir, steps=1, pos_init="sinusoidal", lr=1e-9))
+    assert torch.allclose(m.W_pos.double(), table, atol=1e-5)  # the run starts from the table
+    with pytest.raises(TrainConfigError, match="pos_init must be one of"):
+        tiny_train(corpus_dir, pos_init="sine").validate()
+    with pytest.raises(TrainConfigError, match="learned positional table"):
+        init_positions(HookedTransformer(tiny_model().replace(positional_embedding_type="rotary")), "sinusoidal")
