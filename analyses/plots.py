@@ -190,12 +190,21 @@ def plot_positivity(circuit):
 
 
 @torch.no_grad()
-def plot_position_loss(model, tokens, marks: tuple[int, int] | None = None):
-    """Mean next-token loss at each position of `tokens [batch, pos]` (x: the position of the predicted token);
-    `marks` (early, late) draws the in-context-learning score's two positions."""
-    plt = _plt()
+def position_losses(model, tokens, chunk: int = 64) -> torch.Tensor:
+    """Next-token loss of every window at every position, `[batch, pos − 1]` float64 (index i predicts token
+    i + 1), computed `chunk` windows at a time."""
     t = torch.as_tensor(tokens, dtype=torch.long).to(model.W_E.device)
-    loss = model(t, return_type="loss", loss_per_token=True).float().mean(0).cpu()  # index i predicts i+1
+    with torch.no_grad():
+        return torch.cat([model(part, return_type="loss", loss_per_token=True).double().cpu()
+                          for part in t.split(max(1, int(chunk)))])
+
+
+def plot_position_loss(model, tokens, marks: tuple[int, int] | None = None, losses: torch.Tensor | None = None):
+    """Mean next-token loss at each position of `tokens [batch, pos]` (x: the position of the predicted token);
+    `marks` (early, late) draws the in-context-learning score's two positions; `losses` (from
+    `position_losses`) skips the forward passes."""
+    plt = _plt()
+    loss = (position_losses(model, tokens) if losses is None else losses).float().mean(0)
     fig, ax = plt.subplots(figsize=(7, 3.6))
     x = torch.arange(1, loss.numel() + 1)
     ax.plot(x.numpy(), loss.numpy(), lw=0.8, color="0.6", label="per position")

@@ -116,3 +116,19 @@ def test_every_export_resolves_and_import_is_lazy():
     code = "import sys, analyses, analyses.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_chunked_position_losses_give_the_icl_score():
+    from helpers import make_model
+
+    from analyses.plots import position_losses
+    from analyses.scores import in_context_learning_score
+
+    model = make_model(2)
+    tokens = torch.randint(0, model.cfg.d_vocab, (130, 24), generator=torch.Generator().manual_seed(0))
+    per = position_losses(model, tokens, chunk=7)
+    whole = model(tokens, return_type="loss", loss_per_token=True).double()
+    assert per.shape == (130, 23) and torch.allclose(per, whole, atol=1e-5)
+    diff = float((per[:, 19] - per[:, 2]).mean())
+    assert diff == pytest.approx(in_context_learning_score(model, tokens, 3, 20, chunk=11), abs=1e-5)
+    assert diff == pytest.approx(in_context_learning_score(model, tokens, 3, 20, chunk=1000), abs=1e-5)
