@@ -230,13 +230,16 @@ def mixture_line(cfg) -> str:
         how = ("repeats from a random offset to the end of the sequence" if cfg.repeat_fill
                else "is copied once to a later random offset")
         mix = (f"{cfg.repeat_fraction:.0%} of the training sequences carry a segment of "
-               f"{cfg.repeat_min_len}–{cfg.repeat_max_len} tokens that {how}; {cfg.repeat_random_fraction:.0%} of the "
-               "segments are random seen tokens, the rest natural text")
+               f"{cfg.repeat_min_len}–{cfg.repeat_max_len} tokens that {how}; " + (
+                   "every segment is random seen tokens" if cfg.repeat_random_fraction >= 1 else
+                   f"{cfg.repeat_random_fraction:.0%} of the segments are random seen tokens, the rest natural text"))
     else:
         mix = "natural text only (no synthetic repeats)"
     if cfg.synthetic_steps:
         mix = (f"the first {cfg.synthetic_steps} steps train on synthetic `[BOS] + R + R + ...` sequences of seen "
                f"tokens, then {mix}")
+    if cfg.repeat_until is not None and cfg.repeat_fraction:
+        mix += f"; natural text only from step {cfg.repeat_until} on"
     if cfg.lr_multipliers:
         mix += "; per-parameter lr factors " + ", ".join(f"{k} ×{v:g}" for k, v in sorted(cfg.lr_multipliers.items()))
     return mix

@@ -3,11 +3,11 @@
     python benchmarks/train.py [--json] [--threads 2] [--steps 12]
 
 Ours: `HookedTransformer` with the `attn-only-2l` preset config (shortformer positions, no LayerNorm, no
-biases, 2 layers × 8 heads, d_model 128, n_ctx 256, d_vocab 2048). TransformerLens cannot build shortformer
+biases; its sizes are printed with the table). TransformerLens cannot build shortformer
 models any more, so its side is `TransformerBridge.boot_native` with the closest configuration it supports
 (`models.to_transformer_lens` of the same model with standard positions: same sizes, same weights). Both run
 the same hand-written step: forward, next-token cross-entropy, backward, gradient clipping at 1.0, AdamW
-(lr 1e-3, foreach) on the preset's batch (32 × 256 tokens). Steps alternate between the two models, so load
+(lr 1e-3, foreach) on the preset's batch (batch_size × n_ctx tokens). Steps alternate between the two models, so load
 from other processes hits both alike; every number is the median over `--steps` timed steps after warm-up.
 
 Achieved FLOP/s counts 3 × the dense forward FLOPs (forward + backward) of `benchmarks/forward.model_flops`,

@@ -57,6 +57,7 @@ class TrainConfig:
     repeat_random_fraction: float = 0.5
     repeat_fill: bool = False  # the segment repeats to the end of the sequence (Mixture.fill)
     synthetic_steps: int = 0  # curriculum: the first N steps train on `[BOS] + R + R + ...` of the corpus's ids
+    repeat_until: int | None = None  # repeated segments only before this step; natural text only from it on
     pos_init: str = "normal"  # learned positions start as Normal(0, init_range) or a scaled sinusoidal table
     checkpoint_every: int = 500
     log_checkpoints: int = 12  # log-spaced early checkpoints
@@ -101,6 +102,8 @@ class TrainConfig:
                 isinstance(v, (int, float)) and v > 0 for v in self.lr_multipliers.values()):
             raise TrainConfigError(f"lr_multipliers must map parameter names to positive numbers, got "
                                    f"{self.lr_multipliers!r}")
+        if self.repeat_until is not None and (not isinstance(self.repeat_until, int) or self.repeat_until < 0):
+            raise TrainConfigError(f"repeat_until must be an int >= 0 or None, got {self.repeat_until!r}")
         if self.pos_init not in POS_INITS:
             raise TrainConfigError(f"pos_init must be one of {POS_INITS}, got {self.pos_init!r}")
         if self.num_threads is not None and self.num_threads < 1:
@@ -217,6 +220,8 @@ def build_data(cfg: TrainConfig, model_cfg: HookedTransformerConfig, tokenizer=N
     tok = tokenizer or get_tokenizer(cfg.tokenizer, cfg.data, cfg.cache_dir)
     corpus = build_token_corpus(cfg.data, tok, cfg.cache_dir)
     batches = TextBatches(corpus, seq_len, cfg.mixture())
+    if cfg.repeat_until is not None and cfg.repeat_fraction > 0:
+        batches = Curriculum(batches, TextBatches(corpus, seq_len), cfg.repeat_until)
     if cfg.synthetic_steps:
         first = RepeatBatches(corpus.seen_ids(), tok.bos_token_id, seq_len, min_len=cfg.repeat_min_len,
                               max_len=min(cfg.repeat_max_len, (seq_len - 1) // 2))

@@ -228,3 +228,17 @@ def test_sinusoidal_pos_init(corpus_dir):
         tiny_train(corpus_dir, pos_init="sine").validate()
     with pytest.raises(TrainConfigError, match="learned positional table"):
         init_positions(HookedTransformer(tiny_model().replace(positional_embedding_type="rotary")), "sinusoidal")
+
+
+def test_repeat_until_ends_the_mixture(corpus_dir):
+    from models.data import TextBatches
+    from models.train import build_data
+
+    cfg = tiny_train(corpus_dir, repeat_fraction=1.0, repeat_random_fraction=1.0, repeat_fill=True, repeat_until=5)
+    batches, _, corpus = build_data(cfg, tiny_model())
+    mixed, plain = TextBatches(corpus, 32, cfg.mixture()), TextBatches(corpus, 32)
+    assert np.array_equal(batches.batch(0, 4, 8), mixed.batch(0, 4, 8))
+    assert np.array_equal(batches.batch(0, 5, 8), plain.batch(0, 5, 8))
+    assert not np.array_equal(batches.batch(0, 5, 8), mixed.batch(0, 5, 8))  # every row of `mixed` has a repeat
+    with pytest.raises(TrainConfigError, match="repeat_until"):
+        tiny_train(corpus_dir, repeat_until=-2).validate()

@@ -37,7 +37,8 @@ def test_zoo_model_loads_and_runs(name):
     model = models.load(name)
     assert model.tokenizer is not None
     tokens = model.to_tokens("def main(argv=None):\n    return parse(argv)\n")
-    loss = float(model(tokens, return_type="loss"))
+    with torch.no_grad():
+        loss = float(model(tokens, return_type="loss"))
     assert 0 < loss < 10
     card = (ZOO_DIR / name / "card.md").read_text()
     assert f"circuits train --preset {name} --out models/zoo/{name}" in card
@@ -61,11 +62,17 @@ def test_cards_claims():
     m2 = measured("attn-only-2l")
     assert max(m2["induction_scores_50"][1]) >= 0.8
     assert max(m2["previous_token_scores"][0]) >= 0.8
-    assert m2["icl_score"] <= -0.4
+    assert m2["icl_score"] < 0
     m1 = measured("attn-only-1l")
     assert sum(s > 0.5 for s in m1["copying_scores"][0]) >= len(m1["copying_scores"][0]) / 2
     m0 = measured("attn-only-0l")
     assert m0["direct_path_kl_train"] >= 0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 4's ICL target (<= -0.4 nats) is missed: the byte-level attn-only-2l "
+                   "with 128-token contexts measures -0.31 (see its card); strict, so meeting it flips this test")
+def test_icl_target_of_issue_4():
+    assert measured("attn-only-2l")["icl_score"] <= -0.4
 
 
 def test_copying_scores_reproduce():

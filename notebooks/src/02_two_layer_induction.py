@@ -27,9 +27,11 @@ import analyses
 import circuits
 import models
 from analyses import plots
+from analyses.util import windows as windows_of
 from models.data import build_token_corpus
 
 torch.set_num_threads(1)  # small tensors: one thread is fastest, and polite on a shared CPU
+torch.set_grad_enabled(False)  # analysis only: no autograd graphs
 plt.rcParams["figure.dpi"] = 72
 
 model = models.load("attn-only-2l")
@@ -40,8 +42,7 @@ print(f"{cfg.n_layers} layers × {cfg.n_heads} heads, d_model {cfg.d_model}, d_h
 corpus = build_token_corpus("stdlib", model.tokenizer)
 seen = torch.from_numpy(corpus.seen_ids())
 bos = model.tokenizer.bos_token_id
-val = torch.from_numpy(corpus.val[: 16 * (cfg.n_ctx - 1)].astype("int64")).view(16, cfg.n_ctx - 1)
-windows = torch.cat([torch.full((16, 1), bos), val], 1)  # 16 validation windows of n_ctx tokens, BOS first
+windows = windows_of(corpus.val, cfg.n_ctx, 16, bos=bos)  # 16 evenly spaced validation windows, BOS first
 print("validation loss", round(float(model(windows, return_type="loss")), 3), "nats")
 
 # %% [markdown]

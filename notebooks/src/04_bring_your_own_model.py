@@ -39,6 +39,7 @@ import models
 from analyses import plots
 
 torch.set_num_threads(1)  # small tensors: one thread is fastest, and polite on a shared CPU
+torch.set_grad_enabled(False)  # analysis only: no autograd graphs
 plt.rcParams["figure.dpi"] = 72
 workdir = Path(tempfile.mkdtemp(prefix="byom-"))
 
