@@ -53,13 +53,12 @@ def run_heads(args) -> int:
     model = loaded.model
     bar = progress(args, 3, f"heads {loaded.name}")
     bar.set_postfix_str("text")
-    text, text_about = text_windows(loaded, args, 8, args.seed)
+    text, text_about, vocab = text_windows(loaded, args, 8, args.seed, with_vocab=True)
     bar.update()
     bar.set_postfix_str("previous-token")
     prev = detect_previous_token_heads(model, text, threshold=args.threshold, seed=args.seed)
     bar.update()
     bar.set_postfix_str("induction")
-    vocab = None if text is None else text.unique()
     ind = detect_induction_heads(model, seed=args.seed, tokens_from=vocab, prev_tokens=text,
                                  threshold=args.threshold, prefix_threshold=args.threshold)
     bar.update()

@@ -244,10 +244,18 @@ def read_text_tokens(model, text_file: str):
     return ids
 
 
-def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
+def text_windows(loaded: Loaded, args, n: int, seed: int = 0, with_vocab: bool = False):
     """`(tokens [n, n_ctx] with BOS first, description)`: windows of `--text-file` if given, else of the validation
     split of the corpus the model was trained on (the folder's train_config.json; default the Python standard
-    library, tokenized once and cached), else `(None, reason)`."""
+    library, tokenized once and cached), else `(None, reason)`. `with_vocab=True` appends the ids that random
+    probes should be drawn from: those of the whole text read (up to 400k tokens), as the report uses."""
+    out = _text_windows(loaded, args, n, seed)
+    if not with_vocab:
+        return out[:2]
+    return out if out[0] is not None else (None, out[1], None)
+
+
+def _text_windows(loaded: Loaded, args, n: int, seed: int):
 
     from .sequences import bos_token_id
     from .util import windows
@@ -259,14 +267,15 @@ def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
         ids = read_text_tokens(model, text_file)
         if ids.numel() < n_ctx:
             raise UsageError(f"--text-file {text_file} holds {ids.numel()} tokens; need at least {n_ctx} (n_ctx)")
-        return windows(ids, n_ctx, n, seed, bos=bos_token_id(model)), f"{n} windows of {n_ctx} tokens of {text_file}"
+        return (windows(ids, n_ctx, n, seed, bos=bos_token_id(model)), f"{n} windows of {n_ctx} tokens of {text_file}",
+                ids.unique())
     from .report import _validation_text
 
-    text, _ = _validation_text(model, loaded.folder, 400_000)
+    text, vocab = _validation_text(model, loaded.folder, 400_000)
     if text is None or text.numel() < n_ctx:
-        return None, "no validation text (the model has no tokenizer or its corpus is unavailable)"
+        return None, "no validation text (the model has no tokenizer or its corpus is unavailable)", None
     return (windows(text, n_ctx, n, seed, bos=bos_token_id(model)),
-            f"{n} validation windows of {n_ctx} tokens from the model's training corpus")
+            f"{n} validation windows of {n_ctx} tokens from the model's training corpus", vocab)
 
 
 def table(headers: list[str], rows: list[list], digits: int = 3) -> str:

@@ -55,10 +55,11 @@ def _load(model_or_name_or_path):
     """(model, display name, model folder or None)."""
     if isinstance(model_or_name_or_path, (str, Path)):
         import models
-        from models.checkpoint import resolve
+        from models.checkpoint import ZOO_DIR, resolve
 
         folder = resolve(model_or_name_or_path)
-        return models.load(folder), str(model_or_name_or_path), folder
+        shipped = Path(folder).resolve().parent == Path(ZOO_DIR).resolve()
+        return models.load(folder), Path(folder).name if shipped else str(model_or_name_or_path), folder
     m = model_or_name_or_path
     if not hasattr(m, "cfg") or not hasattr(m, "W_E"):
         raise TypeError(f"build_report needs a model, a zoo name or a folder path, got {type(m).__name__}")

@@ -298,9 +298,17 @@ def one_layer_dynamics_rows(zoo: Path) -> list[Row]:
     return [Row("1L: no induction heads, so no induction phase change",
                 "no bump in the loss curve of 1-layer models",
                 f"best induction score {ind:.2f}; ICL score {icl:+.3f} on {w.shape[0]} windows{extra}",
-                "A 1-layer model cannot K-compose, so no head can prefix-match. Its ICL score is still clearly "
-                "negative: Python source repeats identifiers, and 1-layer copying heads (skip-trigrams "
-                "'[a] … [b] → [a]') raise tokens seen earlier in the context without any induction.")]
+                "A 1-layer model cannot K-compose, so no head can prefix-match. " + _one_layer_icl_note(icl))]
+
+
+def _one_layer_icl_note(icl: float) -> str:
+    if icl < -0.15:
+        return ("Its ICL score is still clearly negative: Python source repeats identifiers, and 1-layer copying "
+                "heads (skip-trigrams '[a] … [b] → [a]') raise tokens seen earlier in the context without induction.")
+    if icl > 0.15:
+        return ("Its ICL score is positive: later tokens are predicted slightly worse than early ones (measured, "
+                "not explained here); without prefix matching the longer context does not help it.")
+    return "Its ICL score is within ±0.15 nats of zero, the papers' 'before the phase change' range."
 
 
 def write(out: Path = DEFAULT_OUT, zoo: Path | None = None) -> str:

@@ -26,7 +26,7 @@ _BYTES = dict(n_ctx=128, d_vocab=259)
 _BYTES_TRAIN = dict(_TRAIN, tokenizer="bytes", lr=1e-2, warmup_steps=100, eval_every=250, log_every=25,
                     log_checkpoints=12)
 
-NOTES_2L = """Settings measured to matter (runs of 3000–6000 steps on this corpus, same seed):
+NOTES_2L = """Settings measured to matter (runs of up to 6000 steps on this corpus, same seed):
 - `init_range` 0.8/√d_model instead of 0.02: with 0.02 (no LayerNorm) the query/key gradients sat below Adam's
   epsilon and no attention pattern formed; TransformerLens behaves the same on the same weights.
 - 4 heads of width 32 instead of 8 of width 16: the best layer-1 induction score reached 0.85 by step 5000
@@ -35,7 +35,10 @@ NOTES_2L = """Settings measured to matter (runs of 3000–6000 steps on this cor
   the induction heads form sooner (score 0.41 against 0.12 at step 2000) but left the layer-0 heads blurred
   over the last few positions (best previous-token score 0.37 against 0.60 at step 4500), so it is not used.
 - repeated segments: half of the training sequences carry a random segment repeated to the end of the sequence.
-  With natural text alone no induction head formed within the budget (see below)."""
+  Control, natural text alone (this preset with repeat_fraction 0, 6000 steps, 24.6 M tokens, 536 s): no induction
+  head (best layer-1 score 0.01 against 0.92 at step 6000 of this run), best layer-0 previous-token score 0.20
+  (against 0.96), ICL score −0.08, validation loss 1.734 (against 1.724). The induction heads here needed the
+  repeated segments."""
 
 PRESETS: dict[str, dict] = {
     "attn-only-0l": {

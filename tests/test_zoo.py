@@ -124,3 +124,26 @@ def test_head_scores_in_card_reproduce(stdlib_eval):
     for key in ("induction_scores_50", "previous_token_scores"):
         assert torch.allclose(torch.tensor(ev[key]), torch.tensor(m[key]), atol=2e-3), key
     assert ev["icl_score"] == pytest.approx(m["icl_score"], abs=2e-3)
+
+
+def test_cli_heads_agree_with_the_card():
+    """`circuits heads` draws its probe tokens from the model's validation text, as the card and the report do
+    (from only a few windows' ids, L1H1 of attn-only-2l looked like no induction head at all)."""
+    import contextlib
+    import io
+
+    from analyses import cli
+
+    n = torch.get_num_threads()
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            assert cli.main(["heads", "attn-only-2l", "--json", "--no-progress"]) == 0
+    finally:
+        torch.set_num_threads(n)
+    out = json.loads(buf.getvalue())
+    card = measured("attn-only-2l")
+    expect = [f"L1H{h}" for h, s in enumerate(card["induction_scores_50"][1]) if s >= 0.4]
+    assert out["induction_heads"] == expect and len(expect) >= 1
+    assert out["previous_token_heads"] == [f"L0H{h}" for h, s in enumerate(card["previous_token_scores"][0])
+                                           if s >= 0.4]
