@@ -67,7 +67,7 @@ def test_zoo_attn_only_2l_forms_induction_heads():
 
     run = ZOO_DIR / "attn-only-2l"
     if "attn-only-2l" not in zoo_names() or not (run / "metrics.jsonl").is_file():
-        pytest.skip("zoo model attn-only-2l (with its metrics.jsonl) is not trained yet")
+        pytest.fail("the shipped zoo model attn-only-2l (with its metrics.jsonl) is missing")
     d = training_dynamics(run)
     assert d.formation_window is not None, str(d)
     assert d.icl_after < d.icl_before

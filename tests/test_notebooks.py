@@ -5,7 +5,7 @@ by `python notebooks/build.py`, no code cell changed since (each cell's SHA-256 
 time), every code cell ran, once, in order, without an error, and the build took under 3 minutes.
 
 Execution (slow job): each notebook is rebuilt from its source in a fresh kernel with nbclient; no cell may raise.
-Skipped when the zoo models it loads are not present.
+Fails when a zoo model it loads is missing (the zoo is shipped).
 """
 
 from __future__ import annotations
@@ -42,10 +42,8 @@ def _missing_zoo(src: Path) -> list[str]:
 
 
 def _need_built(src: Path) -> None:
-    """A notebook can only be built once the zoo models it studies are shipped: until then, skip (with the
-    reason) rather than fail; once they are there, a missing or stale notebook fails."""
-    if not build.notebook_path(src).is_file() and _missing_zoo(src):
-        pytest.skip(f"{src.stem}: zoo model(s) {_missing_zoo(src)} not shipped yet, so the notebook is not built")
+    """The zoo models a notebook studies are shipped, so a missing model or a missing notebook fails."""
+    assert not _missing_zoo(src), f"{src.stem}: zoo model(s) {_missing_zoo(src)} missing"
 
 
 def test_every_source_has_a_notebook():
@@ -78,8 +76,7 @@ def test_check_detects_an_edited_cell(tmp_path, monkeypatch):
     import nbformat
 
     built = [s for s in SOURCES if build.notebook_path(s).is_file()]
-    if not built:
-        pytest.skip("no notebook built yet")
+    assert built, "no notebook is built (python notebooks/build.py)"
     src = built[0]
     nb = nbformat.read(build.notebook_path(src), as_version=4)
     code = next(c for c in nb.cells if c.cell_type == "code")
@@ -93,9 +90,7 @@ def test_check_detects_an_edited_cell(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("src", SOURCES, ids=lambda s: s.stem)
 def test_notebook_executes(src):
-    missing = _missing_zoo(src)
-    if missing:
-        pytest.skip(f"zoo model(s) {missing} not present")
+    assert not _missing_zoo(src), f"zoo model(s) {_missing_zoo(src)} missing"
     nb = build.make_notebook(src)
     seconds = build.execute(nb, timeout=int(os.environ.get("NOTEBOOK_CELL_TIMEOUT", "900")))
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]

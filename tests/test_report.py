@@ -98,7 +98,7 @@ def test_zoo_report(tmp_path, name):
     from models.checkpoint import zoo_names
 
     if name not in zoo_names():
-        pytest.skip(f"zoo model {name!r} is not trained yet")
+        pytest.fail(f"the shipped zoo model {name!r} is missing")
     r = build_report(name, tmp_path, progress=False)
     assert r.failed == {}, r.failed
     check_files(r)
