@@ -97,7 +97,8 @@ class HookedTransformerConfig:
         self._check_choice("attention_dir", ATTENTION_DIRS)
         if self.n_key_value_heads is None:
             self.n_key_value_heads = self.n_heads
-        if not isinstance(self.n_key_value_heads, int) or self.n_key_value_heads < 1 or (
+        if not isinstance(self.n_key_value_heads, int) or isinstance(self.n_key_value_heads, bool) or (
+            self.n_key_value_heads < 1) or (
             self.n_heads % self.n_key_value_heads
         ):
             raise ConfigError(
@@ -128,7 +129,16 @@ class HookedTransformerConfig:
         if not isinstance(self.extra, dict):
             raise ConfigError(f"extra must be a dict, got {type(self.extra).__name__}")
         self.dtype = _dtype_name(self.dtype)
-        self.device = str(self.device)
+        import torch  # lazily: `circuits --help` must not import torch
+
+        if isinstance(self.device, bool) or not isinstance(self.device, (str, torch.device)):
+            raise ConfigError(f"device must be a device name such as 'cpu', 'cuda', 'cuda:1' or 'mps', got "
+                              f"{self.device!r}")
+        try:
+            self.device = str(torch.device(self.device))
+        except (RuntimeError, ValueError):
+            raise ConfigError(f"device {self.device!r} is not a device name; use e.g. 'cpu', 'cuda', 'cuda:1' or "
+                              "'mps'") from None
 
     def _check_choice(self, name: str, allowed: tuple) -> None:
         if getattr(self, name) not in allowed:

@@ -51,6 +51,9 @@ def test_bad_choice_names_field_and_allowed_values(field, value, also):
     (dict(n_key_value_heads=3), "n_key_value_heads"),
     (dict(n_key_value_heads=0), "n_key_value_heads"),
     (dict(n_key_value_heads=8), "n_key_value_heads"),
+    (dict(n_key_value_heads=True), "n_key_value_heads"),  # a bool is not a head count (found by hypothesis)
+    (dict(device="gpu"), "device"),
+    (dict(device=True), "device"),
     (dict(d_model=18), "d_head"),  # 18 % 4 != 0 with d_head unset
     (dict(positional_embedding_type="rotary", rotary_dim=3), "rotary_dim"),
     (dict(positional_embedding_type="rotary", rotary_dim=6), "rotary_dim"),  # > d_head = 4

@@ -12,7 +12,7 @@ from models.checkpoint import read_config
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.floats(allow_nan=True), st.text(max_size=8),
                    st.sampled_from(["LN", "RMS", "gelu", "relu", "rotary", "alibi", "shortformer", "causal"]))
 FIELDS = ["n_layers", "d_model", "n_ctx", "d_vocab", "n_heads", "d_head", "d_mlp", "act_fn", "normalization_type",
-          "positional_embedding_type", "attention_dir", "n_key_value_heads", "rotary_dim", "dtype", "bogus"]
+          "positional_embedding_type", "attention_dir", "n_key_value_heads", "rotary_dim", "dtype", "device", "bogus"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
