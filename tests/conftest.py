@@ -1,7 +1,16 @@
+import os
+
 import pytest
 from helpers import randomize  # noqa: F401  (re-exported for older imports)
+from hypothesis import settings
 
 from models import HookedTransformer, HookedTransformerConfig
+
+# Property and fuzz tests draw the same examples on every run (a CI run cannot fail by chance); run
+# `HYPOTHESIS_PROFILE=explore python -m pytest tests/test_fuzz.py tests/reliability` to search new examples.
+settings.register_profile("default", derandomize=True)
+settings.register_profile("explore", derandomize=False, max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture
