@@ -7,7 +7,7 @@ shortformer positions, no LayerNorm, no biases.
 - `attn-only-0l` and `attn-only-1l` use a 2048-id byte-level BPE and 256-token contexts.
 - `attn-only-2l` and `gelu-2l` use the byte tokenizer (256 bytes + BOS/PAD/EOS) and 128-token contexts: at
   ~90k tokens/s on 2 CPU cores, a 20-minute budget buys enough steps for the induction-head phase change
-  (with BPE, 256-token contexts and the same settings, no layer-0 previous-token head formed in 3000 steps).
+  (two BPE, 256-token runs with otherwise similar settings formed no layer-0 previous-token head in 3000 steps).
 
 What was measured to matter for the no-LayerNorm `attn-only-2l` is in `NOTES_2L` (printed in its card).
 """
