@@ -18,6 +18,9 @@ _EXPORTS = {
     "duplicate_token_scores": "scores",
     "copying_scores_behavioural": "scores",
     "in_context_learning_score": "scores",
+    "in_context_learning_differences": "scores",
+    "icl_positions": "scores",
+    "position_losses": "scores",
     # probe sequences
     "random_tokens": "sequences",
     "repeated_tokens": "sequences",
@@ -34,6 +37,7 @@ _EXPORTS = {
     "copying_heads_table": "one_layer",
     "positional_vs_content": "one_layer",
     "head_ablation_losses": "one_layer",
+    "ablated_position_losses": "one_layer",
     "composition_study": "two_layer",
     "find_induction_circuit": "two_layer",
     "virtual_head_importance": "two_layer",

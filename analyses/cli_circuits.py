@@ -53,7 +53,7 @@ def run_heads(args) -> int:
     model = loaded.model
     bar = progress(args, 3, f"heads {loaded.name}")
     bar.set_postfix_str("text")
-    text, text_about, vocab = text_windows(loaded, args, 8, args.seed, with_vocab=True)
+    text, text_about, vocab = text_windows(loaded, args, 8, args.seed)
     bar.update()
     bar.set_postfix_str("previous-token")
     prev = detect_previous_token_heads(model, text, threshold=args.threshold, seed=args.seed)
@@ -228,7 +228,7 @@ def run_paths(args) -> int:
     if not (model.cfg.attn_only or model.cfg.d_mlp is None):
         raise UsageError(f"the path expansion is exact for attention-only models; {loaded.name} has MLPs")
     bar = progress(args, 2, f"paths {loaded.name}")
-    tokens, about = text_windows(loaded, args, args.windows, args.seed)
+    tokens, about, _ = text_windows(loaded, args, args.windows, args.seed)
     if tokens is None:
         from .sequences import bos_token_id, random_tokens
 

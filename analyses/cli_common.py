@@ -244,19 +244,11 @@ def read_text_tokens(model, text_file: str):
     return ids
 
 
-def text_windows(loaded: Loaded, args, n: int, seed: int = 0, with_vocab: bool = False):
-    """`(tokens [n, n_ctx] with BOS first, description)`: windows of `--text-file` if given, else of the validation
-    split of the corpus the model was trained on (the folder's train_config.json; default the Python standard
-    library, tokenized once and cached), else `(None, reason)`. `with_vocab=True` appends the ids that random
-    probes should be drawn from: those of the whole text read (up to 400k tokens), as the report uses."""
-    out = _text_windows(loaded, args, n, seed)
-    if not with_vocab:
-        return out[:2]
-    return out if out[0] is not None else (None, out[1], None)
-
-
-def _text_windows(loaded: Loaded, args, n: int, seed: int):
-
+def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
+    """`(tokens [n, n_ctx] with BOS first, description, vocabulary)`: windows of `--text-file` if given, else of
+    the validation split of the corpus the model was trained on (the folder's train_config.json; default the
+    Python standard library, tokenized once and cached), else `(None, reason, None)`. The vocabulary is the ids
+    of the whole text read (up to 400k tokens), which random probes are drawn from, as in the report."""
     from .sequences import bos_token_id
     from .util import windows
 

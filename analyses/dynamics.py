@@ -209,7 +209,7 @@ def checkpoint_scores(run_dir, windows=None, tokens_from=None, early: int | None
     `max_checkpoints`: measure at most this many, evenly spread over the list (first and last always kept)."""
     import models
 
-    from .scores import in_context_learning_score, induction_scores
+    from .scores import icl_positions, in_context_learning_differences, induction_scores, position_losses
 
     run = Path(run_dir)
     recs = _read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
@@ -232,11 +232,10 @@ def checkpoint_scores(run_dir, windows=None, tokens_from=None, early: int | None
         icl = loss = best = None
         if windows is not None:
             w = torch.as_tensor(windows, dtype=torch.long).to(m.W_E.device)
-            n = w.shape[1]
-            e = early or max(1, round(n * 50 / 512))
-            lt = late or min(n - 1, round(n * 500 / 512))
-            icl = in_context_learning_score(m, w, e, lt)
-            loss = float(m(w, return_type="loss"))
+            e, lt = icl_positions(w.shape[1])
+            per = position_losses(m, w)  # one forward gives both numbers
+            icl = float(in_context_learning_differences(m, w, early or e, late or lt, losses=per).mean())
+            loss = float(per.mean())
         if m.cfg.n_layers:
             s = induction_scores(m, seq_len=min(50, (m.cfg.n_ctx - 1) // 2), tokens_from=tokens_from)
             best = float((s[1:] if s.shape[0] > 1 else s).max())

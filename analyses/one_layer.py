@@ -202,21 +202,57 @@ def head_ablation_losses(model, tokens, heads: list[tuple[int, int]] | None = No
     L, H = model.cfg.n_layers, model.cfg.n_heads
     if heads is not None:
         heads = [check_head_pair(model, p, "heads[i]") for p in heads]
-    names = [f"blocks.{l}.attn.hook_pattern" for l in range(L)]
+    names = _pattern_names(model)
     clean, cache = model.run_with_cache(tokens, return_type="loss", names_filter=lambda n: n in names)
-    frozen = {n: cache[n].clone() for n in names}
-
-    def freeze(pattern, hook):
-        return frozen[hook.name]
-
+    frozen = {n: cache[n].clone() for n in names}  # reused by every run below
     delta = torch.zeros(L, H)
     for l, h in heads if heads is not None else [(l, h) for l in range(L) for h in range(H)]:
-        def zero(z, hook, h=h):
-            z = z.clone()
-            z[:, :, h] = 0
-            return z
-
-        hooks = [(n, freeze) for n in names] + [(f"blocks.{l}.attn.hook_z", zero)]
-        loss = model.run_with_hooks(tokens, return_type="loss", fwd_hooks=hooks)
+        loss = model.run_with_hooks(tokens, return_type="loss", fwd_hooks=_ablation_hooks(frozen, [(l, h)]))
         delta[l, h] = float(loss) - float(clean)
     return AblationResult(float(clean), delta)
+
+
+def _pattern_names(model) -> list[str]:
+    return [f"blocks.{l}.attn.hook_pattern" for l in range(model.cfg.n_layers)]
+
+
+def _ablation_hooks(frozen: dict, heads) -> list:
+    """Forward hooks of a pattern-preserving ablation: every `hook_pattern` replaced by its clean value in
+    `frozen`, and the `hook_z` of each of `heads` (together) set to 0."""
+    by_layer: dict[int, list[int]] = {}
+    for l, h in heads:
+        by_layer.setdefault(l, []).append(h)
+
+    def zero(z, hook, hs):
+        z = z.clone()
+        z[:, :, hs] = 0
+        return z
+
+    return [(n, lambda p, hook: frozen[hook.name]) for n in frozen] + [
+        (f"blocks.{l}.attn.hook_z", lambda z, hook, hs=hs: zero(z, hook, hs)) for l, hs in sorted(by_layer.items())]
+
+
+@torch.no_grad()
+def ablated_position_losses(model, tokens, heads, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position next-token losses `[batch, pos − 1]` (float64, CPU; index i predicts token i + 1): clean,
+    and with all of `heads` zeroed together while every attention pattern keeps its clean value (the
+    pattern-preserving ablation of `head_ablation_losses`). Run `chunk` sequences at a time, so the frozen
+    patterns of one chunk are all that is held."""
+    from circuits._validate import check_head_pair
+
+    from .scores import _as_tokens
+
+    tokens = _as_tokens(model, tokens)
+    heads = [check_head_pair(model, p, "heads[i]") for p in heads]
+    names = _pattern_names(model)
+    clean, ablated = [], []
+    for part in tokens.split(max(1, int(chunk))):
+        per, cache = model.run_with_cache(part, return_type="loss", loss_per_token=True,
+                                          names_filter=lambda n: n in names)
+        clean.append(per.double().cpu())
+        if heads:
+            per = model.run_with_hooks(part, return_type="loss", loss_per_token=True,
+                                       fwd_hooks=_ablation_hooks({n: cache[n] for n in names}, heads))
+            ablated.append(per.double().cpu())
+    clean_t = torch.cat(clean)
+    return clean_t, (torch.cat(ablated) if heads else clean_t)

@@ -189,20 +189,12 @@ def plot_positivity(circuit):
     return fig
 
 
-@torch.no_grad()
-def position_losses(model, tokens, chunk: int = 64) -> torch.Tensor:
-    """Next-token loss of every window at every position, `[batch, pos − 1]` float64 (index i predicts token
-    i + 1), computed `chunk` windows at a time."""
-    t = torch.as_tensor(tokens, dtype=torch.long).to(model.W_E.device)
-    with torch.no_grad():
-        return torch.cat([model(part, return_type="loss", loss_per_token=True).double().cpu()
-                          for part in t.split(max(1, int(chunk)))])
-
-
 def plot_position_loss(model, tokens, marks: tuple[int, int] | None = None, losses: torch.Tensor | None = None):
     """Mean next-token loss at each position of `tokens [batch, pos]` (x: the position of the predicted token);
     `marks` (early, late) draws the in-context-learning score's two positions; `losses` (from
     `position_losses`) skips the forward passes."""
+    from .scores import position_losses
+
     plt = _plt()
     loss = (position_losses(model, tokens) if losses is None else losses).float().mean(0)
     fig, ax = plt.subplots(figsize=(7, 3.6))

@@ -258,25 +258,22 @@ def term_importance(ctx: Context) -> str:
     return "\n".join(out)
 
 
-#: Validation windows behind the report's in-context-learning score (its standard error is then ~0.1 nats).
-ICL_WINDOWS = 1024
-
-
 def in_context(ctx: Context) -> str:
-    from .plots import plot_position_loss, position_losses
+    from .plots import plot_position_loss
+    from .scores import ICL_EXAMPLES, icl_positions, in_context_learning_differences, position_losses
     from .sequences import bos_token_id
     from .util import windows
 
     if ctx.windows is None:
         return "Skipped: needs validation text."
     n = ctx.windows.shape[1]
-    early, late = max(1, round(n * 50 / 512)), min(n - 1, round(n * 500 / 512))
-    # One token per window makes the score noisy (per-token losses spread by ~2 nats), so it gets its own,
-    # larger set of windows: ICL_WINDOWS evenly spaced over the validation text.
-    w = windows(ctx.text, n, ICL_WINDOWS, ctx.seed, bos=bos_token_id(ctx.model)) if ctx.text is not None \
+    early, late = icl_positions(n)
+    # One token per window makes the score noisy, so it gets its own, larger set of windows: ICL_EXAMPLES
+    # evenly spaced over the validation text.
+    w = windows(ctx.text, n, ICL_EXAMPLES, ctx.seed, bos=bos_token_id(ctx.model)) if ctx.text is not None \
         else ctx.windows
     per = position_losses(ctx.model, w)
-    diff = per[:, late - 1] - per[:, early - 1]  # = analyses.scores.in_context_learning_score per window
+    diff = in_context_learning_differences(ctx.model, w, early, late, losses=per)
     s = float(diff.mean())
     se = float(diff.std() / diff.numel() ** 0.5) if diff.numel() > 1 else float("nan")
     ctx.cache["icl"] = (s, early, late, se)

@@ -20,7 +20,8 @@ from .sequences import random_tokens, repeated_tokens
 __all__ = [
     "attention_patterns", "induction_scores", "prefix_matching_scores", "previous_token_scores",
     "current_token_scores", "first_token_scores", "duplicate_token_scores", "copying_scores_behavioural",
-    "in_context_learning_score",
+    "in_context_learning_score", "in_context_learning_differences", "icl_positions", "position_losses",
+    "ICL_EXAMPLES",
 ]
 
 
@@ -225,24 +226,47 @@ def copying_scores_behavioural(model, seq_len: int = 25, n_repeats: int = 4, bat
     return out
 
 
+#: Examples (validation windows) an ICL score is averaged over by default here, in reports, cards and
+#: REPRODUCTION.md: one token per example spreads by ~2.5 nats, so the standard error is ≈ 0.08 nats.
+ICL_EXAMPLES = 1024
+
+
+def icl_positions(n_ctx: int) -> tuple[int, int]:
+    """Olsson et al.'s tokens 50 and 500 of a 512-token context, scaled to `n_ctx`: `(early, late)`."""
+    return max(1, round(n_ctx * 50 / 512)), min(n_ctx - 1, round(n_ctx * 500 / 512))
+
+
 @torch.no_grad()
+def position_losses(model, tokens, chunk: int = 64) -> torch.Tensor:
+    """Next-token loss of every sequence at every position, `[batch, pos − 1]` float64 on the CPU (index i is
+    the loss of predicting token i + 1), computed `chunk` sequences at a time."""
+    tokens = _as_tokens(model, tokens)
+    return torch.cat([model(part, return_type="loss", loss_per_token=True).double().cpu()
+                      for part in tokens.split(max(1, int(chunk)))])
+
+
+def in_context_learning_differences(model, tokens, early: int = 50, late: int = 500, chunk: int = 64,
+                                    losses: torch.Tensor | None = None) -> torch.Tensor:
+    """Per example, loss(token `late`) − loss(token `early`) (`[batch]` float64): the terms whose mean is
+    `in_context_learning_score`. `losses` (from `position_losses` on the same tokens) skips the forward."""
+    n = (losses.shape[1] + 1) if losses is not None else _as_tokens(model, tokens).shape[1]
+    if not 1 <= early < late < n:
+        raise ValueError(
+            f"need 1 <= early < late < sequence length; got early={early}, late={late} for sequences of "
+            f"{n} tokens (n_ctx={model.cfg.n_ctx}); pick positions that fit"
+        )
+    per = position_losses(model, tokens, chunk) if losses is None else losses
+    return per[:, late - 1] - per[:, early - 1]
+
+
 def in_context_learning_score(model, tokens, early: int = 50, late: int = 500, chunk: int = 64) -> float:
     """Olsson et al. (2022) in-context learning score: mean over examples of loss(token `late`) −
     loss(token `early`), in nats; more negative = more in-context learning (the paper: 500 vs 50 in
-    contexts of 512; < 0.15 nats of improvement before the induction-head phase change, ≈ 0.4 after).
+    contexts of 512; < 0.15 nats of improvement before the induction-head phase change, ≈ 0.4 after;
+    `icl_positions` scales the two positions to another context).
 
     "Loss at token t" is the loss of predicting the token at position t from positions < t, i.e. index
     t − 1 of `model(tokens, return_type="loss", loss_per_token=True)` (`[batch, pos − 1]`). One token per
-    example makes the score noisy (its standard error is ~2.8 nats / √batch for byte- or BPE-level text), so
-    pass many examples; they are run `chunk` sequences at a time."""
-    tokens = _as_tokens(model, tokens)
-    if not 1 <= early < late < tokens.shape[1]:
-        raise ValueError(
-            f"need 1 <= early < late < sequence length; got early={early}, late={late} for sequences of "
-            f"{tokens.shape[1]} tokens (n_ctx={model.cfg.n_ctx}); pick positions that fit"
-        )
-    diffs = []
-    for part in tokens.split(max(1, int(chunk))):
-        loss = model(part, return_type="loss", loss_per_token=True)  # [batch, pos-1]; index i predicts token i+1
-        diffs.append((loss[:, late - 1] - loss[:, early - 1]).double())
-    return float(torch.cat(diffs).mean())
+    example makes the score noisy (its standard error is ~2.5 nats / √batch for byte- or BPE-level text), so
+    pass many examples (`ICL_EXAMPLES`); they are run `chunk` sequences at a time."""
+    return float(in_context_learning_differences(model, tokens, early, late, chunk).mean())

@@ -17,11 +17,6 @@ import numpy as np
 import torch
 
 
-def icl_positions(n_ctx: int) -> tuple[int, int]:
-    """Olsson et al.'s tokens 50 and 500 of a 512 context, scaled to `n_ctx`: (early, late)."""
-    return max(1, round(n_ctx * 50 / 512)), min(n_ctx - 1, round(n_ctx * 500 / 512))
-
-
 def _rounded(t: torch.Tensor) -> list:
     return [[round(float(x), 4) for x in row] for row in t]
 
@@ -33,7 +28,7 @@ def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16
     `val_tokens [n, T]`: validation sequences starting with BOS (natural text): all of them for the ICL score
     (one token per sequence, so it needs hundreds), the first `pattern_sequences` for previous-token scores;
     `seen_ids`: the training ids that random probe tokens are drawn from (specials excluded)."""
-    from .scores import in_context_learning_score, induction_scores, previous_token_scores
+    from .scores import icl_positions, in_context_learning_score, induction_scores, previous_token_scores
 
     val = torch.as_tensor(np.asarray(val_tokens), dtype=torch.long)
     seen = torch.as_tensor(np.asarray(seen_ids), dtype=torch.long)
@@ -64,15 +59,14 @@ def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16
     return eval_fn
 
 
-#: Validation sequences the checkpoint ICL score is averaged over (standard error ≈ 0.1 nats).
-ICL_SEQUENCES = 1024
-
-
-def eval_inputs(cfg, model_cfg, n_sequences: int = ICL_SEQUENCES):
+def eval_inputs(cfg, model_cfg, n_sequences: int | None = None):
     """(tokenizer, `n_sequences` validation sequences, seen ids, corpus) for `make_eval_fn`, from a
-    `TrainConfig`'s data."""
+    `TrainConfig`'s data (default `analyses.scores.ICL_EXAMPLES` sequences)."""
     from models.train import build_data
 
+    from .scores import ICL_EXAMPLES
+
+    n_sequences = ICL_EXAMPLES if n_sequences is None else n_sequences
     batches, tok, corpus = build_data(cfg, model_cfg)
     val = batches.val_batch(n_sequences)
     seen = corpus.seen_ids() if corpus is not None else batches.pool
@@ -168,6 +162,8 @@ def card_results(model, metrics, summary, corpus) -> tuple[list[str], dict]:
     ]
     L = model.cfg.n_layers
     if "icl_score" in last:
+        from .scores import icl_positions
+
         early, late = icl_positions(model.cfg.n_ctx)
         lines.append(f"- in-context-learning score (loss at token {late} − loss at token {early}, validation text): "
                      f"**{last['icl_score']:+.3f}** nats")

@@ -384,7 +384,6 @@ class Curriculum:
 
     def __init__(self, first, then, switch_step: int):
         self.first, self.then, self.switch_step = first, then, int(switch_step)
-        self.seq_len = then.seq_len
 
     def batch(self, seed: int, step: int, batch_size: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
         source = self.first if step < self.switch_step else self.then

@@ -191,6 +191,11 @@ def dist_info() -> tuple[int, int, int]:
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW; weight decay on the weight matrices (`W_*` except `W_pos`), none on norms and biases; one
     parameter group per (decay, lr multiplier), the multiplier stored in the group as `lr_scale`."""
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_parameters()}
+    unknown = sorted(set(cfg.lr_multipliers) - leaves)
+    if unknown:
+        raise TrainConfigError(f"lr_multipliers name parameters this model does not have: {unknown}; its "
+                               f"parameters: {sorted(leaves)}")
     groups: dict = {}
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]

@@ -158,3 +158,28 @@ def test_head_ablation_freezes_patterns_in_two_layers():
         free = float(m.run_with_hooks(tokens, return_type="loss", fwd_hooks=[("blocks.0.attn.hook_z", zero)]))
     assert abs((free - res.clean_loss) - float(res.delta[0, 0])) > 1e-4
     assert res.delta.shape == (2, 2)
+
+
+def test_joint_ablation_per_position_matches_the_head_term():
+    """`ablated_position_losses` zeroes several heads together (patterns frozen): in one layer that is exactly
+    removing their head terms from the logits, per position; chunking changes nothing; one head agrees with
+    `head_ablation_losses`."""
+    from analyses.one_layer import ablated_position_losses
+
+    m = one_layer(n_heads=3, d_model=16, d_head=8, seed=3)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.5)
+    tokens = torch.randint(1, V, (5, 24), generator=torch.Generator().manual_seed(0))
+    clean, ablated = ablated_position_losses(m, tokens, [(0, 0), (0, 2)], chunk=2)
+    with torch.no_grad():
+        logits, cache = m.run_with_cache(tokens)
+        removed = logits - (cache["blocks.0.attn.hook_result"][:, :, 0] + cache["blocks.0.attn.hook_result"][:, :, 2]
+                            ) @ m.W_U.detach()
+    for full, expect in ((logits, clean), (removed, ablated)):
+        lp = full[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
+        assert expect.shape == (5, 23) and torch.allclose(expect, -lp.double(), atol=1e-5)
+    one = ablated_position_losses(m, tokens, [(0, 1)])[1]
+    assert float(one.mean() - clean.mean()) == pytest.approx(float(head_ablation_losses(m, tokens).delta[0, 1]),
+                                                             abs=1e-5)
+    assert torch.equal(ablated_position_losses(m, tokens, [])[1], clean)

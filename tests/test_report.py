@@ -121,8 +121,7 @@ def test_every_export_resolves_and_import_is_lazy():
 def test_chunked_position_losses_give_the_icl_score():
     from helpers import make_model
 
-    from analyses.plots import position_losses
-    from analyses.scores import in_context_learning_score
+    from analyses.scores import in_context_learning_score, position_losses
 
     model = make_model(2)
     tokens = torch.randint(0, model.cfg.d_vocab, (130, 24), generator=torch.Generator().manual_seed(0))

@@ -281,3 +281,28 @@ def test_copying_ratio_is_the_attended_share_of_the_movement():
     ratios = torch.where(attended == 5, 0.5, 0.25)
     assert sc[0, 0].item() == pytest.approx(4 * float(ratios.sum()) / 32 - 1, abs=1e-5)
     assert sc[0, 1].item() == pytest.approx(-1.0)
+
+
+def test_icl_positions_scale_olsson_50_and_500():
+    from analyses.scores import icl_positions
+
+    assert icl_positions(512) == (50, 500)
+    assert icl_positions(128) == (12, 125) and icl_positions(256) == (25, 250)
+    assert icl_positions(8) == (1, 7)  # never position 0, never past the context
+
+
+def test_icl_differences_and_score_share_one_definition():
+    from helpers import make_model
+
+    from analyses.scores import in_context_learning_differences, in_context_learning_score, position_losses
+
+    model = make_model(2)
+    tokens = torch.randint(0, model.cfg.d_vocab, (20, 16), generator=torch.Generator().manual_seed(1))
+    ref = model(tokens, return_type="loss", loss_per_token=True).double()
+    d = in_context_learning_differences(model, tokens, 2, 12, chunk=3)
+    assert torch.allclose(d, ref[:, 11] - ref[:, 1], atol=1e-5)
+    per = position_losses(model, tokens)
+    assert torch.equal(in_context_learning_differences(model, tokens, 2, 12, losses=per), per[:, 11] - per[:, 1])
+    assert in_context_learning_score(model, tokens, 2, 12) == pytest.approx(float(d.mean()), abs=1e-6)
+    with pytest.raises(ValueError, match="early < late"):
+        in_context_learning_differences(model, tokens, 5, 16, losses=per)

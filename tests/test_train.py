@@ -242,3 +242,21 @@ def test_repeat_until_ends_the_mixture(corpus_dir):
     assert not np.array_equal(batches.batch(0, 5, 8), mixed.batch(0, 5, 8))  # every row of `mixed` has a repeat
     with pytest.raises(TrainConfigError, match="repeat_until"):
         tiny_train(corpus_dir, repeat_until=-2).validate()
+
+
+def test_lr_multipliers_scale_their_parameters_only(corpus_dir):
+    from models import HookedTransformer
+    from models.train import make_optimizer
+
+    cfg = tiny_train(corpus_dir, lr_multipliers={"W_pos": 0.25})
+    model = HookedTransformer(tiny_model())
+    opt = make_optimizer(model, cfg)
+    scales = {id(p): g["lr_scale"] for g in opt.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        assert scales[id(p)] == (0.25 if name.endswith("W_pos") else 1.0), name
+    frozen, _ = train(tiny_model(), tiny_train(corpus_dir, steps=5, lr_multipliers={"W_pos": 1e-9}))
+    start = HookedTransformer(tiny_model().replace(seed=0))
+    assert torch.allclose(frozen.W_pos, start.W_pos, atol=1e-6)  # its lr is ~0
+    assert not torch.allclose(frozen.W_E, start.W_E, atol=1e-4)  # everything else trained
+    with pytest.raises(TrainConfigError, match=r"W_psos.*parameters: \[.*'W_pos'"):
+        make_optimizer(model, tiny_train(corpus_dir, lr_multipliers={"W_psos": 0.1}))

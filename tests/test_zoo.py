@@ -112,10 +112,11 @@ def test_validation_loss_in_card_reproduces(name, stdlib_eval):
 
 @pytest.mark.slow
 def test_head_scores_in_card_reproduce(stdlib_eval):
-    from analyses.train_metrics import ICL_SEQUENCES, make_eval_fn
+    from analyses.scores import ICL_EXAMPLES
+    from analyses.train_metrics import make_eval_fn
 
     model, cfg, batches, corpus = stdlib_eval("attn-only-2l")
-    ev = make_eval_fn(model.tokenizer, batches.val_batch(ICL_SEQUENCES), corpus.seen_ids(),
+    ev = make_eval_fn(model.tokenizer, batches.val_batch(ICL_EXAMPLES), corpus.seen_ids(),
                       periods=(50, 100))(model)
     m = measured("attn-only-2l")
     for key in ("induction_scores_50", "previous_token_scores"):

@@ -130,7 +130,7 @@ corpus = build_token_corpus("stdlib", final.tokenizer)
 seen = torch.from_numpy(corpus.seen_ids())
 n_ctx, bos = final.cfg.n_ctx, final.tokenizer.bos_token_id
 windows = windows_of(corpus.val, n_ctx, 512, bos=bos)  # evenly spaced over the validation text
-early, late = round(n_ctx * 50 / 512), round(n_ctx * 500 / 512)
+early, late = analyses.icl_positions(n_ctx)  # tokens 50 and 500 of 512, scaled to the context
 
 rows = []
 for step_dir in sorted((run / "checkpoints").glob("step-*")):
