@@ -8,6 +8,7 @@ suite fast; the zoo models are exercised in the slow job when they exist.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -315,17 +316,9 @@ def test_internal_failure_exit_1(monkeypatch, capsys):
     assert "internal error: RuntimeError: kaboom" in capsys.readouterr().err
 
 
-# --- the zoo models (slow job) ------------------------------------------------------------------------------
-def _need_zoo(name: str) -> Path:
-    path = ZOO / name
-    if not (path / "model.safetensors").is_file():
-        pytest.fail(f"zoo model {name} is missing (models/zoo/{name}/model.safetensors); the zoo is shipped")
-    return path
-
-
+# --- the zoo models (slow job; an unknown or missing model makes `ok` fail with the CLI's message) ---------
 @pytest.mark.slow
 def test_zoo_two_layer_heads_and_composition():
-    _need_zoo("attn-only-2l")
     heads = ok_json("heads", "attn-only-2l")
     induction = heads["induction_heads"]
     assert induction and all(h.startswith("L1") for h in induction), induction
@@ -337,7 +330,6 @@ def test_zoo_two_layer_heads_and_composition():
 
 @pytest.mark.slow
 def test_zoo_report_and_paths(tmp_path):
-    _need_zoo("attn-only-2l")
     out = ok_json("report", "attn-only-2l", "--out", tmp_path / "r", "--windows", 16)
     assert out["failed"] == {} and "composition" in out["sections"] and out["figures"]
     paths = ok_json("paths", "attn-only-2l", "--windows", 4)
@@ -347,9 +339,8 @@ def test_zoo_report_and_paths(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["attn-only-0l", "attn-only-1l", "gelu-2l"])
 def test_zoo_models_load_and_run(name):
-    _need_zoo(name)
     info = ok_json("info", name)
-    assert info["final_val_loss"] is None or info["final_val_loss"] < 7.7  # below uniform ln 2048
+    assert info["final_val_loss"] is None or info["final_val_loss"] < math.log(info["config"]["d_vocab"])  # < uniform
     ok("generate", name, "--prompt", "import os\n", "--max-new-tokens", 8, "--no-progress")
     if info["config"]["n_layers"] >= 1:
         assert ok_json("eigen", name)["heads"]

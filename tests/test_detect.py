@@ -19,13 +19,9 @@ def _one_thread():
 
 
 def zoo_model(name):
-    from models.checkpoint import zoo_names
-
-    if name not in zoo_names():
-        pytest.fail(f"the shipped zoo model {name!r} is missing (models/zoo/{name})")
     import models
 
-    return models.load(name)
+    return models.load(name)  # a missing zoo model fails here, naming the shipped ones
 
 
 @pytest.mark.parametrize("positional,noise", [("shortformer", 0.0), ("standard", 0.0), ("shortformer", 0.02)])

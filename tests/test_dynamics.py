@@ -63,12 +63,9 @@ def test_missing_metrics(tmp_path):
 
 
 def test_zoo_attn_only_2l_forms_induction_heads():
-    from models.checkpoint import ZOO_DIR, zoo_names
+    from models.checkpoint import ZOO_DIR
 
-    run = ZOO_DIR / "attn-only-2l"
-    if "attn-only-2l" not in zoo_names() or not (run / "metrics.jsonl").is_file():
-        pytest.fail("the shipped zoo model attn-only-2l (with its metrics.jsonl) is missing")
-    d = training_dynamics(run)
+    d = training_dynamics(ZOO_DIR / "attn-only-2l")
     assert d.formation_window is not None, str(d)
     assert d.icl_after < d.icl_before
 

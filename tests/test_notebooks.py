@@ -5,7 +5,6 @@ by `python notebooks/build.py`, no code cell changed since (each cell's SHA-256 
 time), every code cell ran, once, in order, without an error, and the build took under 3 minutes.
 
 Execution (slow job): each notebook is rebuilt from its source in a fresh kernel with nbclient; no cell may raise.
-Fails when a zoo model it loads is missing (the zoo is shipped).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ZOO = ROOT / "models" / "zoo"
 BUDGET_S = 180  # each notebook runs in under 3 minutes on a CPU (measured at build time)
 
 
@@ -32,20 +30,6 @@ build = _build_module()
 SOURCES = build.sources()
 
 
-def _zoo_models_used(src: Path) -> list[str]:
-    text = src.read_text()
-    return [n for n in ("attn-only-0l", "attn-only-1l", "attn-only-2l", "gelu-2l") if f'"{n}"' in text]
-
-
-def _missing_zoo(src: Path) -> list[str]:
-    return [n for n in _zoo_models_used(src) if not (ZOO / n / "model.safetensors").is_file()]
-
-
-def _need_built(src: Path) -> None:
-    """The zoo models a notebook studies are shipped, so a missing model or a missing notebook fails."""
-    assert not _missing_zoo(src), f"{src.stem}: zoo model(s) {_missing_zoo(src)} missing"
-
-
 def test_every_source_has_a_notebook():
     assert [s.stem for s in SOURCES] == ["01_zero_and_one_layer", "02_two_layer_induction",
                                          "03_training_and_phase_change", "04_bring_your_own_model"]
@@ -53,7 +37,6 @@ def test_every_source_has_a_notebook():
 
 @pytest.mark.parametrize("src", SOURCES, ids=lambda s: s.stem)
 def test_committed_notebook_is_fresh(src):
-    _need_built(src)
     problems = build.check(src)
     assert not problems, "stale notebook (rebuild with python notebooks/build.py):\n" + "\n".join(problems)
 
@@ -62,7 +45,6 @@ def test_committed_notebook_is_fresh(src):
 def test_committed_notebook_ran_within_budget_and_shows_figures(src):
     import nbformat
 
-    _need_built(src)
     nb = nbformat.read(build.notebook_path(src), as_version=4)
     assert nb.metadata["toy_circuits"]["seconds"] < BUDGET_S
     pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
@@ -75,9 +57,7 @@ def test_check_detects_an_edited_cell(tmp_path, monkeypatch):
     """A cell edited in the .ipynb (or in the source) after the build makes the notebook stale."""
     import nbformat
 
-    built = [s for s in SOURCES if build.notebook_path(s).is_file()]
-    assert built, "no notebook is built (python notebooks/build.py)"
-    src = built[0]
+    src = SOURCES[0]
     nb = nbformat.read(build.notebook_path(src), as_version=4)
     code = next(c for c in nb.cells if c.cell_type == "code")
     code.source += "\nprint('edited')"
@@ -90,7 +70,6 @@ def test_check_detects_an_edited_cell(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("src", SOURCES, ids=lambda s: s.stem)
 def test_notebook_executes(src):
-    assert not _missing_zoo(src), f"zoo model(s) {_missing_zoo(src)} missing"
     nb = build.make_notebook(src)
     seconds = build.execute(nb, timeout=int(os.environ.get("NOTEBOOK_CELL_TIMEOUT", "900")))
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]

@@ -14,9 +14,6 @@ FILES = ["config.json", "model.safetensors", "tokenizer.json", "card.md", "metri
          "train_config.json", "summary.json"]
 
 
-# The zoo is trained by `circuits train --preset NAME --out models/zoo/NAME` and shipped in the repository.
-
-
 def measured(name) -> dict:
     return json.loads((ZOO_DIR / name / "measured.json").read_text())
 
