@@ -18,7 +18,7 @@ import json
 import sys
 
 from . import cli_circuits, cli_model
-from .cli_common import Command, UsageError, add_common, emit  # noqa: F401  (re-exported)
+from .cli_common import Command, UsageError, add_common, emit, read_json_object  # noqa: F401  (re-exported)
 
 
 def _user_errors() -> tuple:
@@ -38,8 +38,10 @@ def _user_errors() -> tuple:
 def _train_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", help="a zoo preset (see `circuits zoo`): model and training settings in code")
-    src.add_argument("--config", help="model config JSON, or {\"model\": {...}, \"train\": {...}}")
-    p.add_argument("--train-config", help="training settings JSON (models.train.TrainConfig fields)")
+    src.add_argument("--config", help="model config JSON, or {\"model\": {...}, \"train\": {...}}; a file, or "
+                     "inline text starting with {")
+    p.add_argument("--train-config", help="training settings JSON over the preset's (models.train.TrainConfig "
+                   "fields); a file, or inline text starting with {")
     p.add_argument("--out", required=True, help="output folder: model, metrics.jsonl, checkpoints/, card")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
@@ -54,19 +56,6 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-scores", action="store_true", help="skip the checkpoint head scores")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
-
-
-def _load_json_file(path: str, what: str) -> dict:
-    try:
-        with open(path) as f:
-            d = json.load(f)
-    except OSError as e:
-        raise UsageError(f"cannot read {what} {path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{what} {path} is not valid JSON: {e}") from None
-    if not isinstance(d, dict):
-        raise UsageError(f"{what} {path} must hold a JSON object")
-    return d
 
 
 def train_settings(args) -> tuple:
@@ -84,12 +73,12 @@ def train_settings(args) -> tuple:
         except KeyError as e:
             raise UsageError(e.args[0]) from None
     else:
-        d = _load_json_file(args.config, "config")
+        d = read_json_object(args.config, "config")
         model_d, train_d = (d["model"], d.get("train", {})) if "model" in d else (d, {})
         model_cfg, about = HookedTransformerConfig.from_dict(model_d), "custom model"
         cfg = TrainConfig.from_dict(train_d)
     if args.train_config:
-        cfg = TrainConfig.from_dict(dict(cfg.to_dict(), **_load_json_file(args.train_config, "training config")))
+        cfg = TrainConfig.from_dict(dict(cfg.to_dict(), **read_json_object(args.train_config, "training config")))
     over = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
             "data": args.data, "tokenizer": args.tokenizer, "repeat_fraction": args.repeat_fraction,
             "label_smoothing": args.label_smoothing, "device": args.device}

@@ -131,16 +131,21 @@ def resolve_device(spec: str):
     return dev
 
 
-def read_json_object(path: str, what: str) -> dict:
+def read_json_object(spec: str, what: str) -> dict:
+    """A JSON object from a file path, or given inline when `spec` starts with `{`."""
+    inline = spec.lstrip().startswith("{")
     try:
-        with open(path) as f:
-            d = json.load(f)
+        if inline:
+            d = json.loads(spec)
+        else:
+            with open(spec) as f:
+                d = json.load(f)
     except OSError as e:
-        raise UsageError(f"cannot read {what} {path}: {e.strerror}") from None
+        raise UsageError(f"cannot read {what} {spec}: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{what} {path} is not valid JSON: {e}") from None
+        raise UsageError(f"{what} {'(inline) ' if inline else ''}{spec} is not valid JSON: {e}") from None
     if not isinstance(d, dict):
-        raise UsageError(f"{what} {path} must hold a JSON object")
+        raise UsageError(f"{what} {spec} must hold a JSON object")
     return d
 
 

@@ -37,6 +37,9 @@ def test_help_is_fast_and_lazy():
     (["train", "--config", "/nonexistent.json", "--out", "x"], "cannot read config"),
     (["train", "--preset", "attn-only-2l", "--out", "x", "--steps", "0"], "steps must be"),
     (["train", "--preset", "attn-only-2l", "--out", "x", "--lr", "-1"], "lr must be"),
+    (["train", "--preset", "attn-only-2l", "--out", "x", "--train-config", '{"steps": }'], "is not valid JSON"),
+    (["train", "--preset", "attn-only-2l", "--out", "x", "--train-config", '{"stepz": 3}'], "stepz"),
+    (["train", "--preset", "attn-only-2l", "--out", "x", "--train-config", '{"steps": 0}'], "steps must be"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2
@@ -81,9 +84,9 @@ def test_tiny_training_run_writes_a_card(tmp_path, capsys, monkeypatch):
     (tmp_path / "m.json").write_text(json.dumps(cfg))
     out = tmp_path / "run"
     assert main(["train", "--config", str(tmp_path / "m.json"), "--data", str(tmp_path / "data"),
-                 "--out", str(out), "--json"]) == 0
+                 "--out", str(out), "--json", "--train-config", '{"steps": 10}']) == 0  # inline, over the file's
     summary = json.loads(capsys.readouterr().out)
-    assert summary["steps"] == 12 and summary["out"] == str(out)
+    assert summary["steps"] == 10 and summary["out"] == str(out)
     card = (out / "card.md").read_text()
     assert "circuits train --config" in card and "validation loss" in card
     assert (out / "training_curve.png").read_bytes()[:4] == b"\x89PNG"
@@ -91,7 +94,7 @@ def test_tiny_training_run_writes_a_card(tmp_path, capsys, monkeypatch):
     assert any("induction_scores_50" not in r and "previous_token_scores" in r for r in records)
     # resuming a finished run returns at once
     assert main(["train", "--config", str(tmp_path / "m.json"), "--data", str(tmp_path / "data"),
-                 "--out", str(out), "--resume", "--json"]) == 0
+                 "--out", str(out), "--resume", "--json", "--train-config", '{"steps": 10}']) == 0
 
 
 def test_zoo_lists_models(capsys):
