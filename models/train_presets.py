@@ -5,9 +5,11 @@ Every preset trains on the Python standard-library corpus (`models.data.stdlib_s
 shortformer positions, no LayerNorm, no biases.
 
 - `attn-only-0l` and `attn-only-1l` use a 2048-id byte-level BPE and 256-token contexts.
-- `attn-only-2l` and `gelu-2l` use the byte tokenizer (256 bytes + BOS/PAD/EOS) and 128-token contexts: at
-  ~90k tokens/s on 2 CPU cores, a 20-minute budget buys enough steps for the induction-head phase change
-  (two BPE, 256-token runs with otherwise similar settings formed no layer-0 previous-token head in 3000 steps).
+- `attn-only-2l` uses a 512-id byte-level BPE and 128-token contexts (about 480 bytes of text): short enough for
+  the induction-head phase change to come early (step ~2000) on 2 CPU cores, and enough tokens of context for
+  the in-context-learning score (two 2048-id BPE runs at 256 tokens formed no layer-0 previous-token head in
+  3000 steps; bytes at 128 formed the circuit but reached an ICL score of only −0.31).
+- `gelu-2l` uses the byte tokenizer (256 bytes + BOS/PAD/EOS) and 128-token contexts.
 
 What was measured to matter for the no-LayerNorm `attn-only-2l` is in `NOTES_2L` (printed in its card).
 """
@@ -25,20 +27,29 @@ _TRAIN = dict(batch_size=32, lr=2e-2, warmup_steps=50, weight_decay=0.01, grad_c
 _BYTES = dict(n_ctx=128, d_vocab=259)
 _BYTES_TRAIN = dict(_TRAIN, tokenizer="bytes", lr=1e-2, warmup_steps=100, eval_every=250, log_every=25,
                     log_checkpoints=12)
+_BPE512_TRAIN = dict(_BYTES_TRAIN, tokenizer="bpe-512")
 
-NOTES_2L = """Settings measured to matter (runs of up to 6000 steps on this corpus, same seed):
+NOTES_2L = """Settings measured to matter (seed 0, this corpus; "induction" is the best layer-1 score on [BOS]+R+R with
+|R| = 50, "previous-token" the best layer-0 score on validation text, ICL the in-context-learning score):
+- tokenizer. Bytes at 128 tokens (the zoo's model until 2026-11-22: same settings, W_pos ×0.02, 14000 steps)
+  formed the circuit (induction 0.87, previous-token 0.90) but its ICL score stayed at −0.31 (−0.28 after 24000
+  steps): 128 bytes hold little to learn from. A 512-id BPE at 128 tokens (about 480 bytes) with the same
+  settings reached ICL −0.66 and induction 0.80 by step 6000, but its layer-0 heads stayed blurred over the
+  last few tokens (previous-token 0.42). A 1024-id BPE was 1.4× slower per step (induction 0.62 by step 4500).
+- the positional table's learning rate. With BPE-512: W_pos ×0.02 as above; ×0.1 (this preset): previous-token
+  0.99, induction 0.84, ICL −0.87 at step 6000; ×1: previous-token 0.99 by step 1500 but induction only
+  0.72–0.74 up to step 4500 (ICL −0.81).
 - `init_range` 0.8/√d_model instead of 0.02: with 0.02 (no LayerNorm) the query/key gradients sat below Adam's
   epsilon and no attention pattern formed; TransformerLens behaves the same on the same weights.
-- 4 heads of width 32 instead of 8 of width 16: the best layer-1 induction score reached 0.85 by step 5000
-  against 0.72 by step 6000 (positional QK circuits need rank).
-- the positional table trains at 2% of the learning rate. Starting it from scaled sinusoids (`pos_init`) made
-  the induction heads form sooner (score 0.41 against 0.12 at step 2000) but left the layer-0 heads blurred
-  over the last few positions (best previous-token score 0.37 against 0.60 at step 4500), so it is not used.
+- 4 heads of width 32 instead of 8 of width 16 (bytes): induction 0.85 by step 5000 against 0.72 by step 6000
+  (positional QK circuits need rank).
 - repeated segments: half of the training sequences carry a random segment repeated to the end of the sequence.
-  Control, natural text alone (this preset with repeat_fraction 0, 6000 steps, 24.6 M tokens, 536 s): no induction
-  head (best layer-1 score 0.01 against 0.92 at step 6000 of this run), best layer-0 previous-token score 0.20
-  (against 0.96), ICL score −0.08, validation loss 1.734 (against 1.724). The induction heads here needed the
-  repeated segments."""
+  Control, natural text alone (this preset with repeat_fraction 0, 6000 steps, 312 s): no induction head (best
+  layer-1 score 0.07), best layer-0 previous-token score 0.25, validation loss 2.530 (against 2.489 with the
+  mixture, same settings), and yet an ICL score of −0.49: with this tokenizer much of the score comes without
+  induction heads (the loss falls with context from in-context token statistics too). The induction heads
+  here needed the repeated segments. Repeating natural-text segments instead of random ones (bytes, half or
+  all of the segments) formed weaker induction heads (0.76 and 0.20 at step 6000) and ICL −0.23."""
 
 PRESETS: dict[str, dict] = {
     "attn-only-0l": {
@@ -53,11 +64,11 @@ PRESETS: dict[str, dict] = {
     },
     "attn-only-2l": {
         "about": "2-layer attention-only model: a previous-token head in layer 0, induction heads in layer 1",
-        "model": dict(_ATTN_ONLY, **_BYTES, n_layers=2, n_heads=4, init_range=0.8 / 128**0.5,
+        "model": dict(_ATTN_ONLY, n_ctx=128, d_vocab=512, n_layers=2, n_heads=4, init_range=0.8 / 128**0.5,
                       model_name="attn-only-2l"),
-        "train": dict(_BYTES_TRAIN, steps=14000, lr_multipliers={"W_pos": 0.02},
+        "train": dict(_BPE512_TRAIN, steps=6000, lr_multipliers={"W_pos": 0.1}, checkpoint_every=250,
                       repeat_fraction=0.5, repeat_min_len=8, repeat_max_len=40, repeat_random_fraction=1.0,
-                      repeat_fill=True, keep_checkpoints=[0, 500, 1000, 1500, 2000, 2500, 3000, 4000, 6000, 10000]),
+                      repeat_fill=True, keep_checkpoints=[0, 500, 1000, 1500, 1750, 2000, 2250, 2500, 3000, 4000]),
         "notes": NOTES_2L,
     },
     "gelu-2l": {
