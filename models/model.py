@@ -279,15 +279,19 @@ class HookedTransformer(HookedRootModule):
         return self.W_E.device
 
 
-def lm_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False) -> torch.Tensor:
-    """Next-token cross-entropy: −log softmax(logits[:, i])[tokens[:, i+1]], in float32 or wider.
+def lm_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False,
+                     label_smoothing: float = 0.0) -> torch.Tensor:
+    """Next-token cross-entropy: −log softmax(logits[:, i])[tokens[:, i+1]], in float32 or wider; optionally
+    label-smoothed (the target puts 1−ε on the true token and ε spread uniformly over the vocabulary).
 
-    Returns the mean, or `[batch, pos-1]` with `per_token`."""
+    Returns the mean over the `batch × (pos−1)` predictions, or `[batch, pos-1]` with `per_token`. The last
+    position has no target: it is ignored (`ignore_index`) rather than sliced off, so the `[batch, pos, vocab]`
+    logits are read in place, with no copy in the forward pass and no zero-filled gradient in the backward."""
     if tokens.shape[1] < 2:
         raise ValueError("a loss needs at least 2 tokens per sequence (it predicts token i+1 from i)")
-    logits = logits[:, :-1]
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none")
-    loss = loss.view(tokens.shape[0], -1)
-    return loss if per_token else loss.mean()
+    target = F.pad(tokens[:, 1:], (0, 1), value=-100)  # [batch, pos]; −100 = F.cross_entropy's ignore_index
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                           reduction="none" if per_token else "mean", label_smoothing=label_smoothing)
+    return loss.view(tokens.shape)[:, :-1] if per_token else loss

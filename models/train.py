@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from . import train_state as ts
 from .config import HookedTransformerConfig
 from .data import Curriculum, Mixture, RepeatBatches, TextBatches, build_token_corpus, get_tokenizer
-from .model import HookedTransformer
+from .model import HookedTransformer, lm_cross_entropy
 from .positions import sinusoidal_table
 
 
@@ -206,14 +205,6 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=tuple(cfg.betas), foreach=True)
 
 
-def lm_loss(logits: torch.Tensor, tokens: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Mean next-token cross-entropy, optionally label-smoothed (the target puts 1−ε on the true token and
-    ε spread uniformly over the vocabulary)."""
-    logits = logits[:, :-1].float()
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1),
-                           label_smoothing=label_smoothing)
-
-
 def build_data(cfg: TrainConfig, model_cfg: HookedTransformerConfig, tokenizer=None):
     """(batches, tokenizer, corpus or None) for the configured data; raises `CorpusError` if unusable."""
     seq_len = cfg.seq_len or model_cfg.n_ctx
@@ -254,7 +245,7 @@ def evaluate_loss(model, tokens: torch.Tensor, chunk: int = 16) -> float:
     total = 0.0
     for i in range(0, tokens.shape[0], chunk):
         t = tokens[i : i + chunk]
-        total += float(lm_loss(model(t), t)) * t.shape[0]
+        total += float(lm_cross_entropy(model(t), t)) * t.shape[0]
     model.train(was)
     return total / tokens.shape[0]
 
@@ -375,7 +366,7 @@ def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: 
         tokens = torch.as_tensor(batches.batch(cfg.seed, step, cfg.batch_size, rank, world)).to(device)
         with autocast:
             logits = net(tokens)
-        loss = lm_loss(logits, tokens, cfg.label_smoothing)
+        loss = lm_cross_entropy(logits, tokens, label_smoothing=cfg.label_smoothing)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip is not None:

@@ -254,3 +254,54 @@ def test_random_configs_match_reference(pos, norm, mlp, attention_dir, n_layers,
         n_pos = min(n_pos, model.cfg.n_ctx)
     randomize(model, scale=0.5, seed=seed)
     assert_matches_reference(model, n_pos=n_pos, seed=seed)
+
+
+# --- the loss -------------------------------------------------------------------------------------------
+def ref_loss(logits: torch.Tensor, tokens: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """Per prediction, −(1−ε) log p(tokens[i+1]) − ε mean_v log p(v), p = softmax(logits[i]), in float64."""
+    B, P, V = logits.shape
+    out = torch.zeros(B, P - 1, dtype=torch.float64)
+    for b, i in itertools.product(range(B), range(P - 1)):
+        row = [float(x) for x in logits[b, i]]
+        top = max(row)
+        log_z = top + math.log(sum(math.exp(x - top) for x in row))
+        out[b, i] = -(1 - eps) * (row[int(tokens[b, i + 1])] - log_z) - eps * sum(x - log_z for x in row) / V
+    return out
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_loss_matches_reference(eps, dtype):
+    from models import lm_cross_entropy
+
+    logits = torch.randn(3, 7, 11, generator=torch.Generator().manual_seed(5)).to(dtype)
+    tokens = torch.randint(0, 11, (3, 7), generator=torch.Generator().manual_seed(6))
+    ref = ref_loss(logits, tokens, eps)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    per = lm_cross_entropy(logits, tokens, per_token=True, label_smoothing=eps)
+    assert per.shape == (3, 6) and per.dtype != torch.bfloat16
+    assert float((per.double() - ref).abs().max()) < tol
+    assert float(lm_cross_entropy(logits, tokens, label_smoothing=eps)) == pytest.approx(float(ref.mean()), abs=tol)
+
+
+def test_model_loss_matches_reference():
+    model = make("shortformer", None, False)
+    tokens = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(7))
+    ref = ref_loss(reference_forward(model, tokens), tokens)
+    assert float((model(tokens, return_type="loss", loss_per_token=True).double() - ref).abs().max()) < 1e-5
+    assert float(model(tokens, return_type="loss")) == pytest.approx(float(ref.mean()), abs=1e-5)
+
+
+@pytest.mark.parametrize("mlp", [False, True])
+def test_bias_buffers_written_later_still_count(mlp):
+    """use_bias=False keeps zero bias buffers, which the forward skips while they are zero (`affine`); a value
+    written into them afterwards (as `circuits.fold_layer_norm` does) must still be added."""
+    model = make("shortformer", None, mlp, use_bias=False)
+    randomize(model, scale=0.5, seed=8)
+    assert not any(b.any() for n, b in model.named_buffers() if n.rsplit(".", 1)[-1].startswith("b_"))
+    assert_matches_reference(model)
+    with torch.no_grad():
+        for name in ("blocks.0.attn.b_Q", "blocks.1.attn.b_V", "blocks.1.attn.b_O", "unembed.b_U") + (
+                ("blocks.0.mlp.b_in", "blocks.1.mlp.b_out") if mlp else ()):
+            model.get_buffer(name).normal_(generator=torch.Generator().manual_seed(9))
+    assert_matches_reference(model)
