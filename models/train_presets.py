@@ -5,7 +5,7 @@ Every preset trains on the Python standard-library corpus (`models.data.stdlib_s
 shortformer positions, no LayerNorm, no biases.
 
 - `attn-only-0l` and `attn-only-1l` use a 2048-id byte-level BPE and 256-token contexts.
-- `attn-only-2l` uses a 512-id byte-level BPE and 128-token contexts (about 480 bytes of text): short enough for
+- `attn-only-2l` uses a 512-id byte-level BPE and 128-token contexts (about 260 bytes of text): short enough for
   the induction-head phase change to come early (step ~2000) on 2 CPU cores, and enough tokens of context for
   the in-context-learning score (two 2048-id BPE runs at 256 tokens formed no layer-0 previous-token head in
   3000 steps; bytes at 128 formed the circuit but reached an ICL score of only −0.31).
@@ -33,7 +33,7 @@ NOTES_2L = """Settings measured to matter (seed 0, this corpus; "induction" is t
 |R| = 50, "previous-token" the best layer-0 score on validation text, ICL the in-context-learning score):
 - tokenizer. Bytes at 128 tokens (the zoo's model until 2026-11-22: same settings, W_pos ×0.02, 14000 steps)
   formed the circuit (induction 0.87, previous-token 0.90) but its ICL score stayed at −0.31 (−0.28 after 24000
-  steps): 128 bytes hold little to learn from. A 512-id BPE at 128 tokens (about 480 bytes) with the same
+  steps): 128 bytes hold little to learn from. A 512-id BPE at 128 tokens (about 260 bytes) with the same
   settings reached ICL −0.66 and induction 0.80 by step 6000, but its layer-0 heads stayed blurred over the
   last few tokens (previous-token 0.42). A 1024-id BPE was 1.4× slower per step (induction 0.62 by step 4500).
 - the positional table's learning rate. With BPE-512: W_pos ×0.02 as above; ×0.1 (this preset): previous-token
