@@ -105,7 +105,11 @@ def training_curve_png(metrics: list[dict], title: str) -> bytes:
     ax[1].set_xscale("symlog", linthresh=1e5)
     ax[1].set_xlabel("tokens")
     ax[1].axhline(0, color="grey", lw=0.5)
-    ax[1].legend(fontsize=8)
+    if ind or prev or icl:
+        ax[1].legend(fontsize=8)
+    else:
+        ax[1].text(0.5, 0.5, "no checkpoint scores (trained with --no-scores)", ha="center", va="center",
+                   transform=ax[1].transAxes)
     ax[1].set_title("checkpoint scores")
     fig.tight_layout()
     buf = io.BytesIO()
