@@ -20,6 +20,7 @@ _EXPORTS = {
     "in_context_learning_score": "scores",
     "in_context_learning_differences": "scores",
     "icl_positions": "scores",
+    "icl_windows": "scores",
     "position_losses": "scores",
     # probe sequences
     "random_tokens": "sequences",

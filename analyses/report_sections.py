@@ -260,18 +260,14 @@ def term_importance(ctx: Context) -> str:
 
 def in_context(ctx: Context) -> str:
     from .plots import plot_position_loss
-    from .scores import ICL_EXAMPLES, icl_positions, in_context_learning_differences, position_losses
-    from .sequences import bos_token_id
-    from .util import windows
+    from .scores import icl_positions, icl_windows, in_context_learning_differences, position_losses
 
     if ctx.windows is None:
         return "Skipped: needs validation text."
     n = ctx.windows.shape[1]
     early, late = icl_positions(n)
-    # One token per window makes the score noisy, so it gets its own, larger set of windows: ICL_EXAMPLES
-    # evenly spaced over the validation text.
-    w = windows(ctx.text, n, ICL_EXAMPLES, ctx.seed, bos=bos_token_id(ctx.model)) if ctx.text is not None \
-        else ctx.windows
+    # One token per window makes the score noisy, so it gets its own, larger set of windows (ICL_EXAMPLES).
+    w = icl_windows(ctx.model, ctx.text, ctx.seed, n) if ctx.text is not None else ctx.windows
     per = position_losses(ctx.model, w)
     diff = in_context_learning_differences(ctx.model, w, early, late, losses=per)
     s = float(diff.mean())

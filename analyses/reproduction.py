@@ -51,15 +51,6 @@ def _text(model, folder, n_windows: int = 64):
     return text, vocab, windows(text, model.cfg.n_ctx, n_windows, 0, bos=bos_token_id(model))
 
 
-def _icl_windows(model, text):
-    """`ICL_EXAMPLES` evenly spaced validation windows, behind every ICL number here."""
-    from .scores import ICL_EXAMPLES
-    from .sequences import bos_token_id
-    from .util import windows
-
-    return windows(text, model.cfg.n_ctx, ICL_EXAMPLES, 0, bos=bos_token_id(model))
-
-
 def _icl_with_ablation(model, w, heads, early, late):
     """ICL score clean and with `heads` zeroed together (patterns frozen), from one pair of passes."""
     from .one_layer import ablated_position_losses
@@ -159,14 +150,14 @@ def _random_copying(m) -> str:
 
 
 def two_layer_rows(zoo: Path) -> list[Row]:
-    from .scores import icl_positions
+    from .scores import icl_positions, icl_windows
     from .two_layer import composition_study, find_induction_circuit, term_importance_by_order
 
     m, folder = _load(zoo, "attn-only-2l")
     if m is None:
         return [Row("2L rows", "—", "model not in the zoo", "")]
     text, vocab, w = _text(m, folder)
-    wi = _icl_windows(m, text)
+    wi = icl_windows(m, text)
     rows = []
     circ = find_induction_circuit(m, w[:8], vocab)
     ind, prev = circ.induction, circ.previous
@@ -261,13 +252,13 @@ def _f(x) -> str:
 
 def one_layer_dynamics_rows(zoo: Path) -> list[Row]:
     from .dynamics import training_dynamics
-    from .scores import icl_positions, in_context_learning_score, induction_scores
+    from .scores import icl_positions, icl_windows, in_context_learning_score, induction_scores
 
     m, folder = _load(zoo, "attn-only-1l")
     if m is None:
         return []
     text, vocab, _ = _text(m, folder)
-    w = _icl_windows(m, text)
+    w = icl_windows(m, text)
     early, late = icl_positions(w.shape[1])
     icl = in_context_learning_score(m, w, early, late)
     ind = float(induction_scores(m, tokens_from=vocab).max())

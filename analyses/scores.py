@@ -20,8 +20,8 @@ from .sequences import random_tokens, repeated_tokens
 __all__ = [
     "attention_patterns", "induction_scores", "prefix_matching_scores", "previous_token_scores",
     "current_token_scores", "first_token_scores", "duplicate_token_scores", "copying_scores_behavioural",
-    "in_context_learning_score", "in_context_learning_differences", "icl_positions", "position_losses",
-    "ICL_EXAMPLES",
+    "in_context_learning_score", "in_context_learning_differences", "icl_positions", "icl_windows",
+    "position_losses", "ICL_EXAMPLES",
 ]
 
 
@@ -227,8 +227,17 @@ def copying_scores_behavioural(model, seq_len: int = 25, n_repeats: int = 4, bat
 
 
 #: Examples (validation windows) an ICL score is averaged over by default here, in reports, cards and
-#: REPRODUCTION.md: one token per example spreads by ~2.5 nats, so the standard error is ≈ 0.08 nats.
+#: REPRODUCTION.md: one token per example spreads by ~2.5–3 nats, so the standard error is ≈ 0.08–0.12 nats.
 ICL_EXAMPLES = 1024
+
+
+def icl_windows(model, text, seed: int = 0, seq_len: int | None = None) -> torch.Tensor:
+    """`ICL_EXAMPLES` evenly spaced windows of `seq_len` (default n_ctx) tokens of a 1-D token array, BOS
+    first: the examples behind the ICL scores of reports and REPRODUCTION.md."""
+    from .sequences import bos_token_id
+    from .util import windows
+
+    return windows(text, seq_len or model.cfg.n_ctx, ICL_EXAMPLES, seed, bos=bos_token_id(model))
 
 
 def icl_positions(n_ctx: int) -> tuple[int, int]:

@@ -24,9 +24,7 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -35,17 +33,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forward import matmul_floor, model_flops  # noqa: E402
+from forward import bench_pair, matmul_floor, model_flops  # noqa: E402
 
 from models import HookedTransformer, lm_cross_entropy, to_transformer_lens  # noqa: E402
 from models.train_presets import get_preset  # noqa: E402
 
 
-def make_step(model, tokens: torch.Tensor, loss: str = "own"):
-    """One training step of `model` on `tokens` with its own loss (`loss="own"`) or `models.lm_cross_entropy`
-    on its logits (`"shared"`); returns a zero-argument callable."""
+def make_step(model, tokens: torch.Tensor, loss_kind: str = "own"):
+    """One training step of `model` on `tokens` with its own loss (`loss_kind="own"`) or
+    `models.lm_cross_entropy` on its logits (`"shared"`); returns a zero-argument callable."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    shared = loss == "shared"
+    shared = loss_kind == "shared"
 
     def step() -> float:
         loss = lm_cross_entropy(model(tokens), tokens) if shared else model(tokens, return_type="loss")
@@ -56,12 +54,6 @@ def make_step(model, tokens: torch.Tensor, loss: str = "own"):
         return float(loss)
 
     return step
-
-
-def timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def run(steps: int, warmup: int = 3) -> dict:
@@ -76,17 +68,8 @@ def run(steps: int, warmup: int = 3) -> dict:
     theirs = to_transformer_lens(standard).train()
     load_before = os.getloadavg()
     floor_before = matmul_floor(5)
-    times = {}
-    for mode in ("own", "shared"):
-        step_ours, step_tl = make_step(ours, tokens, mode), make_step(theirs, tokens, mode)
-        for _ in range(warmup):
-            step_ours()
-            step_tl()
-        a, b = [], []
-        for _ in range(steps):
-            a.append(timed(step_ours))
-            b.append(timed(step_tl))
-        times[mode] = statistics.median(a), statistics.median(b)
+    times = {mode: bench_pair(make_step(ours, tokens, mode), make_step(theirs, tokens, mode), steps, warmup)
+             for mode in ("own", "shared")}
     floor_after = matmul_floor(5)
     t_ours, t_tl = times["own"]
     flops = 3 * model_flops(model_cfg, B, T)

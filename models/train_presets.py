@@ -27,7 +27,6 @@ _TRAIN = dict(batch_size=32, lr=2e-2, warmup_steps=50, weight_decay=0.01, grad_c
 _BYTES = dict(n_ctx=128, d_vocab=259)
 _BYTES_TRAIN = dict(_TRAIN, tokenizer="bytes", lr=1e-2, warmup_steps=100, eval_every=250, log_every=25,
                     log_checkpoints=12)
-_BPE512_TRAIN = dict(_BYTES_TRAIN, tokenizer="bpe-512")
 
 NOTES_2L = """Settings measured to matter (seed 0, this corpus; "induction" is the best layer-1 score on [BOS]+R+R with
 |R| = 50, "previous-token" the best layer-0 score on validation text, ICL the in-context-learning score):
@@ -66,9 +65,10 @@ PRESETS: dict[str, dict] = {
         "about": "2-layer attention-only model: a previous-token head in layer 0, induction heads in layer 1",
         "model": dict(_ATTN_ONLY, n_ctx=128, d_vocab=512, n_layers=2, n_heads=4, init_range=0.8 / 128**0.5,
                       model_name="attn-only-2l"),
-        "train": dict(_BPE512_TRAIN, steps=6000, lr_multipliers={"W_pos": 0.1}, checkpoint_every=250,
-                      repeat_fraction=0.5, repeat_min_len=8, repeat_max_len=40, repeat_random_fraction=1.0,
-                      repeat_fill=True, keep_checkpoints=[0, 500, 1000, 1500, 1750, 2000, 2250, 2500, 3000, 4000]),
+        "train": dict(_BYTES_TRAIN, tokenizer="bpe-512", steps=6000, lr_multipliers={"W_pos": 0.1},
+                      checkpoint_every=250, repeat_fraction=0.5, repeat_min_len=8, repeat_max_len=40,
+                      repeat_random_fraction=1.0, repeat_fill=True,
+                      keep_checkpoints=[0, 500, 1000, 1500, 1750, 2000, 2250, 2500, 3000, 4000]),
         "notes": NOTES_2L,
     },
     "gelu-2l": {

@@ -291,6 +291,21 @@ def test_icl_positions_scale_olsson_50_and_500():
     assert icl_positions(8) == (1, 7)  # never position 0, never past the context
 
 
+def test_icl_windows_are_evenly_spaced_text_with_bos():
+    from helpers import make_model
+
+    model = make_model(1)
+    text = torch.arange(5000) % 25 + 3  # ids inside the vocabulary; a shifted window shows in its tokens
+    w = S.icl_windows(model, text)
+    assert w.shape == (S.ICL_EXAMPLES, model.cfg.n_ctx) and bool((w[:, 0] == bos_token_id(model)).all())
+    body = model.cfg.n_ctx - 1
+    span = text.numel() - body
+    for i in (0, 1, S.ICL_EXAMPLES - 1):  # window i starts at i * (span // n), as analyses.util.windows
+        start = i * (span // S.ICL_EXAMPLES) % span
+        assert torch.equal(w[i, 1:], text[start : start + body])
+    assert S.icl_windows(model, text, seq_len=9).shape == (S.ICL_EXAMPLES, 9)
+
+
 def test_icl_differences_and_score_share_one_definition():
     from helpers import make_model
 
