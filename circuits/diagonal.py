@@ -115,8 +115,10 @@ def _rank_rows_serial(A, B_tiles, Bt, n, rows, ct, k_max, out, starts) -> None:
             flags = above[unsure]
             which = flags.to(A.dtype).topk(min(k_max - 1, n_chunks), dim=-1).indices  # [u, q] chunks
             cols = which[..., None] * CHUNK + offsets  # [u, q, CHUNK]
-            valid = (flags.gather(-1, which)[..., None] & (cols < n)).flatten(1)
             row_ids = start + unsure
+            # the diagonal's own column is never "above" itself: it is excluded rather than compared, since its
+            # recomputation below may round differently from the appended copy (one BLAS path or another)
+            valid = (flags.gather(-1, which)[..., None] & (cols < n) & (cols != row_ids[:, None, None])).flatten(1)
             cols = torch.cat([cols.clamp(max=n - 1).flatten(1), row_ids[:, None]], 1)  # + the diagonal
             vals = (Bt[cols] @ A[row_ids][..., None]).squeeze(-1)  # [u, q·CHUNK + 1], one kernel per row
             rank[unsure] = ((vals[:, :-1] > vals[:, -1:]) & valid).sum(-1)
