@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from circuits.interface import positional_scheme
+
 from .scores import attention_patterns, copying_scores_behavioural
 from .sequences import bos_token_id, random_tokens, token_pool
 from .skip_trigrams import SkipTrigram, SkipTrigramBug, SkipTrigramTable, skip_trigram_bugs, skip_trigrams
@@ -110,7 +112,7 @@ class PositionalContent:
 def _positional_r2(model, tokens: torch.Tensor) -> torch.Tensor | None:
     """Layer 0: R² of the position-position term of the full QK circuit for the row-centred scores on `tokens`
     (`circuits.full_qk_circuit(positional=True)`); None without a positional table or with norms."""
-    if getattr(model.cfg, "positional_embedding_type", None) not in ("standard", "sinusoidal", "shortformer"):
+    if not positional_scheme(model).table:
         return None
     if getattr(model.cfg, "normalization_type", None) is not None or model.cfg.n_layers == 0:
         return None

@@ -18,7 +18,7 @@ import torch
 from transformer_lens import FactoredMatrix
 
 from ._validate import check_head_pair, check_layer_head
-from .interface import TABLE_POSITIONS, positional_kind, select, warn_if_unfolded
+from .interface import positional_scheme, select, warn_if_unfolded
 
 
 def qk_circuit(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
@@ -71,10 +71,12 @@ def full_qk_circuit(model, layer: int | None = None, head: int | None = None, po
     tok_q, k_tail = W_E @ qk.A, qk.B  # [.., d_vocab, d_head], [.., d_head, d_model]
     if not positional:
         return FactoredMatrix(tok_q, k_tail @ W_E.T)
-    if positional_kind(model) not in TABLE_POSITIONS:
+    if not positional_scheme(model).table:
+        from models.positions import SCHEMES
+
         raise ValueError(
-            f"positional=True needs a positional table (one of {TABLE_POSITIONS}); this model has "
-            f"positional_embedding_type={positional_kind(model)!r}"
+            f"positional=True needs a positional table (one of {tuple(n for n, s in SCHEMES.items() if s.table)}); "
+            f"this model has positional_embedding_type={model.cfg.positional_embedding_type!r}"
         )
     W_pos = model.W_pos
     pos_q, tok_k, pos_k = W_pos @ qk.A, k_tail @ W_E.T, k_tail @ W_pos.T

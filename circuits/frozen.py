@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .interface import RESIDUAL_POSITIONS, NormParams, norm_params
+from .interface import NormParams, norm_params, positional_scheme
 
 
 def as_tokens(model, tokens) -> torch.Tensor:
@@ -25,20 +25,13 @@ def as_tokens(model, tokens) -> torch.Tensor:
 
 
 def positional_tables(model, n_pos: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """`(pos_resid, pos_qk)`, each `[pos, d_model]` or None: the positional rows added to the residual stream
-    (standard, sinusoidal) or only to the query/key inputs (shortformer)."""
-    kind = model.cfg.positional_embedding_type
-    if kind not in (*RESIDUAL_POSITIONS, "shortformer"):
+    """`(pos_resid, pos_qk)`, each `[pos, d_model]` or None: the positional table's rows when the positional scheme
+    adds them to the residual stream (standard, sinusoidal) or only to the query/key inputs (shortformer)."""
+    positions = positional_scheme(model)
+    if not positions.table:
         return None, None
-    table = model.W_pos.detach()
-    if n_pos > table.shape[0]:
-        if kind != "sinusoidal":
-            raise ValueError(f"{n_pos} positions but W_pos has only {table.shape[0]} rows")
-        from models.positions import sinusoidal_table
-
-        table = sinusoidal_table(n_pos, table.shape[1], table.dtype, table.device)
-    rows = table[:n_pos]
-    return (rows, None) if kind in RESIDUAL_POSITIONS else (None, rows)
+    rows = positions.rows(model.W_pos.detach(), n_pos)
+    return (rows, None) if positions.adds_to == "residual" else (None, rows)
 
 
 @dataclass

@@ -23,14 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-#: Positional types whose table is added to the residual stream (so it is a source of paths).
-RESIDUAL_POSITIONS = ("standard", "sinusoidal")
-#: Positional types with a table `W_pos` that can enter full QK circuits.
-TABLE_POSITIONS = ("standard", "sinusoidal", "shortformer")
 
+def positional_scheme(model):
+    """The model's positional scheme object (`models.positions`): what its positions do, asked, never compared by
+    name. Works on a TransformerLens bridge's config too."""
+    from models.positions import scheme
 
-def positional_kind(model) -> str:
-    return model.cfg.positional_embedding_type
+    return scheme(model.cfg)
 
 
 def head_label(layer: int, head: int) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .frozen import frozen_forward
-from .interface import attn_scale, head_label, norm_params
+from .interface import attn_scale, head_label, norm_params, positional_scheme
 
 KINDS = ("direct", "q_composition", "k_composition", "qk_composition")
 _NON_HEAD = ("tok", "pos", "bias")
@@ -88,15 +88,6 @@ class ScoreDecomposition:
         return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def _rotate(model, x: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of `x [batch, pos, d_head]` (linear, so it applies to each source separately)."""
-    from models.positions import apply_rotary, rotary_angles
-
-    cfg = model.cfg
-    cos, sin = rotary_angles(x.shape[1], cfg.rotary_dim, cfg.rotary_base, x.dtype, x.device)
-    return apply_rotary(x[:, :, None], cos, sin, bool(getattr(cfg, "rotary_adjacent_pairs", False)))[:, :, 0]
-
-
 def attention_score_decomposition(model, tokens, layer: int, head: int) -> ScoreDecomposition:
     """Split head (`layer`, `head`)'s pre-softmax scores `q·k / √d_head` on `tokens` by the source of the query
     and of the key (Framework, §"Two-layer attention-only transformers": the `A_q ⊗ A_k ⊗ W` terms).
@@ -134,16 +125,17 @@ def attention_score_decomposition(model, tokens, layer: int, head: int) -> Score
         ks = {n: x @ W_K for n, x in inputs.items()}
         if has_bias:
             qs["bias"], ks["bias"] = bias_in @ W_Q + b_Q, bias_in @ W_K + b_K
-        if cfg.positional_embedding_type == "rotary":
-            qs = {n: _rotate(model, q) for n, q in qs.items()}
-            ks = {n: _rotate(model, k) for n, k in ks.items()}
+        positions = positional_scheme(model)
+        rotation = positions.rotation(P, ff.embed.dtype, ff.embed.device)
+        if rotation is not None:  # linear, so it rotates each source's q and k separately
+            qs = {n: rotation(q[:, :, None])[:, :, 0] for n, q in qs.items()}
+            ks = {n: rotation(k[:, :, None])[:, :, 0] for n, k in ks.items()}
         div = attn_scale(model)
         terms = {(nq, nk): q @ k.transpose(-1, -2) / div for nq, q in qs.items() for nk, k in ks.items()}
-        alibi = None
-        if cfg.positional_embedding_type == "alibi":
-            from models.positions import alibi_bias
-
-            alibi = alibi_bias(cfg.n_heads, P, P, ff.embed.dtype, ff.embed.device)[head]
+        bias = positions.score_bias()
+        alibi = bias.additive(P, P, ff.embed.dtype, ff.embed.device) if bias is not None else None
+        if alibi is not None:
+            alibi = alibi.expand(cfg.n_heads, P, P)[head]
         scores, pattern = ff.cache[score_hook][:, head], ff.cache[pattern_hook][:, head]
         if torch.equal(scores, pattern):  # a post-softmax "scores" hook (TransformerLens bridge)
             scores = None

@@ -9,6 +9,7 @@ d_mlp, d_vocab. Row-vector convention: activations are multiplied on the left, `
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +17,8 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from .config import HookedTransformerConfig
-from .positions import apply_rotary, sinusoidal_table
+from .positions import Rotation
+from .score_bias import ScoreBias
 
 
 def hooked(*points: HookPoint) -> bool:
@@ -41,20 +43,19 @@ class Embed(nn.Module):
 
 
 class PosEmbed(nn.Module):
-    """Learned (`standard`, `shortformer`) or fixed sinusoidal table; `forward(n)` gives rows 0..n-1."""
+    """The positional scheme's table `W_pos [n_ctx, d_model]`: a parameter when learned, a buffer (not saved) when
+    fixed; `forward(n)` gives rows 0..n-1."""
 
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
-        self.cfg = cfg
-        if cfg.positional_is_learned:
+        self.scheme = cfg.positions
+        if self.scheme.table == "learned":
             self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model, dtype=cfg.torch_dtype))
-        else:  # sinusoidal: not a parameter, not saved
-            self.register_buffer("W_pos", sinusoidal_table(cfg.n_ctx, cfg.d_model, cfg.torch_dtype), False)
+        else:
+            self.register_buffer("W_pos", self.scheme.fixed_table(cfg.n_ctx, cfg.torch_dtype), False)
 
     def forward(self, n_pos: int) -> torch.Tensor:  # -> [pos, d_model]
-        if n_pos <= self.W_pos.shape[0]:
-            return self.W_pos[:n_pos]
-        return sinusoidal_table(n_pos, self.cfg.d_model, self.W_pos.dtype, self.W_pos.device)
+        return self.scheme.rows(self.W_pos, n_pos)
 
 
 class Norm(nn.Module):
@@ -93,8 +94,9 @@ class Attention(nn.Module):
     """Multi-head (optionally grouped-query) attention with per-head hooks.
 
     Two paths compute the same function:
-    - explicit: scores = q·kᵀ/√d_head (+ ALiBi) masked to −inf, `hook_attn_scores`, softmax, `hook_pattern`,
-      z = pattern·v. Taken whenever `hook_attn_scores` or `hook_pattern` is hooked (e.g. `run_with_cache`).
+    - explicit: scores = q·kᵀ/√d_head + the score bias (−inf where masked), `hook_attn_scores`, softmax,
+      `hook_pattern`, z = pattern·v. Taken whenever `hook_attn_scores` or `hook_pattern` is hooked (e.g.
+      `run_with_cache`).
     - fused: `F.scaled_dot_product_attention`, taken otherwise (plain forward, training, generation).
     The per-head output `hook_result [batch, pos, head, d_model]` is formed only when it is hooked and
     `cfg.use_attn_result`; otherwise z is multiplied by the flattened W_O in one matmul.
@@ -110,43 +112,46 @@ class Attention(nn.Module):
         self.W_O = nn.Parameter(torch.empty(H, dh, D, dtype=dt))
         for name, shape in (("b_Q", (H, dh)), ("b_K", (Hkv, dh)), ("b_V", (Hkv, dh)), ("b_O", (D,))):
             _param_or_buffer(self, name, torch.zeros(shape, dtype=dt), cfg.use_bias)
-        for name in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result"):
-            setattr(self, f"hook_{name}", HookPoint())
+        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_k = HookPoint()  # [batch, key, kv_head, d_head]
+        self.hook_v = HookPoint()  # [batch, key, kv_head, d_head]
+        self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head], rotary positions only
+        self.hook_rot_k = HookPoint()  # [batch, key, kv_head, d_head], rotary positions only
+        self.hook_attn_scores = HookPoint()  # [batch, head, pos, key], −inf where masked
+        self.hook_pattern = HookPoint()  # [batch, head, pos, key]
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_result = HookPoint()  # [batch, pos, head, d_model]
 
-    def forward(self, x_qk: torch.Tensor, x_v: torch.Tensor, rope=None, bias=None) -> torch.Tensor:
-        """x_qk, x_v: `[batch, pos, d_model]` (the same tensor unless positions are shortformer).
-        rope: `(cos, sin)` tables `[pos, rotary_dim/2]`; bias: additive scores `[head, pos, key]` (ALiBi)."""
+    def forward(self, x_q: torch.Tensor, x_k: torch.Tensor, x_v: torch.Tensor, score_bias: ScoreBias,
+                rotation: Rotation | None = None) -> torch.Tensor:
+        """Queries read `x_q [batch, pos, d_model]`, keys and values `x_k`, `x_v [batch, key, d_model]`; pass the same
+        tensor for inputs that are the same (self-attention: all three, one fused matmul; Shortformer: queries and
+        keys). `score_bias` is added to the scores (`models.score_bias`); `rotation` rotates queries and keys."""
         cfg = self.cfg
-        B, P, _ = x_v.shape
+        B, P, _ = x_q.shape
+        K = x_k.shape[1]
         H, Hkv, dh = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
         W = torch.cat([self.W_Q, self.W_K, self.W_V]).permute(1, 0, 2).reshape(cfg.d_model, -1)
         b = torch.cat([self.b_Q, self.b_K, self.b_V]).reshape(-1)
-        n_qk = (H + Hkv) * dh
-        if x_qk is x_v:  # one fused QKV matmul
-            q, k, v = affine(b, x_v.reshape(B * P, -1), W).split([H * dh, Hkv * dh, Hkv * dh], -1)
-        else:  # shortformer: positions reach queries and keys only
-            q, k = affine(b[:n_qk], x_qk.reshape(B * P, -1), W[:, :n_qk]).split([H * dh, Hkv * dh], -1)
-            v = affine(b[n_qk:], x_v.reshape(B * P, -1), W[:, n_qk:])
+        q, k, v = _project((x_q, x_k, x_v), W, b, (H * dh, Hkv * dh, Hkv * dh))
         q = self.hook_q(q.view(B, P, H, dh))  # [batch, pos, head, d_head]
-        k = self.hook_k(k.view(B, P, Hkv, dh))  # [batch, key, kv_head, d_head]
-        v = self.hook_v(v.view(B, P, Hkv, dh))
-        if rope is not None:
-            q = self.hook_rot_q(apply_rotary(q, *rope, cfg.rotary_adjacent_pairs))
-            k = self.hook_rot_k(apply_rotary(k, *rope, cfg.rotary_adjacent_pairs))
+        k = self.hook_k(k.view(B, K, Hkv, dh))  # [batch, key, kv_head, d_head]
+        v = self.hook_v(v.view(B, K, Hkv, dh))
+        if rotation is not None:
+            q, k = self.hook_rot_q(rotation(q)), self.hook_rot_k(rotation(k))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
-        causal = cfg.attention_dir == "causal"
         if hooked(self.hook_attn_scores, self.hook_pattern):
             if Hkv != H:  # query head h reads kv head h // (H / Hkv)
                 k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
-            # q·kᵀ/√d_head + ALiBi, −inf above the diagonal; in place, so the [pos, key] square is written once
-            scores = (q @ k.transpose(-1, -2)).mul_(1 / math.sqrt(dh)).add_(score_bias(P, causal, bias, q))
+            scores = (q @ k.transpose(-1, -2)).mul_(1 / math.sqrt(dh))  # in place: the [pos, key] square once
+            bias = score_bias.dense(P, K, q.dtype, q.device)  # [(head,) pos, key], −inf where masked
+            if bias is not None:
+                scores.add_(bias)
             pattern = self.hook_pattern(self.hook_attn_scores(scores).softmax(-1))  # [batch, head, pos, key]
             z = pattern @ v
         else:
-            mask = score_bias(P, causal, bias, q) if bias is not None else None
-            z = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=causal and bias is None, enable_gqa=Hkv != H
-            )
+            mask, is_causal = score_bias.sdpa_args(P, K, q.dtype, q.device)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=Hkv != H)
         z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
         if cfg.use_attn_result and hooked(self.hook_result):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))  # [batch, pos, head, d_model]
@@ -154,12 +159,19 @@ class Attention(nn.Module):
         return affine(self.b_O, z.reshape(B * P, H * dh), self.W_O.reshape(H * dh, -1)).view(B, P, -1)
 
 
-def score_bias(n_pos: int, causal: bool, bias, like: torch.Tensor) -> torch.Tensor:
-    """Additive attention-score bias: `bias [head, pos, key]` (ALiBi) or zeros `[pos, key]`, with −inf above
-    the diagonal when causal."""
-    out = torch.zeros(n_pos, n_pos, dtype=like.dtype, device=like.device) if bias is None else bias
-    if causal:
-        out = out.masked_fill(torch.ones(n_pos, n_pos, dtype=torch.bool, device=like.device).triu(1), float("-inf"))
+def _project(xs: tuple[torch.Tensor, ...], W: torch.Tensor, b: torch.Tensor, widths: tuple[int, ...]) -> list:
+    """`x_i @ W_i + b_i` for the inputs `xs` and the column blocks `widths` of `W` / `b`, as one matmul per run of
+    consecutive inputs that are the same tensor (all three at once for plain self-attention). Returns 2-D
+    `[batch·pos, width]` views."""
+    out, i = [], 0
+    while i < len(xs):
+        j = i + 1
+        while j < len(xs) and xs[j] is xs[i]:
+            j += 1
+        lo, hi = sum(widths[:i]), sum(widths[:j])
+        x = xs[i]
+        out += affine(b[lo:hi], x.reshape(-1, x.shape[-1]), W[:, lo:hi]).split(widths[i:j], -1)
+        i = j
     return out
 
 
@@ -203,6 +215,19 @@ class MLP(nn.Module):
         return linear(self.hook_post(self.act(pre)), self.W_out, self.b_out)
 
 
+@dataclass
+class BlockInputs:
+    """What a block reads besides its residual stream; the model builds it once per forward pass.
+
+    `score_bias`: added to every head's attention scores: the attention mask and a positional bias such as ALiBi
+    (`models.score_bias`). `pos_qk`: positions added to the query and key inputs only, `[batch, pos, d_model]`
+    (Shortformer), or None. `rotation`: rotates queries and keys by position (RoPE), or None."""
+
+    score_bias: ScoreBias
+    pos_qk: torch.Tensor | None = None
+    rotation: Rotation | None = None
+
+
 class TransformerBlock(nn.Module):
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
@@ -210,19 +235,20 @@ class TransformerBlock(nn.Module):
         self.ln1 = Norm(cfg)
         self.attn = Attention(cfg)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
-        self.hook_attn_out = HookPoint()
-        self.hook_resid_post = HookPoint()
+        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
         if not cfg.attn_only:
             self.ln2 = Norm(cfg)
             self.mlp = MLP(cfg)
-            self.hook_resid_mid = HookPoint()
-            self.hook_mlp_out = HookPoint()
+            self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
+            self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, resid: torch.Tensor, pos_qk=None, rope=None, bias=None) -> torch.Tensor:
+    def forward(self, resid: torch.Tensor, side: BlockInputs) -> torch.Tensor:
         resid = self.hook_resid_pre(resid)
-        x_qk = self.ln1(resid + pos_qk) if pos_qk is not None else None  # shortformer: Q/K see positions
+        x_qk = self.ln1(resid + side.pos_qk) if side.pos_qk is not None else None  # Q/K see positions, V does not
         x = self.ln1(resid)
-        attn_out = self.hook_attn_out(self.attn(x if x_qk is None else x_qk, x, rope, bias))
+        x_qk = x if x_qk is None else x_qk
+        attn_out = self.hook_attn_out(self.attn(x_qk, x_qk, x, side.score_bias, side.rotation))
         if self.cfg.attn_only:
             return self.hook_resid_post(resid + attn_out)
         resid = self.hook_resid_mid(resid + attn_out)

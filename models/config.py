@@ -11,17 +11,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from .errors import ConfigError
+from .positions import SCHEMES, PositionalScheme, scheme
+from .score_bias import MASKS
+
 ACT_FNS = ("gelu", "gelu_new", "relu", "silu")
 NORMALIZATION_TYPES = (None, "LN", "RMS")
-POSITIONAL_EMBEDDING_TYPES = ("standard", "sinusoidal", "shortformer", "rotary", "alibi", "none")
-ATTENTION_DIRS = ("causal", "bidirectional")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
-#: Positional types whose table is a parameter indexed by position: contexts beyond n_ctx are impossible.
-LEARNED_POSITIONS = ("standard", "shortformer")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the field and the allowed values."""
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -53,7 +51,7 @@ class HookedTransformerConfig:
     positional_embedding_type: str = "standard"
     rotary_dim: int | None = None  # features rotated per head; default d_head
     rotary_base: float = 10000.0
-    rotary_adjacent_pairs: bool = False  # False: pair i with i + d/2 (seed 000); True: (2i, 2i+1) as Llama
+    rotary_adjacent_pairs: bool = False  # False: pair i with i + d/2 (GPT-NeoX); True: (2i, 2i+1) (Llama)
     attention_dir: str = "causal"
     n_key_value_heads: int | None = None  # grouped-query attention; None = n_heads
     use_bias: bool = True  # biases on Q/K/V/O, MLP and unembed; False keeps them as zero buffers
@@ -93,8 +91,8 @@ class HookedTransformerConfig:
             raise ConfigError(f"d_mlp must be a positive int or None (attention-only), got {self.d_mlp!r}")
         self._check_choice("act_fn", ACT_FNS)
         self._check_choice("normalization_type", NORMALIZATION_TYPES)
-        self._check_choice("positional_embedding_type", POSITIONAL_EMBEDDING_TYPES)
-        self._check_choice("attention_dir", ATTENTION_DIRS)
+        self._check_choice("positional_embedding_type", tuple(SCHEMES))  # models.positions
+        self._check_choice("attention_dir", tuple(MASKS))  # models.score_bias
         if self.n_key_value_heads is None:
             self.n_key_value_heads = self.n_heads
         if not isinstance(self.n_key_value_heads, int) or isinstance(self.n_key_value_heads, bool) or (
@@ -109,14 +107,7 @@ class HookedTransformerConfig:
             self.rotary_dim = self.d_head
         if not isinstance(self.rotary_dim, int) or isinstance(self.rotary_dim, bool):
             raise ConfigError(f"rotary_dim must be an int or None, got {self.rotary_dim!r}")
-        if self.positional_embedding_type == "rotary" and (
-            self.rotary_dim < 2 or self.rotary_dim % 2 or self.rotary_dim > self.d_head
-        ):
-            raise ConfigError(
-                f"rotary_dim={self.rotary_dim} must be even and in [2, d_head={self.d_head}]"
-            )
-        if self.positional_embedding_type == "sinusoidal" and self.d_model % 2:
-            raise ConfigError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        self.positions.check()
         for name in ("rotary_base", "init_range", "eps"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:  # `not >` also rejects NaN
@@ -129,8 +120,6 @@ class HookedTransformerConfig:
         if not isinstance(self.extra, dict):
             raise ConfigError(f"extra must be a dict, got {type(self.extra).__name__}")
         self.dtype = _dtype_name(self.dtype)
-        import torch  # lazily: `circuits --help` must not import torch
-
         if isinstance(self.device, bool) or not isinstance(self.device, (str, torch.device)):
             raise ConfigError(f"device must be a device name such as 'cpu', 'cuda', 'cuda:1' or 'mps', got "
                               f"{self.device!r}")
@@ -148,19 +137,13 @@ class HookedTransformerConfig:
 
     # --- derived -----------------------------------------------------------------------------------
     @property
-    def torch_dtype(self):
-        import torch
-
+    def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
     @property
-    def positional_is_learned(self) -> bool:
-        return self.positional_embedding_type in LEARNED_POSITIONS
-
-    @property
-    def residual_has_positions(self) -> bool:
-        """True when positions are added to the residual stream (standard, sinusoidal)."""
-        return self.positional_embedding_type in ("standard", "sinusoidal")
+    def positions(self) -> PositionalScheme:
+        """The positional scheme object of `positional_embedding_type` (`models.positions`)."""
+        return scheme(self)
 
     # --- (de)serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -12,8 +12,9 @@ def _check_int(name: str, v, lo: int) -> None:
 
 
 def _context(model, tokens: torch.Tensor) -> torch.Tensor:
-    """The last n_ctx tokens when positions are learned; everything otherwise."""
-    return tokens[:, -model.cfg.n_ctx :] if model.cfg.positional_is_learned else tokens
+    """The last n_ctx tokens when positions are a learned table (no later rows exist); everything otherwise."""
+    limit = model.cfg.positions.max_context
+    return tokens[:, -limit:] if limit is not None else tokens
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:

@@ -41,8 +41,9 @@ def to_transformer_lens(model):
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
 
     cfg = model.cfg
-    kind = cfg.positional_embedding_type
-    if kind in ("shortformer", "alibi"):
+    positions, kind = cfg.positions, cfg.positional_embedding_type
+    tl_kind = positions.transformer_lens_type  # "standard", "rotary" or None (models.positions)
+    if tl_kind is None:
         raise UnsupportedByTransformerLens(
             f"positional_embedding_type={kind!r} has no TransformerLens 4.x equivalent (its native model "
             "supports 'standard' and 'rotary'; shortformer was removed in 4.0); analyse it with this toolkit"
@@ -51,16 +52,16 @@ def to_transformer_lens(model):
         d_model=cfg.d_model, d_head=cfg.d_head, n_layers=cfg.n_layers, n_ctx=cfg.n_ctx, n_heads=cfg.n_heads,
         d_vocab=cfg.d_vocab, d_mlp=cfg.d_mlp, act_fn=cfg.act_fn, attn_only=cfg.attn_only, eps=cfg.eps,
         normalization_type=cfg.normalization_type, attention_dir=cfg.attention_dir,
-        positional_embedding_type="rotary" if kind == "rotary" else "standard",
-        rotary_dim=cfg.rotary_dim if kind == "rotary" else None, rotary_base=cfg.rotary_base,
-        rotary_adjacent_pairs=True, n_key_value_heads=cfg.n_key_value_heads if cfg.n_key_value_heads != cfg.n_heads
-        else None, seed=0, dtype=cfg.torch_dtype, model_name=cfg.model_name,
+        positional_embedding_type=tl_kind, rotary_dim=cfg.rotary_dim if tl_kind == "rotary" else None,
+        rotary_base=cfg.rotary_base, rotary_adjacent_pairs=True,
+        n_key_value_heads=cfg.n_key_value_heads if cfg.n_key_value_heads != cfg.n_heads else None, seed=0,
+        dtype=cfg.torch_dtype, model_name=cfg.model_name,
     )
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    if kind in ("sinusoidal", "none"):
-        table = model.W_pos if kind == "sinusoidal" else torch.zeros(cfg.n_ctx, cfg.d_model, dtype=cfg.torch_dtype)
+    if tl_kind == "standard" and positions.table != "learned":  # a fixed table, or none: TL's learned W_pos holds it
+        table = model.W_pos if positions.table else torch.zeros(cfg.n_ctx, cfg.d_model, dtype=cfg.torch_dtype)
         state["pos_embed.W_pos"] = table.detach().clone()
-    if kind == "rotary" and not cfg.rotary_adjacent_pairs:
+    if tl_kind == "rotary" and not cfg.rotary_adjacent_pairs:
         perm = _half_to_adjacent(cfg.rotary_dim, cfg.d_head)
         for l in range(cfg.n_layers):
             for name in ("W_Q", "W_K"):

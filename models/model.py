@@ -12,9 +12,9 @@ from torch import nn
 from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from .components import Embed, Norm, PosEmbed, TransformerBlock, Unembed
+from .components import BlockInputs, Embed, Norm, PosEmbed, TransformerBlock, Unembed
 from .config import HookedTransformerConfig
-from .positions import alibi_bias, rotary_angles
+from .score_bias import attention_mask, combine
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 
@@ -35,7 +35,7 @@ class HookedTransformer(HookedRootModule):
         self.tokenizer = tokenizer
         self.embed = Embed(cfg)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
-        if cfg.positional_embedding_type in ("standard", "shortformer", "sinusoidal"):
+        if cfg.positions.table:
             self.pos_embed = PosEmbed(cfg)
             self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
@@ -69,21 +69,19 @@ class HookedTransformer(HookedRootModule):
             raise ValueError(f"return_type={return_type!r} is not supported; allowed: {RETURN_TYPES}")
         tokens = self.validate_tokens(tokens)  # [batch, pos]
         B, P = tokens.shape
-        kind = self.cfg.positional_embedding_type
+        positions = self.cfg.positions  # the positional scheme (models.positions)
         resid = self.hook_embed(self.embed(tokens))  # [batch, pos, d_model]
-        pos_qk = rope = bias = None
-        if kind in ("standard", "sinusoidal", "shortformer"):
+        pos_qk = None
+        if positions.table:
             pos = self.hook_pos_embed(self.pos_embed(P).expand(B, P, -1))  # [batch, pos, d_model]
-            if kind == "shortformer":
-                pos_qk = pos  # added to the query/key inputs only: the residual stream carries no position
-            else:
+            if positions.adds_to == "residual":
                 resid = resid + pos
-        elif kind == "rotary":
-            rope = rotary_angles(P, self.cfg.rotary_dim, self.cfg.rotary_base, resid.dtype, resid.device)
-        elif kind == "alibi":
-            bias = alibi_bias(self.cfg.n_heads, P, P, resid.dtype, resid.device)  # [head, pos, key]
+            else:  # "query_key": the query/key inputs only, the residual stream carries no position
+                pos_qk = pos
+        side = BlockInputs(combine(attention_mask(self.cfg), positions.score_bias()), pos_qk,
+                           positions.rotation(P, resid.dtype, resid.device))
         for block in self.blocks:
-            resid = block(resid, pos_qk, rope, bias)
+            resid = block(resid, side)
         logits = self.unembed(self.ln_final(resid))  # [batch, pos, d_vocab]
         if return_type == "logits":
             return logits
@@ -122,10 +120,11 @@ class HookedTransformer(HookedRootModule):
         if lo < 0 or hi >= self.cfg.d_vocab:
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} is out of range; allowed ids are 0..{self.cfg.d_vocab - 1}")
-        if tokens.shape[1] > self.cfg.n_ctx and self.cfg.positional_is_learned:
+        limit = self.cfg.positions.max_context
+        if limit is not None and tokens.shape[1] > limit:
             raise ValueError(
-                f"context of {tokens.shape[1]} tokens is longer than n_ctx={self.cfg.n_ctx}, the number of "
-                f"learned positions ({self.cfg.positional_embedding_type}); truncate to at most {self.cfg.n_ctx}"
+                f"context of {tokens.shape[1]} tokens is longer than n_ctx={limit}, the number of "
+                f"learned positions ({self.cfg.positional_embedding_type}); truncate to at most {limit}"
             )
         return tokens.to(device=self.W_E.device, dtype=torch.long)
 
@@ -136,7 +135,7 @@ class HookedTransformer(HookedRootModule):
             cache = ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
             # shortformer: hook_pos_embed is cached but never enters the residual stream, so
             # decompose_resid must not count it as a component
-            cache.has_pos_embed = cache.has_pos_embed and self.cfg.residual_has_positions
+            cache.has_pos_embed = cache.has_pos_embed and self.cfg.positions.adds_to == "residual"
         return out, cache
 
     # --- weights, stacked over layers -----------------------------------------------------------------

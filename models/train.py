@@ -153,7 +153,7 @@ def init_positions(model: HookedTransformer, how: str) -> None:
     low-rank QK circuit can already express "attend to the previous position"; the table is still trained."""
     if how == "normal":
         return
-    if not model.cfg.positional_is_learned:
+    if model.cfg.positions.table != "learned":
         raise TrainConfigError(f"pos_init={how!r} needs a learned positional table (standard or shortformer), "
                                f"got positional_embedding_type={model.cfg.positional_embedding_type!r}")
     table = sinusoidal_table(model.cfg.n_ctx, model.cfg.d_model, torch.float64)
@@ -227,7 +227,7 @@ def build_data(cfg: TrainConfig, model_cfg: HookedTransformerConfig, tokenizer=N
 
 def check_setup(model_cfg: HookedTransformerConfig, cfg: TrainConfig, tokenizer, world_size: int) -> None:
     seq_len = cfg.seq_len or model_cfg.n_ctx
-    if model_cfg.positional_is_learned and seq_len > model_cfg.n_ctx:
+    if model_cfg.positions.max_context is not None and seq_len > model_cfg.positions.max_context:
         raise TrainConfigError(f"seq_len={seq_len} exceeds the model's n_ctx={model_cfg.n_ctx}")
     if tokenizer.vocab_size > model_cfg.d_vocab:
         raise TrainConfigError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's d_vocab is "

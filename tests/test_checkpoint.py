@@ -251,7 +251,7 @@ def legacy_state_dict(model, gqa_private_names=False, drop_ln=False):
     cfg = model.cfg
     sd = {}
     sd["embed.W_E"] = model.W_E.detach().clone()
-    if cfg.positional_is_learned:
+    if cfg.positional_embedding_type in ("standard", "shortformer"):  # learned tables are saved
         sd["pos_embed.W_pos"] = model.W_pos.detach().clone()
     for l, block in enumerate(model.blocks):
         p = f"blocks.{l}."

@@ -13,7 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from models import ConfigError, HookedTransformer, HookedTransformerConfig
-from models.config import ACT_FNS, ATTENTION_DIRS, DTYPES, NORMALIZATION_TYPES, POSITIONAL_EMBEDDING_TYPES
+from models.config import ACT_FNS, DTYPES, NORMALIZATION_TYPES
+from models.positions import SCHEMES
+from models.score_bias import MASKS
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -138,7 +140,7 @@ def test_json_round_trip_is_exact():
 # --- hypothesis: random valid configs --------------------------------------------------------------
 @st.composite
 def valid_configs(draw):
-    kind = draw(st.sampled_from(POSITIONAL_EMBEDDING_TYPES))
+    kind = draw(st.sampled_from(tuple(SCHEMES)))
     n_heads = draw(st.integers(1, 6))
     kv = draw(st.sampled_from([d for d in range(1, n_heads + 1) if n_heads % d == 0]))
     # rotary needs an even rotary_dim <= d_head (default d_head); sinusoidal needs an even d_model
@@ -157,7 +159,7 @@ def valid_configs(draw):
         normalization_type=draw(st.sampled_from(NORMALIZATION_TYPES)),
         eps=draw(st.floats(1e-9, 1e-1)), positional_embedding_type=kind, rotary_dim=rotary_dim,
         rotary_base=draw(st.floats(1.0, 1e6)), rotary_adjacent_pairs=draw(st.booleans()),
-        attention_dir=draw(st.sampled_from(ATTENTION_DIRS)), n_key_value_heads=kv,
+        attention_dir=draw(st.sampled_from(tuple(MASKS))), n_key_value_heads=kv,
         use_bias=draw(st.booleans()), use_attn_result=draw(st.booleans()),
         init_range=draw(st.floats(1e-4, 1.0)), seed=draw(st.one_of(st.none(), st.integers(0, 2**31))),
         dtype=draw(st.sampled_from(DTYPES)), model_name=draw(st.text(max_size=10)),

@@ -34,7 +34,8 @@ def make(kind="rotary", d_vocab=7, n_ctx=16, tokenizer=None):
 
 def hand_greedy(model, tokens, n):
     for _ in range(n):
-        ctx = tokens[:, -model.cfg.n_ctx:] if model.cfg.positional_is_learned else tokens
+        learned = model.cfg.positional_embedding_type in ("standard", "shortformer")
+        ctx = tokens[:, -model.cfg.n_ctx:] if learned else tokens
         with torch.no_grad():
             nxt = model(ctx)[:, -1].argmax(-1)
         tokens = torch.cat([tokens, nxt[:, None]], 1)

@@ -1,0 +1,98 @@
+"""Attention-score biases: what is added to a head's scores `q·kᵀ / √d_head` before the softmax.
+
+A `ScoreBias` answers two questions for `n_q` query and `n_k` key positions:
+
+- `additive(n_q, n_k, dtype, device)`: a finite term `[heads or 1, n_q, n_k]` added to the scores (ALiBi's
+  −slope·|i − j|, Press et al. 2021), or None;
+- `keep(n_q, n_k, device)`: a bool mask `[n_q, n_k]`, True where the query may attend to the key, or None for
+  "every key" (a causal mask keeps j ≤ i, Vaswani et al. 2017).
+
+Queries are the last `n_q` of the `n_k` key positions (equal lengths in a plain forward pass; with a prefix of
+cached keys, a query at i still sees keys 0..i). The attention layer reads `dense` (the additive term with −inf
+where masked) on its explicit path and `sdpa_args` for `F.scaled_dot_product_attention`. The attention mask comes
+from the config's `attention_dir` (`attention_mask`), a positional bias from the positional scheme
+(`models.positions`); `combine` adds them. A new kind (a padding mask, say) is one subclass here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ScoreBias:
+    """Base class: adds nothing and masks nothing (bidirectional attention)."""
+
+    def additive(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> torch.Tensor | None:
+        """The finite term added to the scores, `[heads or 1, n_q, n_k]`, or None."""
+        return None
+
+    def keep(self, n_q: int, n_k: int, device=None) -> torch.Tensor | None:
+        """`[n_q, n_k]` bool, True where a query may attend to a key; None when every key is kept."""
+        return None
+
+    def dense(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> torch.Tensor | None:
+        """`additive` with −inf where `keep` is False (`[n_q, n_k]` or `[heads, n_q, n_k]`), or None for nothing."""
+        add, keep = self.additive(n_q, n_k, dtype, device), self.keep(n_q, n_k, device)
+        if keep is None:
+            return add
+        out = torch.zeros(n_q, n_k, dtype=dtype, device=device) if add is None else add
+        return out.masked_fill(~keep, float("-inf"))
+
+    def sdpa_args(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> tuple[torch.Tensor | None, bool]:
+        """`(attn_mask, is_causal)` for `F.scaled_dot_product_attention` (which adds a float mask to its scores)."""
+        return self.dense(n_q, n_k, dtype, device), False
+
+
+class Bidirectional(ScoreBias):
+    """Every query attends to every key (encoders, `attention_dir="bidirectional"`)."""
+
+
+class Causal(ScoreBias):
+    """A query at position i attends to keys j ≤ i only (decoders, `attention_dir="causal"`)."""
+
+    def keep(self, n_q: int, n_k: int, device=None) -> torch.Tensor:
+        return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+
+    def sdpa_args(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> tuple[torch.Tensor | None, bool]:
+        if n_q == n_k:  # the fused kernel's own causal mask, no [pos, key] tensor
+            return None, True
+        return super().sdpa_args(n_q, n_k, dtype, device)
+
+
+class Sum(ScoreBias):
+    """Several biases at once: their additive terms add, their masks intersect."""
+
+    def __init__(self, *parts: ScoreBias):
+        self.parts = parts
+
+    def additive(self, n_q, n_k, dtype, device=None):
+        terms = [t for p in self.parts if (t := p.additive(n_q, n_k, dtype, device)) is not None]
+        return sum(terms[1:], terms[0]) if terms else None
+
+    def keep(self, n_q, n_k, device=None):
+        masks = [m for p in self.parts if (m := p.keep(n_q, n_k, device)) is not None]
+        return torch.stack(masks).all(0) if len(masks) > 1 else (masks[0] if masks else None)
+
+    def sdpa_args(self, n_q, n_k, dtype, device=None):
+        args = [p.sdpa_args(n_q, n_k, dtype, device) for p in self.parts]
+        active = [a for a in args if a[0] is not None or a[1]]
+        if len(active) <= 1:  # at most one part does anything: its own (possibly fused-kernel) form
+            return active[0] if active else (None, False)
+        return self.dense(n_q, n_k, dtype, device), False
+
+
+def combine(*parts: ScoreBias | None) -> ScoreBias:
+    """The biases `parts` together (None entries skipped): one of them as it is, several as a `Sum`."""
+    kept = [p for p in parts if p is not None]
+    if not kept:
+        return Bidirectional()
+    return kept[0] if len(kept) == 1 else Sum(*kept)
+
+
+#: `attention_dir` → its attention mask.
+MASKS: dict[str, type[ScoreBias]] = {"causal": Causal, "bidirectional": Bidirectional}
+
+
+def attention_mask(cfg) -> ScoreBias:
+    """The mask of `cfg.attention_dir` (causal when the config has none, as TransformerLens' default)."""
+    return MASKS[getattr(cfg, "attention_dir", "causal")]()
