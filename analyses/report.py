@@ -66,7 +66,7 @@ def _load(model_or_name_or_path):
     return m, getattr(m.cfg, "model_name", None) or type(m).__name__, None
 
 
-def _validation_text(model, folder: Path | None, max_tokens: int):
+def validation_text(model, folder: Path | None, max_tokens: int):
     """(1-D validation tokens, seen ids) of the corpus the model was trained on (`train_config.json`'s data,
     else the standard library), or (None, None) when the model has no tokenizer or the corpus fails."""
     tok = getattr(model, "tokenizer", None)
@@ -142,7 +142,7 @@ def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text
     if tokens is not None:
         text, vocab = as_1d_tokens(tokens), None
     else:
-        text, vocab = _validation_text(model, folder, max_text_tokens)
+        text, vocab = validation_text(model, folder, max_text_tokens)
     if vocab is None and text is not None:
         vocab = torch.unique(text)
     win = None

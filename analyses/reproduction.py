@@ -41,11 +41,11 @@ def _load(zoo: Path, name: str):
 
 
 def _text(model, folder, n_windows: int = 64):
-    from .report import _validation_text
+    from .report import validation_text
     from .sequences import bos_token_id
     from .util import windows
 
-    text, vocab = _validation_text(model, folder, 400_000)
+    text, vocab = validation_text(model, folder, 400_000)
     if text is None:
         return None, None, None
     return text, vocab, windows(text, model.cfg.n_ctx, n_windows, 0, bos=bos_token_id(model))

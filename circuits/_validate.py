@@ -13,8 +13,10 @@ import operator
 import torch
 from transformer_lens import FactoredMatrix
 
+from models.errors import ToyCircuitsError
 
-class NonFiniteError(ValueError):
+
+class NonFiniteError(ToyCircuitsError, ValueError):
     """A weight or matrix holds NaN or ±inf where a spectrum, norm or ranking is asked of it; the message names it."""
 
 

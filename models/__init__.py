@@ -6,16 +6,20 @@ Attributes are imported lazily so that `circuits --help` answers without importi
 from importlib import import_module
 
 _EXPORTS = {
+    "ToyCircuitsError": "errors",
+    "ConfigError": "errors",
+    "CheckpointError": "errors",
+    "TokenizerError": "errors",
+    "CorpusError": "errors",
+    "TrainConfigError": "errors",
+    "UnsupportedByTransformerLens": "errors",
     "HookedTransformerConfig": "config",
-    "ConfigError": "config",
     "HookedTransformer": "model",
     "lm_cross_entropy": "model",
     "load": "checkpoint",
     "save": "checkpoint",
-    "CheckpointError": "checkpoint",
-    "from_transformer_lens_state_dict": "checkpoint",
+    "from_transformer_lens_state_dict": "interop",
     "to_transformer_lens": "interop",
-    "UnsupportedByTransformerLens": "interop",
 }
 
 __all__ = sorted(_EXPORTS)

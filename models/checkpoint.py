@@ -1,14 +1,13 @@
-"""Checkpoints as data: `config.json` + `model.safetensors` (+ `tokenizer.json`), written atomically.
+"""Checkpoints as data: `config.json` + `model.safetensors` (+ `tokenizer.json`), written atomically; the model zoo.
 
 The safetensors keys are TransformerLens' former `HookedTransformer` state-dict keys (`embed.W_E`,
 `blocks.0.attn.W_Q [n_heads, d_model, d_head]`, ...), so one loader serves our folders and legacy
-TransformerLens state dicts. Nothing here unpickles: `.pth` files go through `torch.load(weights_only=True)`.
+TransformerLens state dicts (`models.interop`). Nothing here unpickles.
 """
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import errno
 import json
 import os
@@ -19,21 +18,37 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError, HookedTransformerConfig
+from .config import HookedTransformerConfig
+from .errors import CheckpointError, ConfigError
 from .model import HookedTransformer
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read: the message names the file and, where it applies, the tensor."""
-
-
 def zoo_names() -> list[str]:
+    """The shipped models' names (folders of `models/zoo` with a config.json), sorted."""
     if not ZOO_DIR.is_dir():
         return []
     return sorted(p.name for p in ZOO_DIR.iterdir() if (p / CONFIG_FILE).is_file())
+
+
+def zoo_cards() -> list[dict]:
+    """One entry per shipped model: name, the card's first line, architecture, validation loss and folder."""
+    out = []
+    for name in zoo_names():
+        d = ZOO_DIR / name
+        cfg = json.loads((d / CONFIG_FILE).read_text())
+        summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
+        about = ""
+        if (d / "card.md").is_file():
+            lines = [ln.strip() for ln in (d / "card.md").read_text().splitlines()]
+            about = next((ln for ln in lines if ln and not ln.startswith("#")), "")
+        out.append({"name": name, "about": about, "n_layers": cfg["n_layers"], "n_heads": cfg["n_heads"],
+                    "d_model": cfg["d_model"], "n_ctx": cfg["n_ctx"], "d_vocab": cfg["d_vocab"],
+                    "attn_only": cfg["attn_only"], "positions": cfg["positional_embedding_type"],
+                    "val_loss": summary.get("final_val_loss"), "path": str(d)})
+    return out
 
 
 # --- writing ----------------------------------------------------------------------------------------
@@ -201,7 +216,7 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
     if device is not None:
         cfg.device = str(device)
     state = read_safetensors(folder / WEIGHTS_FILE)
-    _check_size(cfg, state, str(folder / CONFIG_FILE))
+    check_size(cfg, state, str(folder / CONFIG_FILE))
     model = HookedTransformer(cfg)
     load_state_dict(model, state, source=str(folder / WEIGHTS_FILE))
     if os.path.lexists(folder / TOKENIZER_FILE) and not (folder / TOKENIZER_FILE).is_file():
@@ -221,7 +236,7 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
     return model
 
 
-def _check_size(cfg: HookedTransformerConfig, state: dict, source: str) -> None:
+def check_size(cfg: HookedTransformerConfig, state: dict, source: str) -> None:
     """Refuse a config that needs more weights than the file holds before allocating it (a corrupt or hostile
     config.json could otherwise ask for terabytes). A lower bound: W_E, W_U, W_Q, W_O and the MLP matrices. Small
     mismatches are left to `load_state_dict`, whose message names the tensor."""
@@ -270,96 +285,6 @@ def load_state_dict(model: HookedTransformer, state: dict, source: str = "state 
     with torch.no_grad():
         for name, target in expected.items():
             target.copy_(state[name].to(target.dtype))
-
-
-# --- legacy TransformerLens state dicts ---------------------------------------------------------------
-_DROPPED_SUFFIXES = (".mask", ".IGNORE", ".rotary_sin", ".rotary_cos")
-#: TransformerLens config flags that change the computation in ways this model does not implement.
-_UNSUPPORTED_TL_FLAGS = ("gated_mlp", "parallel_attn_mlp", "final_rms", "use_local_attn", "use_qk_norm")
-
-
-def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
-    """Our config from a TransformerLens `HookedTransformerConfig` dict (its JSON / `.to_dict()`).
-
-    Parameter-free norms `LNPre` / `RMSPre` become `LN` / `RMS` with unit weights (the same function).
-    Flags we do not implement raise `ConfigError` naming them; other TransformerLens-only fields are kept
-    in `extra["transformer_lens"]`."""
-    d = dict(d)
-    bad = [k for k in _UNSUPPORTED_TL_FLAGS if d.get(k)]
-    if bad:
-        raise ConfigError(f"TransformerLens config uses {bad}, which this toolkit does not implement")
-    if d.get("shortformer_pos"):
-        d["positional_embedding_type"] = "shortformer"
-    norm = d.get("normalization_type")
-    if norm in ("LNPre", "RMSPre"):
-        d["normalization_type"] = norm[: -len("Pre")]
-
-    names = {f.name for f in dataclasses.fields(HookedTransformerConfig)}
-    ours = {k: v for k, v in d.items() if k in names and k not in ("dtype", "device", "seed", "extra")}
-    if not isinstance(ours.get("n_key_value_heads"), int):
-        ours.pop("n_key_value_heads", None)
-    if ours.get("act_fn") is None:  # TransformerLens writes act_fn=None for attention-only models
-        ours.pop("act_fn", None)
-    ours["extra"] = {"transformer_lens": {k: str(v) for k, v in d.items() if k not in names}}
-    return HookedTransformerConfig.from_dict(ours)  # ConfigError (not TypeError) for missing fields
-
-
-def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransformer:
-    """Build our model from a state dict in TransformerLens' former `HookedTransformer` layout.
-
-    `state_dict_or_path`: a dict of tensors, or a `.pth`/`.pt` file (read with `weights_only=True`, never
-    unpickling code) or a `.safetensors` file. `cfg`: our config (object or dict) or a TransformerLens
-    config dict. Missing norm weights of `LNPre` models are filled with ones/zeros; missing zero biases
-    of bias-free checkpoints are filled with zeros. Raises `CheckpointError` for unreadable or mismatched
-    weights, `ConfigError` for an invalid config and `TypeError` when `cfg` is neither a config nor a dict."""
-    if not isinstance(cfg, (HookedTransformerConfig, dict)):
-        raise TypeError(f"cfg must be a HookedTransformerConfig or a config dict, got {type(cfg).__name__}")
-    source = "state dict"
-    if isinstance(state_dict_or_path, (str, os.PathLike)):
-        path = Path(state_dict_or_path)
-        source = str(path)
-        if path.is_dir() or not path.exists():
-            raise CheckpointError(f"{path}: not a state-dict file")
-        if path.suffix == ".safetensors":
-            state = read_safetensors(path)
-        else:
-            try:
-                state = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as e:  # UnpicklingError for code-carrying pickles, EOFError / RuntimeError for truncation
-                first = (str(e).splitlines() or [""])[0][:200]
-                raise CheckpointError(
-                    f"{path}: refused or unreadable ({type(e).__name__}: {first}); "
-                    "only plain tensors are loaded, never pickled code"
-                ) from None
-    else:
-        state = state_dict_or_path
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{source}: expected a dict of tensors, got {type(state).__name__}")
-    if isinstance(cfg, dict):
-        try:
-            cfg = HookedTransformerConfig.from_dict(cfg)
-        except (ConfigError, TypeError):
-            cfg = config_from_transformer_lens(cfg)
-    _check_size(cfg, state, source)
-    model = HookedTransformer(cfg)
-    expected = model.state_dict()
-    fixed = {}
-    bad_keys = [k for k in state if not isinstance(k, str)]
-    if bad_keys:
-        raise CheckpointError(f"{source}: tensor names must be strings, got {bad_keys[:4]!r}")
-    for k, v in state.items():
-        if k.endswith(_DROPPED_SUFFIXES):
-            continue
-        k = k.replace("attn._W_K", "attn.W_K").replace("attn._W_V", "attn.W_V")
-        k = k.replace("attn._b_K", "attn.b_K").replace("attn._b_V", "attn.b_V")
-        fixed[k] = v
-    for name, target in expected.items():
-        if name not in fixed and (name.endswith((".b", ".b_U", ".b_O", ".b_Q", ".b_K", ".b_V", ".b_in", ".b_out"))):
-            fixed[name] = torch.zeros_like(target)
-        elif name not in fixed and name.endswith(".w"):
-            fixed[name] = torch.ones_like(target)
-    load_state_dict(model, fixed, source=source)
-    return model
 
 
 def read_json(path) -> dict:

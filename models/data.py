@@ -25,10 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import atomic_write_dir
-
-
-class CorpusError(ValueError):
-    """A corpus that cannot train a model (no files, no text, too few tokens); the message says why."""
+from .errors import CorpusError
 
 
 def default_cache_dir() -> Path:

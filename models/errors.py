@@ -1,5 +1,32 @@
-"""The toolkit's named errors (kept free of torch imports, so the command line can catch them cheaply)."""
+"""The toolkit's named errors. Every one derives from `ToyCircuitsError`, so the command line catches one class, and
+each also from the built-in its meaning matches (`ValueError` for bad values), so `except ValueError` keeps working.
+Free of torch imports: the command line reads them without loading a model.
+"""
 
 
-class ConfigError(ValueError):
+class ToyCircuitsError(Exception):
+    """Base of every error this toolkit raises on purpose: the message names the problem and what is allowed."""
+
+
+class ConfigError(ToyCircuitsError, ValueError):
     """An invalid configuration; the message names the field and the allowed values."""
+
+
+class CheckpointError(ToyCircuitsError, ValueError):
+    """A checkpoint that cannot be read: the message names the file and, where it applies, the tensor."""
+
+
+class TokenizerError(ToyCircuitsError, ValueError):
+    """A tokenizer file that cannot be used; the message names the file and the problem."""
+
+
+class CorpusError(ToyCircuitsError, ValueError):
+    """A corpus that cannot train a model (no files, no text, too few tokens); the message says why."""
+
+
+class TrainConfigError(ToyCircuitsError, ValueError):
+    """A training setting that cannot work; raised before any training starts."""
+
+
+class UnsupportedByTransformerLens(ToyCircuitsError, NotImplementedError):
+    """The configuration has no exact TransformerLens 4.x counterpart."""

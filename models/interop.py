@@ -1,10 +1,15 @@
-"""Our models as TransformerLens 4.x `TransformerBridge`s (`boot_native`), for side-by-side checks.
+"""TransformerLens in and out: legacy `HookedTransformer` state dicts loaded as our models, and our models as
+TransformerLens 4.x `TransformerBridge`s (`boot_native`), for side-by-side checks.
 
-TransformerLens' native model has learned ("standard") or adjacent-pair rotary positions, pre-norm
-LN / RMS / none, and always-present biases. What maps exactly:
+Legacy state dicts (`from_transformer_lens_state_dict`): TransformerLens 2.x's former `HookedTransformer` layout is
+ours, so its keys load as they are; `.pth` files are read with `torch.load(weights_only=True)`, never unpickling code.
+
+To TransformerLens 4.x (`to_transformer_lens`): its native model has learned ("standard") or adjacent-pair rotary
+positions, pre-norm LN / RMS / none, and always-present biases. What maps exactly (each positional scheme names its
+counterpart, `transformer_lens_type`):
 - standard positions; sinusoidal (its fixed table becomes the learned table) and none (a zero table),
   for contexts up to n_ctx;
-- rotary with adjacent pairs; rotary with half-split pairs (seed 000) by permuting each head's query/key
+- rotary with adjacent pairs; rotary with half-split pairs (GPT-NeoX's layout) by permuting each head's query/key
   features so that pair (i, i + d/2) becomes (2i, 2i+1): scores, patterns and outputs are identical,
   but the bridge's `hook_q` / `hook_k` hold the permuted features;
 - grouped-query attention, causal and bidirectional attention, every activation we support.
@@ -18,11 +23,16 @@ tests/test_model_parity_tl.py checks both relations.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from pathlib import Path
+
 import torch
 
-
-class UnsupportedByTransformerLens(NotImplementedError):
-    """The configuration has no exact TransformerLens 4.x counterpart."""
+from .checkpoint import check_size, load_state_dict, read_safetensors
+from .config import HookedTransformerConfig
+from .errors import CheckpointError, ConfigError, UnsupportedByTransformerLens
+from .model import HookedTransformer
 
 
 def _half_to_adjacent(rotary_dim: int, d_head: int) -> torch.Tensor:
@@ -76,3 +86,93 @@ def to_transformer_lens(model):
     if result.missing_keys or result.unexpected_keys:
         raise RuntimeError(f"weight transfer to TransformerLens failed: {result}")
     return bridge
+
+
+# --- legacy TransformerLens state dicts in --------------------------------------------------------------
+_DROPPED_SUFFIXES = (".mask", ".IGNORE", ".rotary_sin", ".rotary_cos")
+#: TransformerLens config flags that change the computation in ways this model does not implement.
+_UNSUPPORTED_TL_FLAGS = ("gated_mlp", "parallel_attn_mlp", "final_rms", "use_local_attn", "use_qk_norm")
+
+
+def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
+    """Our config from a TransformerLens `HookedTransformerConfig` dict (its JSON / `.to_dict()`).
+
+    Parameter-free norms `LNPre` / `RMSPre` become `LN` / `RMS` with unit weights (the same function).
+    Flags we do not implement raise `ConfigError` naming them; other TransformerLens-only fields are kept
+    in `extra["transformer_lens"]`."""
+    d = dict(d)
+    bad = [k for k in _UNSUPPORTED_TL_FLAGS if d.get(k)]
+    if bad:
+        raise ConfigError(f"TransformerLens config uses {bad}, which this toolkit does not implement")
+    if d.get("shortformer_pos"):
+        d["positional_embedding_type"] = "shortformer"
+    norm = d.get("normalization_type")
+    if norm in ("LNPre", "RMSPre"):
+        d["normalization_type"] = norm[: -len("Pre")]
+
+    names = {f.name for f in dataclasses.fields(HookedTransformerConfig)}
+    ours = {k: v for k, v in d.items() if k in names and k not in ("dtype", "device", "seed", "extra")}
+    if not isinstance(ours.get("n_key_value_heads"), int):
+        ours.pop("n_key_value_heads", None)
+    if ours.get("act_fn") is None:  # TransformerLens writes act_fn=None for attention-only models
+        ours.pop("act_fn", None)
+    ours["extra"] = {"transformer_lens": {k: str(v) for k, v in d.items() if k not in names}}
+    return HookedTransformerConfig.from_dict(ours)  # ConfigError (not TypeError) for missing fields
+
+
+def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransformer:
+    """Build our model from a state dict in TransformerLens' former `HookedTransformer` layout.
+
+    `state_dict_or_path`: a dict of tensors, or a `.pth`/`.pt` file (read with `weights_only=True`, never
+    unpickling code) or a `.safetensors` file. `cfg`: our config (object or dict) or a TransformerLens
+    config dict. Missing norm weights of `LNPre` models are filled with ones/zeros; missing zero biases
+    of bias-free checkpoints are filled with zeros. Raises `CheckpointError` for unreadable or mismatched
+    weights, `ConfigError` for an invalid config and `TypeError` when `cfg` is neither a config nor a dict."""
+    if not isinstance(cfg, (HookedTransformerConfig, dict)):
+        raise TypeError(f"cfg must be a HookedTransformerConfig or a config dict, got {type(cfg).__name__}")
+    source = "state dict"
+    if isinstance(state_dict_or_path, (str, os.PathLike)):
+        path = Path(state_dict_or_path)
+        source = str(path)
+        if path.is_dir() or not path.exists():
+            raise CheckpointError(f"{path}: not a state-dict file")
+        if path.suffix == ".safetensors":
+            state = read_safetensors(path)
+        else:
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as e:  # UnpicklingError for code-carrying pickles, EOFError / RuntimeError for truncation
+                first = (str(e).splitlines() or [""])[0][:200]
+                raise CheckpointError(
+                    f"{path}: refused or unreadable ({type(e).__name__}: {first}); "
+                    "only plain tensors are loaded, never pickled code"
+                ) from None
+    else:
+        state = state_dict_or_path
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{source}: expected a dict of tensors, got {type(state).__name__}")
+    if isinstance(cfg, dict):
+        try:
+            cfg = HookedTransformerConfig.from_dict(cfg)
+        except (ConfigError, TypeError):
+            cfg = config_from_transformer_lens(cfg)
+    check_size(cfg, state, source)
+    model = HookedTransformer(cfg)
+    expected = model.state_dict()
+    fixed = {}
+    bad_keys = [k for k in state if not isinstance(k, str)]
+    if bad_keys:
+        raise CheckpointError(f"{source}: tensor names must be strings, got {bad_keys[:4]!r}")
+    for k, v in state.items():
+        if k.endswith(_DROPPED_SUFFIXES):
+            continue
+        k = k.replace("attn._W_K", "attn.W_K").replace("attn._W_V", "attn.W_V")
+        k = k.replace("attn._b_K", "attn.b_K").replace("attn._b_V", "attn.b_V")
+        fixed[k] = v
+    for name, target in expected.items():
+        if name not in fixed and (name.endswith((".b", ".b_U", ".b_O", ".b_Q", ".b_K", ".b_V", ".b_in", ".b_out"))):
+            fixed[name] = torch.zeros_like(target)
+        elif name not in fixed and name.endswith(".w"):
+            fixed[name] = torch.ones_like(target)
+    load_state_dict(model, fixed, source=source)
+    return model

@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .errors import TokenizerError
+
 BOS, PAD, EOS = "<|bos|>", "<|pad|>", "<|endoftext|>"
 SPECIALS = (BOS, PAD, EOS)
-
-
-class TokenizerError(ValueError):
-    """A tokenizer file that cannot be used; the message names the file and the problem."""
 
 
 class ByteTokenizer:

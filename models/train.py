@@ -24,12 +24,9 @@ import torch
 from . import train_state as ts
 from .config import HookedTransformerConfig
 from .data import Curriculum, Mixture, RepeatBatches, TextBatches, build_token_corpus, get_tokenizer
+from .errors import TrainConfigError
 from .model import HookedTransformer, lm_cross_entropy
 from .positions import sinusoidal_table
-
-
-class TrainConfigError(ValueError):
-    """A training setting that cannot work; raised before any training starts."""
 
 
 @dataclass

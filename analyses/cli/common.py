@@ -1,6 +1,6 @@
-"""Shared pieces of the `circuits` command line: the `Command` record, `UsageError`, output, and the options every
-analysis subcommand takes (MODEL, `--config`, `--tokenizer`, `--json`, `--device`, `--seed`, `--threads`,
-`--no-progress`), model loading, head parsing and progress bars.
+"""Shared pieces of the `circuits` command line (`analyses.cli`): the `Command` record, `UsageError`, output, and
+the options every analysis subcommand takes (MODEL, `--config`, `--tokenizer`, `--json`, `--device`, `--seed`,
+`--threads`, `--no-progress`), model loading, head parsing and progress bars.
 
 Nothing here imports torch at module level: `circuits --help` must answer at once. Heavy imports happen inside
 the functions that need them.
@@ -16,10 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.errors import ToyCircuitsError
+
 STATE_DICT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 
 
-class UsageError(Exception):
+class UsageError(ToyCircuitsError):
     """Bad input from the user: reported as one line, exit code 2."""
 
 
@@ -254,8 +256,8 @@ def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
     the validation split of the corpus the model was trained on (the folder's train_config.json; default the
     Python standard library, tokenized once and cached), else `(None, reason, None)`. The vocabulary is the ids
     of the whole text read (up to 400k tokens), which random probes are drawn from, as in the report."""
-    from .sequences import bos_token_id
-    from .util import windows
+    from ..sequences import bos_token_id
+    from ..util import windows
 
     model = loaded.model
     n_ctx = model.cfg.n_ctx
@@ -266,9 +268,9 @@ def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
             raise UsageError(f"--text-file {text_file} holds {ids.numel()} tokens; need at least {n_ctx} (n_ctx)")
         return (windows(ids, n_ctx, n, seed, bos=bos_token_id(model)), f"{n} windows of {n_ctx} tokens of {text_file}",
                 ids.unique())
-    from .report import _validation_text
+    from ..report import validation_text
 
-    text, vocab = _validation_text(model, loaded.folder, 400_000)
+    text, vocab = validation_text(model, loaded.folder, 400_000)
     if text is None or text.numel() < n_ctx:
         return None, "no validation text (the model has no tokenizer or its corpus is unavailable)", None
     return (windows(text, n_ctx, n, seed, bos=bos_token_id(model)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .cli_common import (
+from .common import (
     Command,
     UsageError,
     add_common,
@@ -91,7 +91,7 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 def run_report(args) -> int:
     import sys
 
-    from .report import SECTIONS, build_report
+    from ..report import SECTIONS, build_report
 
     keys = [s[0] for s in SECTIONS]
     sections = None
@@ -183,7 +183,7 @@ def run_attention(args) -> int:
         raise UsageError("--text is empty")
     tokens = model.to_tokens(args.text)  # [1, pos], BOS first, truncated to n_ctx
     labels = [s.replace("\n", "⏎") for s in model.to_str_tokens(tokens[0])]
-    from .scores import attention_patterns
+    from ..scores import attention_patterns
 
     with torch.no_grad():
         pat = attention_patterns(model, tokens)[:, 0]  # [layer, head, q, k]
@@ -254,9 +254,9 @@ def run_generate(args) -> int:
     return 0
 
 
-COMMANDS = {
-    "info": Command("info", "a model's config, parameter counts and hook names", _info_args, run_info),
-    "report": Command("report", "full circuits report (markdown + PNG figures) of a model", _report_args, run_report),
-    "attention": Command("attention", "plot attention patterns on a text", _attention_args, run_attention),
-    "generate": Command("generate", "sample a continuation of a prompt", _generate_args, run_generate),
-}
+COMMANDS = [
+    Command("info", "a model's config, parameter counts and hook names", _info_args, run_info),
+    Command("report", "full circuits report (markdown + PNG figures) of a model", _report_args, run_report),
+    Command("attention", "plot attention patterns on a text", _attention_args, run_attention),
+    Command("generate", "sample a continuation of a prompt", _generate_args, run_generate),
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .cli_common import (
+from .common import (
     Command,
     UsageError,
     add_common,
@@ -42,8 +42,8 @@ def _heads_args(p: argparse.ArgumentParser) -> None:
 def run_heads(args) -> int:
     import math
 
-    from .detect import detect_induction_heads, detect_previous_token_heads
-    from .one_layer import COPYING_THRESHOLD
+    from ..detect import detect_induction_heads, detect_previous_token_heads
+    from ..one_layer import COPYING_THRESHOLD
 
     if not math.isfinite(args.threshold):
         raise UsageError(f"--threshold must be a finite number, got {args.threshold}")
@@ -105,7 +105,7 @@ def _eigen_args(p: argparse.ArgumentParser) -> None:
 def run_eigen(args) -> int:
     import torch
 
-    from .util import circuits_api, weight_view
+    from ..util import circuits_api, weight_view
 
     if args.eigenvalues < 0:
         raise UsageError(f"--eigenvalues must be >= 0, got {args.eigenvalues}")
@@ -177,7 +177,7 @@ def _compose_args(p: argparse.ArgumentParser) -> None:
 def run_compose(args) -> int:
     import torch
 
-    from .util import circuits_api, weight_view
+    from ..util import circuits_api, weight_view
 
     device = setup(args)
     loaded = load_model(args, device)
@@ -220,7 +220,7 @@ def _paths_args(p: argparse.ArgumentParser) -> None:
 def run_paths(args) -> int:
     import torch
 
-    from .util import circuits_api
+    from ..util import circuits_api
 
     device = setup(args)
     loaded = load_model(args, device)
@@ -230,7 +230,7 @@ def run_paths(args) -> int:
     bar = progress(args, 2, f"paths {loaded.name}")
     tokens, about, _ = text_windows(loaded, args, args.windows, args.seed)
     if tokens is None:
-        from .sequences import bos_token_id, random_tokens
+        from ..sequences import bos_token_id, random_tokens
 
         n = model.cfg.n_ctx - 1
         tokens = torch.cat([torch.full((args.windows, 1), bos_token_id(model)),
@@ -266,7 +266,7 @@ def _trigram_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_trigrams(args) -> int:
-    from .skip_trigrams import skip_trigram_bugs, skip_trigrams
+    from ..skip_trigrams import skip_trigram_bugs, skip_trigrams
 
     device = setup(args)
     loaded = load_model(args, device)
@@ -295,13 +295,12 @@ def run_trigrams(args) -> int:
     return 0
 
 
-COMMANDS = {
-    "heads": Command("heads", "every head's induction, prefix-matching, previous-token and copying scores, with "
-                     "verdicts", _heads_args, run_heads),
-    "eigen": Command("eigen", "OV and QK eigenvalue copying scores per head", _eigen_args, run_eigen),
-    "compose": Command("compose", "Q/K/V composition scores between heads, minus the random baseline",
-                       _compose_args, run_compose),
-    "paths": Command("paths", "term importance of the path expansion (direct, heads, virtual heads)", _paths_args,
-                     run_paths),
-    "trigrams": Command("trigrams", "a head's strongest skip-trigrams", _trigram_args, run_trigrams),
-}
+COMMANDS = [
+    Command("heads", "every head's induction, prefix-matching, previous-token and copying scores, with verdicts",
+            _heads_args, run_heads),
+    Command("eigen", "OV and QK eigenvalue copying scores per head", _eigen_args, run_eigen),
+    Command("compose", "Q/K/V composition scores between heads, minus the random baseline", _compose_args,
+            run_compose),
+    Command("paths", "term importance of the path expansion (direct, heads, virtual heads)", _paths_args, run_paths),
+    Command("trigrams", "a head's strongest skip-trigrams", _trigram_args, run_trigrams),
+]

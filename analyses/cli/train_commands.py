@@ -1,0 +1,107 @@
+"""`circuits train | zoo`: train a zoo preset or your own config, and list the shipped models. torch is imported
+inside the `run_*` functions (fast `--help`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import Command, UsageError, add_common, emit, read_json_object
+
+
+# --- train --------------------------------------------------------------------------------------------
+def _train_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", help="a zoo preset (see `circuits zoo`): model and training settings in code")
+    src.add_argument("--config", help="model config JSON, or {\"model\": {...}, \"train\": {...}}; a file, or "
+                     "inline text starting with {")
+    p.add_argument("--train-config", help="training settings JSON over the preset's (models.train.TrainConfig "
+                   "fields); a file, or inline text starting with {")
+    p.add_argument("--out", required=True, help="output folder: model, metrics.jsonl, checkpoints/, card")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--data", help="'stdlib' (default), a text folder or file, or 'synthetic:repeat'")
+    p.add_argument("--tokenizer", help="'bpe-2048' (default), 'bytes', or a tokenizer.json")
+    p.add_argument("--repeat-fraction", type=float, help="fraction of sequences with a repeated segment")
+    p.add_argument("--label-smoothing", type=float)
+    p.add_argument("--device", help="auto (default), cpu, cuda, mps")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-scores", action="store_true", help="skip the checkpoint head scores")
+    p.add_argument("--json", action="store_true", help="print the run summary as JSON")
+
+
+def train_settings(args) -> tuple:
+    """(model config, TrainConfig, description) from the command line."""
+    import dataclasses
+
+    from models.config import HookedTransformerConfig
+    from models.train import TrainConfig
+
+    if args.preset:
+        from models.train_presets import get_preset
+
+        try:
+            model_cfg, cfg, about = get_preset(args.preset)
+        except KeyError as e:
+            raise UsageError(e.args[0]) from None
+    else:
+        d = read_json_object(args.config, "config")
+        model_d, train_d = (d["model"], d.get("train", {})) if "model" in d else (d, {})
+        model_cfg, about = HookedTransformerConfig.from_dict(model_d), "custom model"
+        cfg = TrainConfig.from_dict(train_d)
+    if args.train_config:
+        cfg = TrainConfig.from_dict(dict(cfg.to_dict(), **read_json_object(args.train_config, "training config")))
+    over = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+            "data": args.data, "tokenizer": args.tokenizer, "repeat_fraction": args.repeat_fraction,
+            "label_smoothing": args.label_smoothing, "device": args.device}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in over.items() if v is not None}, out_dir=args.out,
+                              progress=not (args.no_progress or args.json))
+    if args.steps is not None and cfg.keep_checkpoints is not None:
+        cfg.keep_checkpoints = sorted({s for s in cfg.keep_checkpoints if s <= cfg.steps} | {cfg.steps})
+    cfg.validate()
+    return model_cfg, cfg, about
+
+
+def run_train(args) -> int:
+    import shlex
+
+    from models.train import train
+
+    from ..train_metrics import eval_inputs, make_eval_fn, make_report_fn
+
+    model_cfg, cfg, about = train_settings(args)
+    eval_fn = report_fn = None
+    tok, val, seen, corpus = eval_inputs(cfg, model_cfg)  # fails early on an unusable corpus
+    if not args.no_scores:
+        eval_fn = make_eval_fn(tok, val, seen, periods=(50, 100))
+    command = "circuits " + shlex.join(["train"] + list(args.argv))
+    report_fn = make_report_fn(args.preset or "custom", about, command, cfg, corpus, val, seen)
+    model, summary = train(model_cfg, cfg, eval_fn=eval_fn, report_fn=report_fn, resume=args.resume, tokenizer=tok)
+    emit(args, dict(summary, out=args.out), f"trained {args.preset or 'model'}: {summary['steps']} steps, "
+         f"{summary['tokens_seen']} tokens, {summary['wall_time']:.0f} s, final validation loss "
+         f"{summary.get('final_val_loss', float('nan')):.4f} → {args.out}")
+    return 0
+
+
+# --- zoo ----------------------------------------------------------------------------------------------
+def _zoo_args(p: argparse.ArgumentParser) -> None:
+    add_common(p, progress=False)  # --json, and --device/--seed, accepted everywhere (no effect here)
+
+
+def run_zoo(args) -> int:
+    from models.checkpoint import zoo_cards
+
+    cards = zoo_cards()
+    lines = [f"{c['name']:<14} {c['n_layers']}L x {c['n_heads']}H d_model={c['d_model']} "
+             f"{'attn-only' if c['attn_only'] else 'mlp'} {c['positions']}  val loss "
+             f"{c['val_loss'] if c['val_loss'] is None else round(c['val_loss'], 3)}  {c['about']}" for c in cards]
+    emit(args, {"models": cards}, "\n".join(lines) or "(no zoo models)")
+    return 0
+
+
+COMMANDS = [
+    Command("zoo", "list the shipped models with one-line cards", _zoo_args, run_zoo),
+    Command("train", "train a model (a zoo preset or a config) with checkpoints and metrics", _train_args, run_train),
+]

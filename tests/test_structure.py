@@ -1,0 +1,65 @@
+"""Rules of the code's shape that a change can break without any other test noticing: one error base class, the
+command line's modules import no private names, the layering `analyses → circuits → models`."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("models", "circuits", "analyses")
+
+
+def _modules(package: str) -> list[str]:
+    pkg = importlib.import_module(package)
+    return [package] + [m.name for m in pkgutil.walk_packages(pkg.__path__, package + ".")
+                        if not m.name.endswith("__main__")]
+
+
+def _sources(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def test_every_named_error_derives_from_the_one_base():
+    """So the command line catches one class; each also keeps the built-in base it had (`except ValueError`)."""
+    from models.errors import ToyCircuitsError
+
+    found = {}
+    for package in PACKAGES:
+        for name in _modules(package):
+            module = importlib.import_module(name)
+            for obj in vars(module).values():
+                if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == name:
+                    found[f"{name}.{obj.__name__}"] = obj
+    assert len(found) >= 8, sorted(found)
+    assert [n for n, c in found.items() if not issubclass(c, ToyCircuitsError)] == []
+    builtins = {"ToyCircuitsError": Exception, "UsageError": Exception,
+                "UnsupportedByTransformerLens": NotImplementedError}
+    for name, cls in found.items():
+        base = builtins.get(cls.__name__, ValueError)
+        assert issubclass(cls, base), name
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "analyses" / "cli").glob("*.py")), ids=lambda p: p.name)
+def test_cli_modules_import_no_private_names(path):
+    tree = ast.parse(path.read_text())
+    private = [f"{node.module}.{a.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               for a in node.names if a.name.startswith("_")]
+    assert private == []
+
+
+@pytest.mark.parametrize("package,forbidden", [("models", ("circuits", "analyses")), ("circuits", ("analyses",))])
+def test_imports_flow_one_way(package, forbidden):
+    """analyses → circuits → models: a lower layer never imports a higher one."""
+    bad = []
+    for path in _sources(package):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            bad += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in forbidden]
+    assert bad == []
