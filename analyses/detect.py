@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from circuits.composition import composition_baseline, composition_scores
+from circuits.eigen import copying_score, copying_scores, positive_eigenvalue_fraction
+from circuits.factored import k_composition_circuit
+from models.model import head_label
+
+from .one_layer import positional_r2
 from .scores import (
     copying_scores_behavioural,
     current_token_scores,
@@ -21,7 +27,8 @@ from .scores import (
     prefix_matching_scores,
     previous_token_scores,
 )
-from .util import circuits_api, head_label, markdown_table, weight_view
+from .sequences import bos_token_id, random_tokens
+from .util import markdown_table, weight_view
 
 #: ARENA 1.2: a head is called induction / previous-token above 0.4 (its induction heads score > 0.6).
 ARENA_THRESHOLD = 0.4
@@ -99,16 +106,13 @@ def detect_previous_token_heads(model, tokens=None, threshold: float = ARENA_THR
     definition asks; default: seeded random tokens). Reports current- and first-token scores beside it and, for
     layer 0 of attention-only models with a positional table, the share of the QK score variance that the
     position-position term explains (ARENA's previous-token head 0.7 has a positional QK pattern)."""
-    from .one_layer import _positional_r2
-    from .sequences import bos_token_id, random_tokens
-
     L, H = model.cfg.n_layers, model.cfg.n_heads
     prev = previous_token_scores(model, tokens, seed)
     cur = current_token_scores(model, tokens, seed)
     first = first_token_scores(model, tokens, seed)
     n = min(64, model.cfg.n_ctx) - 1 if L else 1
     probe = torch.cat([torch.full((2, 1), bos_token_id(model)), random_tokens(model, n, 2, seed)], 1)
-    r2 = _positional_r2(weight_view(model), probe) if L else None
+    r2 = positional_r2(weight_view(model), probe) if L else None
     table = [HeadEvidence(l, h, bool(prev[l, h] >= threshold), previous=float(prev[l, h]), current=float(cur[l, h]),
                           first=float(first[l, h]),
                           positional_r2=None if r2 is None or l > 0 else float(r2[l, h]))
@@ -164,19 +168,18 @@ def _mechanistic(model, prev_tokens, seed: int) -> dict:
     fraction, partner is a previous-token head)."""
     m = weight_view(model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
-    out = {"ov": circuits_api("copying_scores")(m).float().cpu()}
-    kcomp = circuits_api("composition_scores")(m, "k").float().cpu()  # [l1, h1, l2, h2]
-    base = circuits_api("composition_baseline")(m.cfg.d_model, m.cfg.d_head, "k")
+    out = {"ov": copying_scores(m).float().cpu()}
+    kcomp = composition_scores(m, "k").float().cpu()  # [l1, h1, l2, h2]
+    base = composition_baseline(m.cfg.d_model, m.cfg.d_head, "k")
     prev_heads = set(detect_previous_token_heads(model, prev_tokens, seed=seed).heads)
-    kcirc = circuits_api("k_composition_circuit")
     for l in range(1, L):
         for h in range(H):
             cands = [(l1, h1) for l1 in range(l) for h1 in range(H)]
             prevs = [c for c in cands if c in prev_heads]
             pool = prevs or cands
             partner = max(pool, key=lambda c: float(kcomp[c[0], c[1], l, h]))
-            fm = kcirc(m, (l, h), partner)
-            same = float(circuits_api("copying_score")(fm))
-            posf = float(circuits_api("positive_eigenvalue_fraction")(fm))
+            fm = k_composition_circuit(m, (l, h), partner)
+            same = float(copying_score(fm))
+            posf = float(positive_eigenvalue_fraction(fm))
             out[(l, h)] = (partner, float(kcomp[partner[0], partner[1], l, h]) - base, same, posf, bool(prevs))
     return out

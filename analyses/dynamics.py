@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
-from .util import head_label, markdown_table
+from models.model import head_label
+
+from .util import markdown_table
 
 #: Induction heads have "formed" once the best layer ≥ 1 induction score crosses this (ARENA's threshold).
 FORMED = 0.4

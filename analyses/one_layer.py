@@ -1,10 +1,9 @@
-"""One layer: skip-trigrams, copying heads, positional vs content heads, pattern-preserving head ablation.
+"""One layer: copying heads, positional vs content heads, pattern-preserving head ablation.
 
 Framework (Elhage et al. 2021), "One-layer attention-only transformers": logits = direct path + Σ_h A^h ⊗
-W_E W_OV^h W_U; each head is a set of skip-trigrams read off its full QK and OV circuits, and most heads of
-their 1-layer model copy (10 of 12; the other two are positional). Skip-trigram extraction lives in
-`analyses.skip_trigrams` and is re-exported here. The functions also apply to any layer of deeper models
-(for layers > 0 the full circuits are the direct-path parts only).
+W_E W_OV^h W_U; each head is a set of skip-trigrams read off its full QK and OV circuits (`analyses.trigrams`), and
+most heads of their 1-layer model copy (10 of 12; the other two are positional). The functions also apply to any
+layer of deeper models (for layers > 0 the full circuits are the direct-path parts only).
 """
 
 from __future__ import annotations
@@ -12,17 +11,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from transformer_lens import FactoredMatrix
 
+from circuits.checks import as_tokens, check_head_pair
+from circuits.diagonal import diagonal_rank_stats
+from circuits.eigen import copying_scores, positive_eigenvalue_fraction
+from circuits.factored import full_ov_circuit, full_qk_circuit
 from circuits.interface import positional_scheme
+from models.model import head_label
 
 from .scores import attention_patterns, copying_scores_behavioural
 from .sequences import bos_token_id, random_tokens, token_pool
-from .skip_trigrams import SkipTrigram, SkipTrigramBug, SkipTrigramTable, skip_trigram_bugs, skip_trigrams
-from .util import circuits_api, device_of, head_label, markdown_table, weight_view
+from .util import device_of, markdown_table, weight_view
 
-__all__ = ["skip_trigrams", "skip_trigram_bugs", "SkipTrigram", "SkipTrigramBug", "SkipTrigramTable",
-           "CopyingHeads", "copying_heads_table", "PositionalContent", "positional_vs_content",
-           "AblationResult", "head_ablation_losses"]
+__all__ = ["CopyingHeads", "copying_heads_table", "PositionalContent", "positional_vs_content", "positional_r2",
+           "AblationResult", "head_ablation_losses", "ablated_position_losses"]
 
 #: A head's full OV circuit counts as copying above this copying score (Σλ/Σ|λ|). Random matrices give ≈ 0
 #: (± 0.03 at d_model 768, wider for small d_head); the Framework's copying heads sit near 1.
@@ -67,16 +70,14 @@ def copying_heads_table(model, vocab=None, threshold: float = COPYING_THRESHOLD,
     its copying score ≥ `threshold`. Norm weights are folded first."""
     m = weight_view(model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
-    cs = circuits_api("copying_scores")(m).float().cpu()
+    cs = copying_scores(m).float().cpu()
     pos = torch.zeros(L, H)
     top1, top5 = torch.zeros(L, H), torch.zeros(L, H)
     S = token_pool(m, vocab).to(m.W_E.device)
-    from transformer_lens import FactoredMatrix
-
     for l in range(L):
-        fm = circuits_api("full_ov_circuit")(m, l)  # [head, d_vocab, d_vocab], factored
-        pos[l] = circuits_api("positive_eigenvalue_fraction")(fm).float().cpu()
-        stats = circuits_api("diagonal_rank_stats")(FactoredMatrix(fm.A[:, S], fm.B[:, :, S]), k=(1, 5))
+        fm = full_ov_circuit(m, l)  # [head, d_vocab, d_vocab], factored
+        pos[l] = positive_eigenvalue_fraction(fm).float().cpu()
+        stats = diagonal_rank_stats(FactoredMatrix(fm.A[:, S], fm.B[:, :, S]), k=(1, 5))
         top1[l], top5[l] = stats[1].float().cpu(), stats[5].float().cpu()
     pl = min(25, (model.cfg.n_ctx - 1) // 4)
     beh = copying_scores_behavioural(model, pl, 4, tokens_from=vocab) if behavioural and L else None
@@ -109,14 +110,14 @@ class PositionalContent:
 
 
 @torch.no_grad()
-def _positional_r2(model, tokens: torch.Tensor) -> torch.Tensor | None:
+def positional_r2(model, tokens: torch.Tensor) -> torch.Tensor | None:
     """Layer 0: R² of the position-position term of the full QK circuit for the row-centred scores on `tokens`
     (`circuits.full_qk_circuit(positional=True)`); None without a positional table or with norms."""
     if not positional_scheme(model).table:
         return None
     if getattr(model.cfg, "normalization_type", None) is not None or model.cfg.n_layers == 0:
         return None
-    parts = circuits_api("full_qk_circuit")(model, 0, None, positional=True)
+    parts = full_qk_circuit(model, 0, None, positional=True)
     P = tokens.shape[1]
     mask = torch.ones(P, P, dtype=torch.bool).tril()
     num = torch.zeros(model.cfg.n_heads, dtype=torch.float64)
@@ -171,7 +172,7 @@ def positional_vs_content(model, seq_len: int = 64, batch: int = 8, seed: int = 
             else:
                 row.append("positional")
         labels.append(row)
-    r2 = _positional_r2(weight_view(model), t1[:2])
+    r2 = positional_r2(weight_view(model), t1[:2])
     return PositionalContent(indep, ent, prev, first, r2, labels)
 
 
@@ -196,11 +197,7 @@ def head_ablation_losses(model, tokens, heads: list[tuple[int, int]] | None = No
     """Pattern-preserving ablation (Olsson et al. 2022): for each head, the next-token loss on `tokens` when its
     output is zeroed (`hook_z` of that head set to 0, so z·W_O = 0; b_O kept) while every layer's attention
     pattern is frozen to its clean value, minus the clean loss. In nats; positive = the head helps."""
-    from circuits._validate import check_head_pair
-
-    from .scores import _as_tokens
-
-    tokens = _as_tokens(model, tokens)  # ValueError for float, empty, out-of-range, over-long
+    tokens = as_tokens(model, tokens)  # ValueError for float, empty, out-of-range, over-long
     L, H = model.cfg.n_layers, model.cfg.n_heads
     if heads is not None:
         heads = [check_head_pair(model, p, "heads[i]") for p in heads]
@@ -240,11 +237,7 @@ def ablated_position_losses(model, tokens, heads, chunk: int = 64) -> tuple[torc
     and with all of `heads` zeroed together while every attention pattern keeps its clean value (the
     pattern-preserving ablation of `head_ablation_losses`). Run `chunk` sequences at a time, so the frozen
     patterns of one chunk are all that is held."""
-    from circuits._validate import check_head_pair
-
-    from .scores import _as_tokens
-
-    tokens = _as_tokens(model, tokens)
+    tokens = as_tokens(model, tokens)
     heads = [check_head_pair(model, p, "heads[i]") for p in heads]
     names = _pattern_names(model)
     clean, ablated = [], []

@@ -15,8 +15,12 @@ import math
 
 import torch
 
+from circuits.eigen import eigenvalues
+from circuits.factored import full_ov_circuit
+from models.model import head_label
+
 from .sequences import repeated_tokens
-from .util import circuits_api, head_label, weight_view
+from .util import weight_view
 
 
 def _plt():
@@ -119,9 +123,8 @@ def plot_eigenvalues(model, max_heads: int = 24):
     m = weight_view(model)
     heads = [(l, h) for l in range(m.cfg.n_layers) for h in range(m.cfg.n_heads)][:max_heads]
     fig, axes = _grid(len(heads))
-    eig = circuits_api("eigenvalues")
     for ax, (l, h) in zip(axes, heads):
-        lam = eig(circuits_api("full_ov_circuit")(m, l, h)).cpu()
+        lam = eigenvalues(full_ov_circuit(m, l, h)).cpu()
         scale = float(lam.abs().max()) or 1.0
         z = lam / scale
         score = float(lam.sum().real / lam.abs().sum()) if scale else 0.0

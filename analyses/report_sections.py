@@ -9,7 +9,9 @@ from pathlib import Path
 
 import torch
 
-from .util import fmt, head_label, markdown_table
+from models.model import head_label
+
+from .util import fmt, markdown_table
 
 
 @dataclass
@@ -172,7 +174,7 @@ def copying(ctx: Context) -> str:
 
 
 def skip_trigram_section(ctx: Context) -> str:
-    from .skip_trigrams import skip_trigram_bugs, skip_trigrams
+    from .trigrams import skip_trigram_bugs, skip_trigrams
 
     heads = [(0, h) for h in range(ctx.cfg.n_heads)][:8]
     vocab, note = ctx.vocab, ""

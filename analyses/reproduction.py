@@ -15,8 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformer_lens import FactoredMatrix
 
-from .util import head_label
+from circuits.diagonal import diagonal_rank_stats
+from circuits.eigen import copying_score
+from circuits.factored import full_qk_circuit
+from models.model import head_label
+
+from .sequences import token_pool
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "REPRODUCTION.md"
 
@@ -64,15 +70,10 @@ def _icl_with_ablation(model, w, heads, early, late):
 @torch.no_grad()
 def _combined_diag(model, heads):
     """Top-1 / top-5 diagonal accuracy of the summed full OV circuits of `heads` (ARENA's "1.4 and 1.10 together")."""
-    from transformer_lens import FactoredMatrix
-
-    from .sequences import token_pool
-    from .util import circuits_api
-
     S = token_pool(model)
     A = torch.cat([model.W_E[S] @ model.W_V[l, h] for l, h in heads], -1)  # [|S|, n·d_head]
     B = torch.cat([model.W_O[l, h] @ model.W_U[:, S] for l, h in heads], 0)
-    st = circuits_api("diagonal_rank_stats")(FactoredMatrix(A, B), k=(1, 5))
+    st = diagonal_rank_stats(FactoredMatrix(A, B), k=(1, 5))
     return float(st[1]), float(st[5])
 
 
@@ -80,9 +81,7 @@ def _combined_diag(model, heads):
 def _positional_subdiag(model, layer, head, n=64):
     """ARENA's check on the previous-token head: softmax of the position-position QK term (causal), mean
     attention on the sub-diagonal."""
-    from .util import circuits_api
-
-    parts = circuits_api("full_qk_circuit")(model, layer, head, positional=True)
+    parts = full_qk_circuit(model, layer, head, positional=True)
     pp = (parts.pos_pos.A[:n] @ parts.pos_pos.B[:, :n]) / model.cfg.d_head**0.5
     pp = pp.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
     return float(pp.diagonal(-1).mean())
@@ -134,17 +133,13 @@ def one_layer_rows(zoo: Path) -> list[Row]:
 
 
 def _random_copying(m) -> str:
-    from .util import circuits_api
-
     g = torch.Generator().manual_seed(0)
     d, dh, V = m.cfg.d_model, m.cfg.d_head, m.cfg.d_vocab
     vals = []
     for _ in range(64):
         A = torch.randn(V, dh, generator=g, dtype=torch.float64)
         B = torch.randn(dh, V, generator=g, dtype=torch.float64)
-        from transformer_lens import FactoredMatrix
-
-        vals.append(float(circuits_api("copying_score")(FactoredMatrix(A, B))))
+        vals.append(float(copying_score(FactoredMatrix(A, B))))
     t = torch.tensor(vals)
     return f"{float(t.mean()):+.3f} ± {float(t.std()):.3f} (64 random rank-{dh} circuits, d_vocab {V}; d_model {d})"
 

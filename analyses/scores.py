@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from .sequences import random_tokens, repeated_tokens
+from circuits.checks import NonFiniteError, as_tokens, check_finite
+from circuits.interface import norm_params
+
+from .sequences import bos_token_id, random_tokens, repeated_tokens
+from .util import windows
 
 __all__ = [
     "attention_patterns", "induction_scores", "prefix_matching_scores", "previous_token_scores",
@@ -25,28 +29,10 @@ __all__ = [
 ]
 
 
-def _device(model) -> torch.device:
-    return model.W_E.device
-
-
-def _as_tokens(model, tokens) -> torch.Tensor:
-    """`[batch, pos]` int64 ids on the model's device; `model.validate_tokens` (when the model has it) refuses
-    float, empty, out-of-range and over-long input with a `ValueError`."""
-    if hasattr(model, "validate_tokens"):
-        return model.validate_tokens(tokens)
-    t = torch.as_tensor(tokens)
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise ValueError(f"tokens must be integer ids, got dtype {t.dtype}")
-    t = t.long()
-    if t.ndim == 1:
-        t = t[None]
-    return t.to(_device(model))
-
-
 @torch.no_grad()
 def attention_patterns(model, tokens) -> torch.Tensor:
     """Attention patterns of every layer from one forward pass: `[layer, batch, head, q, k]` (float32, CPU)."""
-    tokens = _as_tokens(model, tokens)
+    tokens = as_tokens(model, tokens)
     L = model.cfg.n_layers
     if L == 0:
         return torch.zeros(0, tokens.shape[0], model.cfg.n_heads, tokens.shape[1], tokens.shape[1])
@@ -54,8 +40,6 @@ def attention_patterns(model, tokens) -> torch.Tensor:
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
     out = torch.stack([cache[n].float().cpu() for n in names])
     if not bool(torch.isfinite(out).all()):  # every score would be NaN: say why instead
-        from circuits._validate import NonFiniteError, check_finite
-
         check_finite(dict(model.named_parameters()) if hasattr(model, "named_parameters") else {}, "attention_patterns")
         raise NonFiniteError("attention_patterns: the patterns hold NaN/inf although the weights are finite "
                              "(overflow in the scores?)")
@@ -64,8 +48,6 @@ def attention_patterns(model, tokens) -> torch.Tensor:
 
 def _default_tokens(model, seed: int = 0, length: int = 64) -> torch.Tensor:
     """`[BOS] + random tokens`, 4 sequences of min(length, n_ctx) positions."""
-    from .sequences import bos_token_id
-
     n = min(length, model.cfg.n_ctx) - 1
     r = random_tokens(model, n, 4, seed)
     return torch.cat([torch.full((4, 1), bos_token_id(model)), r], 1)
@@ -111,7 +93,7 @@ def prefix_matching_scores(model, seq_len: int = 25, n_repeats: int = 4, batch: 
     """
     if tokens is None:
         tokens = repeated_tokens(model, seq_len, n_repeats, batch, seed, tokens_from)
-    tokens = _as_tokens(model, tokens).cpu()
+    tokens = as_tokens(model, tokens).cpu()
     P = tokens.shape[1]
     prev = torch.cat([torch.full_like(tokens[:, :1], -1), tokens[:, :-1]], 1)  # t[k-1]; -1 at k=0
     mask = (prev[:, None, :] == tokens[:, :, None]) & torch.ones(P, P, dtype=torch.bool).tril()  # [b, q, k]
@@ -131,7 +113,7 @@ def previous_token_scores(model, tokens=None, seed: int = 0) -> torch.Tensor:
     pattern[i, i−1]. Meant for natural text `tokens [batch, pos]`; without them, `[BOS]` + 63 seeded random
     tokens × 4. Source: ARENA 1.2 (threshold 0.4); TransformerLens' `previous_token_head` detection pattern
     (whose "mul" score divides by all `pos` rows, ours by the `pos − 1` rows that have a previous token)."""
-    tokens = _as_tokens(model, _default_tokens(model, seed) if tokens is None else tokens).cpu()
+    tokens = as_tokens(model, _default_tokens(model, seed) if tokens is None else tokens).cpu()
     return _masked_attention_mass(attention_patterns(model, tokens), _offset_mask(tokens, "previous"))
 
 
@@ -139,7 +121,7 @@ def current_token_scores(model, tokens=None, seed: int = 0) -> torch.Tensor:
     """Current-token score per head: mean over batch and queries i ≥ 1 of pattern[i, i] (the diagonal;
     row 0 is forced to 1 and left out). Source: ARENA 1.2 (threshold 0.4). Default tokens as
     `previous_token_scores`."""
-    tokens = _as_tokens(model, _default_tokens(model, seed) if tokens is None else tokens).cpu()
+    tokens = as_tokens(model, _default_tokens(model, seed) if tokens is None else tokens).cpu()
     return _masked_attention_mass(attention_patterns(model, tokens), _offset_mask(tokens, "current"))
 
 
@@ -147,7 +129,7 @@ def first_token_scores(model, tokens=None, seed: int = 0) -> torch.Tensor:
     """First-token score per head: mean over batch and queries i ≥ 1 of pattern[i, 0] (column 0, usually
     BOS: the "resting" position). Source: ARENA 1.2 (threshold 0.4). Default tokens as
     `previous_token_scores`."""
-    tokens = _as_tokens(model, _default_tokens(model, seed) if tokens is None else tokens).cpu()
+    tokens = as_tokens(model, _default_tokens(model, seed) if tokens is None else tokens).cpu()
     return _masked_attention_mass(attention_patterns(model, tokens), _offset_mask(tokens, "first"))
 
 
@@ -159,22 +141,10 @@ def duplicate_token_scores(model, tokens=None, seq_len: int = 25, n_repeats: int
     TransformerLens' `duplicate_token_head` detection pattern (which divides by all rows instead)."""
     if tokens is None:
         tokens = repeated_tokens(model, seq_len, n_repeats, batch, seed, tokens_from)
-    tokens = _as_tokens(model, tokens).cpu()
+    tokens = as_tokens(model, tokens).cpu()
     P = tokens.shape[1]
     mask = (tokens[:, None, :] == tokens[:, :, None]) & torch.ones(P, P, dtype=torch.bool).tril(-1)
     return _masked_attention_mass(attention_patterns(model, tokens), mask)
-
-
-def _final_norm(model, cache, x: torch.Tensor) -> torch.Tensor:
-    """Apply the final norm's linear map at its cached scale to per-head outputs x `[batch, pos, head, d_model]`."""
-    kind = getattr(model.cfg, "normalization_type", None)
-    if kind is None:
-        return x
-    if kind in ("LN", "LNPre"):
-        x = x - x.mean(-1, keepdim=True)
-    x = x / cache["ln_final.hook_scale"][:, :, None]  # scale [batch, pos, 1]
-    w = getattr(getattr(model, "ln_final", None), "w", None)
-    return x * w if isinstance(w, torch.Tensor) else x
 
 
 @torch.no_grad()
@@ -204,12 +174,14 @@ def copying_scores_behavioural(model, seq_len: int = 25, n_repeats: int = 4, bat
     if L == 0:
         return torch.zeros(0, model.cfg.n_heads)
     names = {f"blocks.{l}.attn.hook_{w}" for l in range(L) for w in ("pattern", "z")} | {"ln_final.hook_scale"}
-    _, cache = model.run_with_cache(tokens.to(_device(model)), names_filter=lambda n: n in names)
+    _, cache = model.run_with_cache(tokens.to(model.W_E.device), names_filter=lambda n: n in names)
     W_O, W_U = model.W_O, model.W_U  # [layer, head, d_head, d_model], [d_model, d_vocab]
+    final = norm_params(model, None)  # applied at its cached scale, a linear map of each head's output
+    scale = cache["ln_final.hook_scale"][:, :, None] if final.kind else None  # [batch, pos, 1, 1]
     out = torch.zeros(L, model.cfg.n_heads)
     for l in range(L):
         z = cache[f"blocks.{l}.attn.hook_z"]  # [batch, pos, head, d_head]
-        result = _final_norm(model, cache, torch.einsum("bphd,hdm->bphm", z, W_O[l]))  # [batch, pos, head, d_model]
+        result = final.linear(torch.einsum("bphd,hdm->bphm", z, W_O[l]), scale)  # [batch, pos, head, d_model]
         pattern = cache[f"blocks.{l}.attn.hook_pattern"]  # [batch, head, q, k]
         ratios = []
         for b in range(tokens.shape[0]):
@@ -234,9 +206,6 @@ ICL_EXAMPLES = 1024
 def icl_windows(model, text, seed: int = 0, seq_len: int | None = None) -> torch.Tensor:
     """`ICL_EXAMPLES` evenly spaced windows of `seq_len` (default n_ctx) tokens of a 1-D token array, BOS
     first: the examples behind the ICL scores of reports and REPRODUCTION.md."""
-    from .sequences import bos_token_id
-    from .util import windows
-
     return windows(text, seq_len or model.cfg.n_ctx, ICL_EXAMPLES, seed, bos=bos_token_id(model))
 
 
@@ -249,7 +218,7 @@ def icl_positions(n_ctx: int) -> tuple[int, int]:
 def position_losses(model, tokens, chunk: int = 64) -> torch.Tensor:
     """Next-token loss of every sequence at every position, `[batch, pos − 1]` float64 on the CPU (index i is
     the loss of predicting token i + 1), computed `chunk` sequences at a time."""
-    tokens = _as_tokens(model, tokens)
+    tokens = as_tokens(model, tokens)
     return torch.cat([model(part, return_type="loss", loss_per_token=True).double().cpu()
                       for part in tokens.split(max(1, int(chunk)))])
 
@@ -258,7 +227,7 @@ def in_context_learning_differences(model, tokens, early: int = 50, late: int = 
                                     losses: torch.Tensor | None = None) -> torch.Tensor:
     """Per example, loss(token `late`) − loss(token `early`) (`[batch]` float64): the terms whose mean is
     `in_context_learning_score`. `losses` (from `position_losses` on the same tokens) skips the forward."""
-    n = (losses.shape[1] + 1) if losses is not None else _as_tokens(model, tokens).shape[1]
+    n = (losses.shape[1] + 1) if losses is not None else as_tokens(model, tokens).shape[1]
     if not 1 <= early < late < n:
         raise ValueError(
             f"need 1 <= early < late < sequence length; got early={early}, late={late} for sequences of "

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from circuits.checks import check_int
+
 
 def special_token_ids(model) -> list[int]:
     """BOS / PAD / EOS ids of `model.tokenizer` (those it defines); `[0]` when the model has no tokenizer."""
@@ -50,8 +52,6 @@ def random_tokens(model, seq_len: int, batch: int = 1, seed: int = 0, tokens_fro
                   distinct: bool = False) -> torch.Tensor:
     """`[batch, seq_len]` ids drawn uniformly from `token_pool`, seeded, on CPU: with replacement, or with
     `distinct` without replacement within each row (when the pool holds at least `seq_len` ids)."""
-    from circuits._validate import check_int
-
     seq_len, batch, seed = check_int(seq_len, "seq_len", 0), check_int(batch, "batch"), check_int(seed, "seed", 0)
     pool = token_pool(model, tokens_from)
     g = torch.Generator().manual_seed(seed)
@@ -69,8 +69,6 @@ def repeated_tokens(model, seq_len: int, n_repeats: int = 2, batch: int = 1, see
     repeats inside R are rare; with a small vocabulary they would split an induction head's attention between
     several "earlier occurrences" and blur the scores. Raises `ValueError` when the sequence does not fit the
     model's learned positions (n_ctx)."""
-    from circuits._validate import check_int
-
     seq_len, n_repeats, batch = (check_int(v, n) for v, n in ((seq_len, "seq_len"), (n_repeats, "n_repeats"),
                                                                (batch, "batch")))
     length = int(prepend_bos) + n_repeats * seq_len

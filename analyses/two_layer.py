@@ -12,8 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from circuits.composition import composition_baseline, composition_scores
+from circuits.importance import term_importance
+from circuits.paths import path_expansion
+from models.model import head_label, lm_cross_entropy
+
 from .detect import DetectionResult, detect_induction_heads, detect_previous_token_heads
-from .util import circuits_api, head_label, markdown_table, weight_view
+from .util import markdown_table, weight_view
 
 #: Framework numbers for its 2-layer model (term importance, nats).
 PAPER_TERM_IMPORTANCE = {"individual heads": 5.2, "virtual heads": 0.3}
@@ -69,8 +74,8 @@ def composition_study(model) -> CompositionStudy:
     random baselines of the model's shapes. `ValueError` for models with fewer than 2 layers."""
     _need_two_layers(model, "composition_study")
     m = weight_view(model)
-    scores = {k: circuits_api("composition_scores")(m, k).float().cpu() for k in ("q", "k", "v")}
-    base = {k: float(circuits_api("composition_baseline")(m.cfg.d_model, m.cfg.d_head, k)) for k in ("q", "k", "v")}
+    scores = {k: composition_scores(m, k).float().cpu() for k in ("q", "k", "v")}
+    base = {k: float(composition_baseline(m.cfg.d_model, m.cfg.d_head, k)) for k in ("q", "k", "v")}
     return CompositionStudy(scores, base)
 
 
@@ -148,8 +153,6 @@ class OrderImportance:
 
 
 def _loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
-    from models.model import lm_cross_entropy
-
     return float(lm_cross_entropy(logits.double(), tokens))
 
 
@@ -157,8 +160,8 @@ def _loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
 def term_importance_by_order(model, tokens) -> OrderImportance:
     """`circuits.term_importance` on `tokens` (validation text) plus the per-layer breakdown from
     `circuits.path_expansion`. Attention-only models."""
-    imp = circuits_api("term_importance")(model, tokens)
-    exp = circuits_api("path_expansion")(model, tokens)
+    imp = term_importance(model, tokens)
+    exp = path_expansion(model, tokens)
     t = torch.as_tensor(tokens, dtype=torch.long).to(model.W_E.device)
     full = _loss(exp.total(), t)
     by_layer = {}
@@ -198,7 +201,7 @@ def virtual_head_importance(model, tokens) -> TermRanking:
     (`circuits.path_expansion`, patterns frozen), token-embedding source only. `ValueError` for models with fewer
     than 2 layers (no virtual heads)."""
     _need_two_layers(model, "virtual_head_importance")
-    exp = circuits_api("path_expansion")(model, tokens, max_order=2)
+    exp = path_expansion(model, tokens, max_order=2)
     t = torch.as_tensor(tokens, dtype=torch.long).to(model.W_E.device)
     full_logits = exp.total()
     full = _loss(full_logits, t)

@@ -1,4 +1,4 @@
-"""Small helpers the analyses share: token strings, head labels, markdown tables, device and dtype."""
+"""Small helpers the analyses share: token strings, markdown tables, token windows, the weights circuits read."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import math
 
 import torch
 
-
-def head_label(layer: int, head: int) -> str:
-    """`"L{layer}H{head}"`, as in `circuits`; ARENA writes `layer.head`."""
-    return f"L{layer}H{head}"
+from circuits.checks import check_model_finite
+from circuits.fold import fold_layer_norm
+from circuits.interface import norms_are_trivial
 
 
 def token_str(model, i: int) -> str:
@@ -81,43 +80,15 @@ def windows(tokens, seq_len: int, n: int, seed: int = 0, bos: int | None = None)
     return out
 
 
-_CIRCUITS_HOME = {
-    "qk_circuit": "factored", "ov_circuit": "factored", "full_qk_circuit": "factored",
-    "full_ov_circuit": "factored", "k_composition_circuit": "factored", "eigenvalues": "eigen",
-    "copying_score": "eigen", "copying_scores": "eigen", "positive_eigenvalue_fraction": "eigen",
-    "diagonal_rank_stats": "diagonal", "composition_scores": "composition", "composition_baseline": "composition",
-    "fold_layer_norm": "fold", "term_importance": "importance", "path_expansion": "paths",
-    "build_induction_model": "testing",
-}
-
-
-def circuits_api(name: str):
-    """`circuits.<name>`, looked up at call time (imports flow analyses → circuits → models)."""
-    from importlib import import_module
-
-    import circuits
-
-    fn = getattr(circuits, name, None)
-    if fn is None:  # package exports not in place yet: the defining module
-        fn = getattr(import_module(f"circuits.{_CIRCUITS_HOME[name]}"), name)
-    return fn
-
-
 def weight_view(model):
     """The model whose weights the weight-space circuits should read: `model` itself when its norms are trivial
     (no norm, or already folded), else `circuits.fold_layer_norm(model)` (a folded copy). Models that cannot be
     folded (e.g. a TransformerLens bridge) are returned as they are. Raises `NonFiniteError` (a `ValueError`) when
     a weight holds NaN/inf: spectra, norms and rankings of such weights mean nothing."""
-    from circuits._validate import check_model_finite
-
     check_model_finite(model, "weight-space analysis", ("W_E", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_U"))
     if getattr(model.cfg, "normalization_type", None) is None:
         return model
     try:
-        from circuits.interface import norms_are_trivial
-
-        if norms_are_trivial(model):
-            return model
-        return circuits_api("fold_layer_norm")(model)
-    except (TypeError, AttributeError, NotImplementedError, ImportError):
+        return model if norms_are_trivial(model) else fold_layer_norm(model)
+    except (TypeError, AttributeError, NotImplementedError):  # not foldable (a TransformerLens bridge)
         return model

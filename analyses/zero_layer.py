@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .util import as_1d_tokens, device_of, markdown_table, token_str
+from circuits.checks import check_int, check_model_finite
+from circuits.interface import norm_params
+
+from .util import as_1d_tokens, device_of, markdown_table, token_str, windows
 
 
 @dataclass
@@ -86,14 +89,10 @@ def bigram_table(tokens, d_vocab: int, chunk: int = 1 << 22) -> BigramTable:
 def direct_path_logits(model, rows: torch.Tensor) -> torch.Tensor:
     """Direct-path logits `ln_final(W_E[a]) @ W_U + b_U` for source ids `rows [n]` → `[n, d_vocab]` (float64)."""
     x = model.W_E[rows.to(device_of(model))].double()  # [n, d_model]
-    kind = getattr(model.cfg, "normalization_type", None)
-    if kind is not None:
-        if kind in ("LN", "LNPre"):
-            x = x - x.mean(-1, keepdim=True)
-        x = x / (x.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()
-        w, b = getattr(model.ln_final, "w", None), getattr(model.ln_final, "b", None)
-        x = x * w.double() if isinstance(w, torch.Tensor) else x
-        x = x + b.double() if isinstance(b, torch.Tensor) else x
+    final = norm_params(model, None)
+    if final.kind is not None:  # the final norm of each row alone, its own scale
+        x = final.linear(x, final.scale(x))
+        x = x + final.b.double() if final.b is not None else x
     logits = x @ model.W_U.double()
     b_U = getattr(model, "b_U", None)
     return (logits + b_U.double() if isinstance(b_U, torch.Tensor) else logits).cpu()
@@ -129,8 +128,6 @@ def direct_path_fit(model, tokens, block: int = 512, top: int = 15, table: Bigra
     """Frequency-weighted KL between the corpus bigrams of `tokens` and softmax(W_E W_U) (reference.md, "Zero
     layers"): Σ_a p(a) KL(P(·|a) ‖ Q_a), Q_a = softmax(direct_path_logits(a)); streamed over blocks of `block`
     source rows, so memory is O(block · d_vocab + observed pairs). NaN/inf in W_E or W_U raises `NonFiniteError`."""
-    from circuits._validate import check_int, check_model_finite
-
     check_model_finite(model, "direct_path_fit", ("W_E", "W_U"))
     block = check_int(block, "block")
     V = model.cfg.d_vocab
@@ -180,8 +177,6 @@ class ZeroLayerStudy:
 @torch.no_grad()
 def zero_layer_study(model, tokens, seq_len: int | None = None, n_windows: int = 16, top: int = 15) -> ZeroLayerStudy:
     """`direct_path_fit` on `tokens` plus the model's mean next-token loss on `n_windows` windows of them."""
-    from .util import windows
-
     fit = direct_path_fit(model, tokens, top=top)
     seq_len = min(seq_len or 128, model.cfg.n_ctx)
     flat = as_1d_tokens(tokens)

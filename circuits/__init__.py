@@ -8,51 +8,32 @@ Works on any model exposing the weight properties and `cfg` (see `circuits.inter
 - spectra: `eigenvalues`, `copying_score`, `positive_eigenvalue_fraction`, `copying_scores`, `diagonal_rank_stats`
 - composition: `composition_score`, `composition_scores`, `composition_baseline`
 - tensor products and paths: `TensorProduct`, `path_expansion`, `attention_score_decomposition`, `term_importance`
-- hand-built test model: `circuits.testing.build_induction_model`
+- argument checks shared with `analyses`: `circuits.checks`; hand-built test model: `circuits.testing`
 
-Attributes load lazily, so importing `circuits` is cheap until one is used.
+The names below load on first use (`models.lazy`), so importing `circuits` is cheap until one is used.
 """
 
-from importlib import import_module
+from typing import TYPE_CHECKING
 
-_EXPORTS = {
-    "qk_circuit": "factored",
-    "ov_circuit": "factored",
-    "full_qk_circuit": "factored",
-    "full_ov_circuit": "factored",
-    "k_composition_circuit": "factored",
-    "PositionalQK": "factored",
-    "fold_layer_norm": "fold",
-    "eigenvalues": "eigen",
-    "copying_score": "eigen",
-    "copying_scores": "eigen",
-    "positive_eigenvalue_fraction": "eigen",
-    "diagonal_rank_stats": "diagonal",
-    "composition_score": "composition",
-    "composition_scores": "composition",
-    "composition_baseline": "composition",
-    "TensorProduct": "tensor_product",
-    "path_expansion": "paths",
-    "PathExpansion": "paths",
-    "term_name": "paths",
-    "attention_score_decomposition": "scores",
-    "ScoreDecomposition": "scores",
-    "term_importance": "importance",
-    "TermImportance": "importance",
-    "frozen_forward": "frozen",
-    "FrozenForward": "frozen",
-}
+from models.lazy import lazy_exports
 
-__all__ = sorted(_EXPORTS)
+if TYPE_CHECKING:
+    from .composition import composition_baseline, composition_score, composition_scores
+    from .diagonal import diagonal_rank_stats
+    from .eigen import copying_score, copying_scores, eigenvalues, positive_eigenvalue_fraction
+    from .factored import (
+        PositionalQK,
+        full_ov_circuit,
+        full_qk_circuit,
+        k_composition_circuit,
+        ov_circuit,
+        qk_circuit,
+    )
+    from .fold import fold_layer_norm
+    from .frozen import FrozenForward, frozen_forward
+    from .importance import TermImportance, term_importance
+    from .paths import PathExpansion, path_expansion, term_name
+    from .score_decomposition import ScoreDecomposition, attention_score_decomposition
+    from .tensor_product import TensorProduct
 
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'circuits' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, __file__)

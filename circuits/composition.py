@@ -16,7 +16,7 @@ import functools
 import torch
 from transformer_lens import FactoredMatrix
 
-from ._validate import check_finite, check_int, check_model, check_model_finite
+from .checks import check_finite, check_int, check_model, check_model_finite
 from .interface import f64, serial_ops, warn_if_unfolded
 
 KINDS = ("q", "k", "v")

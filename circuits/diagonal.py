@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import torch
 from transformer_lens import FactoredMatrix
 
-from ._validate import analysis_dtype, as_index, check_finite, check_matrix
+from .checks import analysis_dtype, as_index, check_finite, check_matrix
 from .interface import serial_ops
 
 DEFAULT_BLOCK_BYTES = 2**20  # one tile of the product: 1 MiB, so that it is reduced while in cache

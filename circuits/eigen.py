@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformer_lens import FactoredMatrix
 
-from ._validate import analysis_dtype, check_finite, check_matrix, check_model, check_model_finite
+from .checks import analysis_dtype, check_finite, check_matrix, check_model, check_model_finite
 from .interface import serial_ops, warn_if_unfolded
 
 Matrix = FactoredMatrix | torch.Tensor

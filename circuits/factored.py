@@ -17,7 +17,9 @@ from typing import NamedTuple
 import torch
 from transformer_lens import FactoredMatrix
 
-from ._validate import check_head_pair, check_layer_head
+from models.positions import SCHEMES
+
+from .checks import check_head_pair, check_layer_head
 from .interface import positional_scheme, select, warn_if_unfolded
 
 
@@ -72,8 +74,6 @@ def full_qk_circuit(model, layer: int | None = None, head: int | None = None, po
     if not positional:
         return FactoredMatrix(tok_q, k_tail @ W_E.T)
     if not positional_scheme(model).table:
-        from models.positions import SCHEMES
-
         raise ValueError(
             f"positional=True needs a positional table (one of {tuple(n for n, s in SCHEMES.items() if s.table)}); "
             f"this model has positional_embedding_type={model.cfg.positional_embedding_type!r}"

@@ -13,15 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .checks import as_tokens
 from .interface import NormParams, norm_params, positional_scheme
-
-
-def as_tokens(model, tokens) -> torch.Tensor:
-    """`[batch, pos]` int64 tokens on the model's device (via `model.validate_tokens` when it has one)."""
-    if hasattr(model, "validate_tokens"):
-        return model.validate_tokens(tokens)
-    t = torch.as_tensor(tokens, dtype=torch.long)
-    return (t[None] if t.ndim == 1 else t).to(model.W_E.device)
 
 
 def positional_tables(model, n_pos: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .frozen import as_tokens
+from models.model import lm_cross_entropy
+
+from .checks import as_tokens
 from .paths import path_expansion
 
 
 def _loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
-    from models.model import lm_cross_entropy
-
     return float(lm_cross_entropy(logits.to(torch.float64), tokens))
 
 

@@ -23,18 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
+from models.positions import scheme
+
 
 def positional_scheme(model):
     """The model's positional scheme object (`models.positions`): what its positions do, asked, never compared by
     name. Works on a TransformerLens bridge's config too."""
-    from models.positions import scheme
-
     return scheme(model.cfg)
-
-
-def head_label(layer: int, head: int) -> str:
-    """`"L{layer}H{head}"`, the name used for heads everywhere in `circuits`."""
-    return f"L{layer}H{head}"
 
 
 def select(t: torch.Tensor, layer: int | None, head: int | None) -> torch.Tensor:

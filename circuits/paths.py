@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import check_int
+from models.model import head_label
+
+from .checks import check_int
 from .frozen import FrozenForward, frozen_forward
-from .interface import head_label
 
 SOURCES = ("tok", "pos", "bias")
 _SUFFIX = {"tok": "", "pos": "[pos]", "bias": "[bias]"}

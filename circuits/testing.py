@@ -28,6 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
+from models.config import HookedTransformerConfig
+from models.model import HookedTransformer
+
 
 @dataclass(frozen=True)
 class InductionModelInfo:
@@ -53,8 +56,6 @@ def build_induction_model(d_vocab: int = 16, n_ctx: int = 32, positional: str = 
     ≈ 1 − n_ctx·e^(−sharpness). `noise`: std of Gaussian noise added to every weight (seeded), for tests that
     want non-zero but small scores elsewhere. d_model = 4·d_vocab + n_ctx, d_head = max(d_vocab, n_ctx),
     2 layers × 2 heads, attention-only, no norm, no biases."""
-    from models import HookedTransformer, HookedTransformerConfig
-
     if positional not in ("shortformer", "standard"):
         raise ValueError(f"positional must be 'shortformer' or 'standard', got {positional!r}")
     V, N = d_vocab, n_ctx
@@ -140,8 +141,6 @@ def random_model(n_layers: int = 2, n_heads: int = 3, d_model: int = 16, d_head:
                  dtype: str = "float64", **cfg_kw):
     """A small model with every weight, bias and norm parameter random (N(0, scale²) added to the default
     init, seeded), so that biases and norm weights are non-trivial too. For property tests."""
-    from models import HookedTransformer, HookedTransformerConfig
-
     cfg = HookedTransformerConfig(
         n_layers=n_layers, d_model=d_model, n_ctx=n_ctx, d_vocab=d_vocab, n_heads=n_heads, d_head=d_head,
         d_mlp=None if attn_only else 2 * d_model, attn_only=attn_only, normalization_type=normalization,

@@ -1,31 +1,23 @@
-"""Hookable toy transformers: config, model, tokenizers, data, training, checkpoints and the model zoo.
+"""Hookable toy transformers: config, model, positional schemes, tokenizers, data, training, checkpoints and the
+model zoo. The names below load on first use (`models.lazy`), so `circuits --help` answers without importing torch."""
 
-Attributes are imported lazily so that `circuits --help` answers without importing torch.
-"""
+from typing import TYPE_CHECKING
 
-from importlib import import_module
+from .lazy import lazy_exports
 
-_EXPORTS = {
-    "ToyCircuitsError": "errors",
-    "ConfigError": "errors",
-    "CheckpointError": "errors",
-    "TokenizerError": "errors",
-    "CorpusError": "errors",
-    "TrainConfigError": "errors",
-    "UnsupportedByTransformerLens": "errors",
-    "HookedTransformerConfig": "config",
-    "HookedTransformer": "model",
-    "lm_cross_entropy": "model",
-    "load": "checkpoint",
-    "save": "checkpoint",
-    "from_transformer_lens_state_dict": "interop",
-    "to_transformer_lens": "interop",
-}
+if TYPE_CHECKING:
+    from .checkpoint import load, save
+    from .config import HookedTransformerConfig
+    from .errors import (
+        CheckpointError,
+        ConfigError,
+        CorpusError,
+        TokenizerError,
+        ToyCircuitsError,
+        TrainConfigError,
+        UnsupportedByTransformerLens,
+    )
+    from .interop import from_transformer_lens_state_dict, to_transformer_lens
+    from .model import HookedTransformer, head_label, lm_cross_entropy
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-    raise AttributeError(f"module 'models' has no attribute {name!r}")
+__all__, __getattr__, __dir__ = lazy_exports(__name__, __file__)

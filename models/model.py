@@ -19,6 +19,11 @@ from .score_bias import attention_mask, combine
 RETURN_TYPES = ("logits", "loss", "both", None)
 
 
+def head_label(layer: int, head: int) -> str:
+    """`"L{layer}H{head}"`, the name of a head everywhere in this toolkit (ARENA writes `layer.head`)."""
+    return f"L{layer}H{head}"
+
+
 class HookedTransformer(HookedRootModule):
     """A transformer whose every activation is a named `HookPoint` (names as in TransformerLens).
 
@@ -219,7 +224,7 @@ class HookedTransformer(HookedRootModule):
         return ids[0]
 
     def all_head_labels(self) -> list[str]:
-        return [f"L{l}H{h}" for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]
+        return [head_label(l, h) for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]
 
     # --- text -----------------------------------------------------------------------------------------
     def _need_tokenizer(self):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from analyses.one_layer import copying_heads_table, head_ablation_losses, positional_vs_content
-from analyses.skip_trigrams import skip_trigram_bugs, skip_trigrams
+from analyses.trigrams import skip_trigram_bugs, skip_trigrams
 from analyses.zero_layer import bigram_table
 from models import HookedTransformer, HookedTransformerConfig
 

@@ -63,3 +63,25 @@ def test_imports_flow_one_way(package, forbidden):
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             bad += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in forbidden]
     assert bad == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_exports_are_one_hop_from_their_definitions(package):
+    """Each public name is written as an import from its defining module (under TYPE_CHECKING, loaded on first use),
+    so go-to-definition and static tools find it; no string table maps names to modules."""
+    pkg = importlib.import_module(package)
+    for mod in _modules(package):  # importing every submodule must not shadow an export (a module of the same name)
+        importlib.import_module(mod)
+    tree = ast.parse((ROOT / package / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    imports = {a.asname or a.name: node.module for node in block.body for a in node.names}
+    assert sorted(imports) == pkg.__all__
+    for name, module in imports.items():
+        value = getattr(pkg, name)
+        assert getattr(value, "__module__", None) == f"{package}.{module}", name
+    assert callable(pkg.__getattr__) and "circuits_api" not in (ROOT / package / "__init__.py").read_text()
+
+
+def test_no_string_table_of_circuits_functions():
+    hits = [str(p.relative_to(ROOT)) for pkg in PACKAGES for p in _sources(pkg) if "circuits_api" in p.read_text()]
+    assert hits == []

@@ -22,10 +22,6 @@ from .common import (
 )
 
 
-def _label(l: int, h: int) -> str:
-    return f"L{l}H{h}"
-
-
 def _text_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--text-file", metavar="FILE",
                    help=f"natural text for {what} (default: the validation split of the model's training corpus)")
@@ -41,6 +37,8 @@ def _heads_args(p: argparse.ArgumentParser) -> None:
 
 def run_heads(args) -> int:
     import math
+
+    from models.model import head_label
 
     from ..detect import detect_induction_heads, detect_previous_token_heads
     from ..one_layer import COPYING_THRESHOLD
@@ -68,17 +66,17 @@ def run_heads(args) -> int:
         p = prev.row(r.layer, r.head)
         verdict = [v for v, ok in (("induction", r.positive), ("previous-token", p.positive),
                                    ("copying", r.ov_copying is not None and r.ov_copying >= COPYING_THRESHOLD)) if ok]
-        rec = {"head": _label(r.layer, r.head), "layer": r.layer, "index": r.head, "induction": r.induction,
+        rec = {"head": head_label(r.layer, r.head), "layer": r.layer, "index": r.head, "induction": r.induction,
                "prefix_matching": r.prefix_matching, "previous_token": p.previous, "current_token": p.current,
                "first_token": p.first, "copying_behavioural": r.copying, "ov_copying": r.ov_copying,
-               "k_composition_partner": _label(*r.partner) if r.partner else None,
+               "k_composition_partner": head_label(*r.partner) if r.partner else None,
                "k_composition_excess": r.k_composition, "qk_same_matching": r.qk_same_matching,
                "mechanism": r.mechanism, "verdict": verdict}
         heads.append(rec)
         rows.append([rec["head"], r.induction, r.prefix_matching, p.previous, r.copying, r.ov_copying,
                      ", ".join(verdict) or "—"])
-    obj = {"model": loaded.name, "heads": heads, "induction_heads": [_label(*h) for h in ind.heads],
-           "previous_token_heads": [_label(*h) for h in prev.heads],
+    obj = {"model": loaded.name, "heads": heads, "induction_heads": [head_label(*h) for h in ind.heads],
+           "previous_token_heads": [head_label(*h) for h in prev.heads],
            "thresholds": {**ind.thresholds, **prev.thresholds, "OV copying score (Σλ/Σ|λ|)": COPYING_THRESHOLD},
            "previous_token_text": text_about}
     crit = "; ".join(f"{k} ≥ {v}" for k, v in obj["thresholds"].items())
@@ -105,7 +103,12 @@ def _eigen_args(p: argparse.ArgumentParser) -> None:
 def run_eigen(args) -> int:
     import torch
 
-    from ..util import circuits_api, weight_view
+    from circuits.composition import composition_scores
+    from circuits.eigen import copying_score, eigenvalues, positive_eigenvalue_fraction
+    from circuits.factored import full_ov_circuit, full_qk_circuit, k_composition_circuit
+    from models.model import head_label
+
+    from ..util import weight_view
 
     if args.eigenvalues < 0:
         raise UsageError(f"--eigenvalues must be >= 0, got {args.eigenvalues}")
@@ -114,37 +117,34 @@ def run_eigen(args) -> int:
     need_layers(loaded, 1, "eigen")
     m = weight_view(loaded.model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
-    c = {n: circuits_api(n) for n in ("copying_score", "positive_eigenvalue_fraction", "full_ov_circuit",
-                                       "full_qk_circuit", "eigenvalues", "composition_scores",
-                                       "k_composition_circuit")}
     bar = progress(args, 2 * L, f"eigen {loaded.name}")
     with torch.no_grad():
         ov_score, ov_pos, qk_score, qk_pos, eig = [], [], [], [], []
         for l in range(L):
-            ov = c["full_ov_circuit"](m, l)  # [head, d_vocab, d_vocab], factored
-            ov_score.append(c["copying_score"](ov).float().cpu())
-            ov_pos.append(c["positive_eigenvalue_fraction"](ov).float().cpu())
+            ov = full_ov_circuit(m, l)  # [head, d_vocab, d_vocab], factored
+            ov_score.append(copying_score(ov).float().cpu())
+            ov_pos.append(positive_eigenvalue_fraction(ov).float().cpu())
             if args.eigenvalues > 0:
-                eig.append(c["eigenvalues"](ov)[..., : args.eigenvalues].cpu())
+                eig.append(eigenvalues(ov)[..., : args.eigenvalues].cpu())
             bar.update()
-            qk = c["full_qk_circuit"](m, l)
-            qk_score.append(c["copying_score"](qk).float().cpu())
-            qk_pos.append(c["positive_eigenvalue_fraction"](qk).float().cpu())
+            qk = full_qk_circuit(m, l)
+            qk_score.append(copying_score(qk).float().cpu())
+            qk_pos.append(positive_eigenvalue_fraction(qk).float().cpu())
             bar.update()
-        kcomp = c["composition_scores"](m, "k").float().cpu() if L > 1 else None
+        kcomp = composition_scores(m, "k").float().cpu() if L > 1 else None
     bar.close()
     heads, rows = [], []
     for l in range(L):
         for h in range(H):
-            rec = {"head": _label(l, h), "layer": l, "index": h, "ov_copying": float(ov_score[l][h]),
+            rec = {"head": head_label(l, h), "layer": l, "index": h, "ov_copying": float(ov_score[l][h]),
                    "ov_positive_fraction": float(ov_pos[l][h]), "qk_copying": float(qk_score[l][h]),
                    "qk_positive_fraction": float(qk_pos[l][h]), "k_partner": None, "k_same_matching": None}
             if l >= 1:
                 partner = max(((l1, h1) for l1 in range(l) for h1 in range(H)),
                               key=lambda x: float(kcomp[x[0], x[1], l, h]))
                 with torch.no_grad():
-                    rec["k_partner"] = _label(*partner)
-                    rec["k_same_matching"] = float(c["copying_score"](c["k_composition_circuit"](m, (l, h), partner)))
+                    rec["k_partner"] = head_label(*partner)
+                    rec["k_same_matching"] = float(copying_score(k_composition_circuit(m, (l, h), partner)))
             if eig:
                 rec["ov_eigenvalues"] = [[round(float(z.real), 6), round(float(z.imag), 6)] for z in eig[l][h]]
             heads.append(rec)
@@ -177,7 +177,10 @@ def _compose_args(p: argparse.ArgumentParser) -> None:
 def run_compose(args) -> int:
     import torch
 
-    from ..util import circuits_api, weight_view
+    from circuits.composition import composition_baseline, composition_scores
+    from models.model import head_label
+
+    from ..util import weight_view
 
     device = setup(args)
     loaded = load_model(args, device)
@@ -185,22 +188,23 @@ def run_compose(args) -> int:
     m = weight_view(loaded.model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
     with torch.no_grad():
-        scores = circuits_api("composition_scores")(m, args.kind).float().cpu()  # [l1, h1, l2, h2]
-    base = float(circuits_api("composition_baseline")(m.cfg.d_model, m.cfg.d_head, args.kind))
+        scores = composition_scores(m, args.kind).float().cpu()  # [l1, h1, l2, h2]
+    base = float(composition_baseline(m.cfg.d_model, m.cfg.d_head, args.kind))
     earlier = [(l, h) for l in range(L - 1) for h in range(H)]
     later = [(l, h) for l in range(1, L) for h in range(H)]
     pairs = sorted(((float(scores[a + b]), a, b) for a in earlier for b in later if a[0] < b[0]), reverse=True)
     matrix = [[float(scores[a + b]) if a[0] < b[0] else None for b in later] for a in earlier]
     obj = {"model": loaded.name, "kind": args.kind, "baseline": base,
-           "earlier_heads": [_label(*a) for a in earlier], "later_heads": [_label(*b) for b in later],
+           "earlier_heads": [head_label(*a) for a in earlier], "later_heads": [head_label(*b) for b in later],
            "scores": matrix,
-           "top": [{"earlier": _label(*a), "later": _label(*b), "score": s, "excess": s - base}
+           "top": [{"earlier": head_label(*a), "later": head_label(*b), "score": s, "excess": s - base}
                    for s, a, b in pairs[: args.top]]}
     k = args.kind.upper()
     lines = [f"{k}-composition scores ‖W_OV^h1 · R^h2‖ / (‖W_OV^h1‖ ‖R^h2‖) minus the random baseline {base:.4f} "
              f"(rows: earlier head h1 writes; columns: later head h2 reads with its {args.kind.upper()} input)", "",
              table(["h1 \\ h2"] + obj["later_heads"],
-                   [[_label(*a)] + [None if v is None else v - base for v in row] for a, row in zip(earlier, matrix)]),
+                   [[head_label(*a)] + [None if v is None else v - base for v in row]
+                    for a, row in zip(earlier, matrix)]),
              "", f"strongest {len(obj['top'])} pairs:",
              table(["earlier", "later", "score", "score − baseline"],
                    [[t["earlier"], t["later"], t["score"], t["excess"]] for t in obj["top"]])]
@@ -220,7 +224,7 @@ def _paths_args(p: argparse.ArgumentParser) -> None:
 def run_paths(args) -> int:
     import torch
 
-    from ..util import circuits_api
+    from circuits.importance import term_importance
 
     device = setup(args)
     loaded = load_model(args, device)
@@ -238,7 +242,7 @@ def run_paths(args) -> int:
         about += "; using random tokens instead (losses then say little about language)"
     bar.update()
     with torch.no_grad():
-        imp = circuits_api("term_importance")(model, tokens.to(device), per_term=True)
+        imp = term_importance(model, tokens.to(device), per_term=True)
     bar.update()
     bar.close()
     top = sorted(imp.per_term.items(), key=lambda kv: -kv[1])[: args.top]
@@ -266,22 +270,25 @@ def _trigram_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_trigrams(args) -> int:
-    from ..skip_trigrams import skip_trigram_bugs, skip_trigrams
+    from models.model import head_label
+
+    from ..trigrams import skip_trigram_bugs, skip_trigrams
 
     device = setup(args)
     loaded = load_model(args, device)
     need_layers(loaded, 1, "trigrams")
     layer, head = parse_head(args.head, loaded.model.cfg)
-    bar = progress(args, 1, f"trigrams {loaded.name} L{layer}H{head}")
+    bar = progress(args, 1, f"trigrams {loaded.name} {head_label(layer, head)}")
     t = skip_trigrams(loaded.model, layer, head, k=args.top)
     bar.update()
     bar.close()
     rows = [{"source": r.source, "destination": r.destination, "out": r.outs[0][0],
              "also": [o for o, _ in r.outs[1:]], "qk": r.qk, "ov": r.ov, "strength": r.strength, "ids": list(r.ids)}
             for r in t.rows]
-    obj = {"model": loaded.name, "head": _label(layer, head), "skip_trigrams": rows}
-    lines = [f"Skip-trigrams [source] … [destination] → [out] of L{layer}H{head} (from the full QK and OV circuits; "
-             "QK: centred attention score of the destination for the source; OV: centred logit raise of the out)", "",
+    obj = {"model": loaded.name, "head": head_label(layer, head), "skip_trigrams": rows}
+    lines = [f"Skip-trigrams [source] … [destination] → [out] of {head_label(layer, head)} (from the full QK and OV "
+             "circuits; QK: centred attention score of the destination for the source; OV: centred logit raise of the "
+             "out)", "",
              table(["skip-trigram", "also raised", "QK", "OV", "strength"],
                    [[f"[{r['source']}] … [{r['destination']}] → [{r['out']}]", ", ".join(r["also"]), r["qk"], r["ov"],
                      r["strength"]] for r in rows])]

@@ -183,12 +183,14 @@ def run_attention(args) -> int:
         raise UsageError("--text is empty")
     tokens = model.to_tokens(args.text)  # [1, pos], BOS first, truncated to n_ctx
     labels = [s.replace("\n", "⏎") for s in model.to_str_tokens(tokens[0])]
+    from models.model import head_label
+
     from ..scores import attention_patterns
 
     with torch.no_grad():
         pat = attention_patterns(model, tokens)[:, 0]  # [layer, head, q, k]
     heads = heads or [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
-    fig = _plot_pattern([pat[l, h].numpy() for l, h in heads], labels, [f"L{l}H{h}" for l, h in heads])
+    fig = _plot_pattern([pat[l, h].numpy() for l, h in heads], labels, [head_label(l, h) for l, h in heads])
     fig.savefig(out, dpi=100, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
@@ -198,7 +200,7 @@ def run_attention(args) -> int:
     for l, h in heads:
         p = pat[l, h]
         top = p.argmax(-1).tolist()
-        obj["heads"][f"L{l}H{h}"] = {"pattern": [[round(float(x), 5) for x in row] for row in p],
+        obj["heads"][head_label(l, h)] = {"pattern": [[round(float(x), 5) for x in row] for row in p],
                                      "argmax_key": top}
         if len(heads) == 1:
             lines.append("query token -> most-attended key token (weight)")

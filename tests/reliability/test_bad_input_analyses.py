@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import analyses
-from circuits._validate import NonFiniteError
+from circuits.checks import NonFiniteError
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -10,7 +10,7 @@ import torch
 from transformer_lens import FactoredMatrix
 
 import circuits
-from circuits._validate import NonFiniteError
+from circuits.checks import NonFiniteError
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -1,5 +1,6 @@
 """Argument checks shared by `circuits` and `analyses`: clear `TypeError` / `ValueError` messages that name the
-argument and the allowed values, instead of an `IndexError` or `AttributeError` from deep inside torch.
+argument and the allowed values, instead of an `IndexError` or `AttributeError` from deep inside torch; and
+`as_tokens`, the one coercion of token input.
 
 Conventions (docs/RELIABILITY.md): a wrong *type* raises `TypeError`; a value of the right type outside its
 allowed range raises `ValueError`; weights or matrices holding NaN/inf raise `NonFiniteError` (a `ValueError`)
@@ -36,6 +37,19 @@ def check_int(value, name: str, low: int = 1) -> int:
     if v < low:
         raise ValueError(f"{name} must be an int >= {low}, got {v}")
     return v
+
+
+def as_tokens(model, tokens) -> torch.Tensor:
+    """`[batch, pos]` int64 token ids on the model's device. Our model's `validate_tokens` refuses float, empty,
+    out-of-range and over-long input with a `ValueError`; for other models (a TransformerLens bridge) float, complex
+    and bool tensors are refused here."""
+    if hasattr(model, "validate_tokens"):
+        return model.validate_tokens(tokens)
+    t = torch.as_tensor(tokens)
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"tokens must be integer ids, got dtype {t.dtype}")
+    t = t.long()
+    return (t[None] if t.ndim == 1 else t).to(model.W_E.device)
 
 
 def check_model(model, what: str):

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from models.model import head_label
+
 from .frozen import frozen_forward
-from .interface import attn_scale, head_label, norm_params, positional_scheme
+from .interface import attn_scale, norm_params, positional_scheme
 
 KINDS = ("direct", "q_composition", "k_composition", "qk_composition")
 _NON_HEAD = ("tok", "pos", "bias")

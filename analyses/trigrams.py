@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from circuits.factored import full_ov_circuit, full_qk_circuit
+from models.model import head_label
+
 from .sequences import token_pool
-from .util import circuits_api, head_label, markdown_table, token_str, weight_view
+from .util import markdown_table, token_str, weight_view
 
 
 @dataclass
@@ -66,8 +69,8 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, n_outs: int = 3, vo
     Streams over blocks of `block` rows (memory O(block · |S|))."""
     m = weight_view(model)
     S = token_pool(m, vocab).to(m.W_E.device)
-    ov = circuits_api("full_ov_circuit")(m, layer, head)
-    qk = circuits_api("full_qk_circuit")(m, layer, head)
+    ov = full_ov_circuit(m, layer, head)
+    qk = full_qk_circuit(m, layer, head)
     A_ov, B_ov = ov.A[S].float(), ov.B[:, S].float()
     A_qk, B_qk = qk.A[S].float(), qk.B[:, S].float() / math.sqrt(m.cfg.d_head)
     n = S.numel()
