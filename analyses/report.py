@@ -28,7 +28,7 @@ SECTIONS = [
      S.composition),
     ("term_importance", "Path expansion: term importance by order",
      lambda c: c.cfg.n_layers >= 1 and c.attn_only, S.term_importance),
-    ("icl", "In-context learning", lambda c: c.cfg.n_layers >= 0, S.in_context),
+    ("icl", "In-context learning", lambda c: True, S.in_context),
     ("dynamics", "Training dynamics", lambda c: c.run_dir is not None, S.dynamics),
     ("mlp_note", "A note on MLPs", lambda c: not c.attn_only, S.mlp_note),
 ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import platform
-import time
 
 import numpy as np
 import torch
@@ -141,10 +140,6 @@ def induction_onset(metrics: list[dict], threshold: float = 0.4) -> dict | None:
     return None
 
 
-def stamp() -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime())
-
-
 # --- model card -----------------------------------------------------------------------------------------
 def _fmt_heads(rows, layer: int) -> str:
     return ", ".join(f"{v:.2f}" for v in rows[layer])
@@ -189,10 +184,8 @@ def card_results(model, metrics, summary, corpus) -> tuple[list[str], dict]:
         lines.append("- induction heads formed (best last-layer score ≥ 0.4 at |R| = 50): " + (
             f"by checkpoint step {onset['step']} ({onset['tokens']:,} tokens)" if onset else "not within this run"))
     if L == 1:
-        try:
-            from circuits import copying_scores
-        except ImportError:  # pragma: no cover - circuits is part of this repository
-            from circuits.eigen import copying_scores
+        from circuits.eigen import copying_scores
+
         cs = copying_scores(model).float().cpu()
         numbers["copying_scores"] = _rounded(cs)
         n_pos = int((cs[0] > 0.5).sum())

@@ -285,13 +285,3 @@ def load_state_dict(model: HookedTransformer, state: dict, source: str = "state 
     with torch.no_grad():
         for name, target in expected.items():
             target.copy_(state[name].to(target.dtype))
-
-
-def read_json(path) -> dict:
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise CheckpointError(f"{path}: not readable JSON ({type(e).__name__}: {e})") from None

@@ -18,7 +18,7 @@ What does not: shortformer positions (removed in TransformerLens 4.0) and ALiBi.
 Two hook names mean something else on the 4.3 bridge than on the former `HookedTransformer` and here:
 `attn.hook_attn_scores` fires with the post-softmax weights (ours: pre-softmax scores, −inf where masked),
 and `ln*.hook_normalized` is x / scale before the norm's weight and bias (ours: the norm's output).
-tests/test_model_parity_tl.py checks both relations.
+tests/models/test_model_parity_tl.py checks both relations.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ What was measured to matter for the no-LayerNorm `attn-only-2l` is in `NOTES_2L`
 from __future__ import annotations
 
 from .config import HookedTransformerConfig
-from .train import TrainConfig
+from .train_config import TrainConfig
 
 _ATTN_ONLY = dict(d_model=128, n_ctx=256, d_vocab=2048, d_mlp=None, attn_only=True, normalization_type=None,
                   positional_embedding_type="shortformer", use_bias=False, init_range=0.02)

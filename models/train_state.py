@@ -1,4 +1,4 @@
-"""Resumable training state on disk: checkpoint schedule, checkpoint folders, metrics.jsonl.
+"""Resumable training state on disk: checkpoint schedule, checkpoint folders, resuming, metrics.jsonl.
 
 A checkpoint is a folder `checkpoints/step-000123/` written atomically (`atomic_write_dir`) holding
 `config.json` + `model.safetensors` (a loadable model, `models.load(folder)`), `optimizer.safetensors`
@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_safetensors, save
+from .checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_state_dict, read_safetensors, save
+from .errors import TrainConfigError
+from .train_config import RESUME_FREE, TrainConfig
 
 CHECKPOINTS = "checkpoints"
 OPTIMIZER_FILE, STATE_FILE, METRICS_FILE = "optimizer.safetensors", "trainer_state.json", "metrics.jsonl"
@@ -109,8 +112,6 @@ def resumable_checkpoints(out_dir) -> list[Path]:
 
 def load_checkpoint(folder: Path, model, opt) -> dict:
     """Restore model weights, optimizer and RNG states from `folder`; returns the trainer state."""
-    from .checkpoint import load_state_dict
-
     state = json.loads((folder / STATE_FILE).read_text())
     load_state_dict(model, read_safetensors(folder / WEIGHTS_FILE), source=str(folder / WEIGHTS_FILE))
     tensors = read_safetensors(folder / OPTIMIZER_FILE)
@@ -121,6 +122,37 @@ def load_checkpoint(folder: Path, model, opt) -> dict:
         torch.cuda.set_rng_state_all(cuda)
     set_rng_state_json(state.pop("rng"))
     return state
+
+
+def finished_run(out_dir: Path, steps: int, found: list[Path]) -> dict | None:
+    """The summary of a run in `out_dir` that already finished `steps` steps (so resuming it has nothing to do)."""
+    if not (out_dir / "summary.json").is_file():
+        return None
+    summary = json.loads((out_dir / "summary.json").read_text())
+    if summary.get("steps") == steps and (not found or int(found[-1].name[5:]) >= steps):
+        return summary
+    return None
+
+
+def restore(out_dir: Path | None, cfg: TrainConfig, model, opt, found: list[Path], rank: int) -> tuple[int, int, float]:
+    """Where a run starts, `(step, tokens_seen, wall_time)`: from the newest of the checkpoints `found` (model,
+    optimizer and RNG states loaded, the later metrics records dropped; its settings must match `cfg` except those in
+    `RESUME_FREE`), or (0, 0, 0.0) for a fresh run, whose old metrics and checkpoints in `out_dir` are removed."""
+    if found:
+        saved = TrainConfig.from_json((out_dir / "train_config.json").read_text())
+        diff = [k for k in saved.to_dict() if k not in RESUME_FREE and saved.to_dict()[k] != cfg.to_dict()[k]]
+        if diff:
+            raise TrainConfigError(f"cannot resume from {out_dir}: setting(s) {diff} differ from the saved run's "
+                                   "train_config.json")
+        state = load_checkpoint(found[-1], model, opt)
+        if rank == 0:
+            truncate_metrics(out_dir / METRICS_FILE, state["step"])
+        return state["step"], state["tokens_seen"], state["wall_time"]
+    if out_dir is not None and rank == 0:
+        (out_dir / METRICS_FILE).unlink(missing_ok=True)
+        if (out_dir / CHECKPOINTS).exists():
+            shutil.rmtree(out_dir / CHECKPOINTS)
+    return 0, 0, 0.0
 
 
 # --- metrics.jsonl --------------------------------------------------------------------------------

@@ -1,16 +1,26 @@
 import os
 
 import pytest
-from helpers import randomize  # noqa: F401  (re-exported for older imports)
+import torch
 from hypothesis import settings
 
 from models import HookedTransformer, HookedTransformerConfig
 
 # Property and fuzz tests draw the same examples on every run (a CI run cannot fail by chance); run
-# `HYPOTHESIS_PROFILE=explore python -m pytest tests/test_fuzz.py tests/reliability` to search new examples.
+# `HYPOTHESIS_PROFILE=explore python -m pytest tests/models/test_fuzz.py tests/reliability` to search new examples.
 settings.register_profile("default", derandomize=True)
 settings.register_profile("explore", derandomize=False, max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Every test runs with one torch intra-op thread (tiny tensors on a busy shared CPU stall on OpenMP barriers
+    otherwise), and the count is restored afterwards (commands run in-process set their own)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture

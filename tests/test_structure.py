@@ -85,3 +85,10 @@ def test_package_exports_are_one_hop_from_their_definitions(package):
 def test_no_string_table_of_circuits_functions():
     hits = [str(p.relative_to(ROOT)) for pkg in PACKAGES for p in _sources(pkg) if "circuits_api" in p.read_text()]
     assert hits == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_modules_stay_small(package):
+    """A module past ~400 lines is asking to be split."""
+    long = {str(p.relative_to(ROOT)): n for p in _sources(package) if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}

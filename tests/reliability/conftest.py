@@ -1,19 +1,9 @@
-"""Shared fixtures of the reliability suite: tiny models of every depth, one torch thread (tiny tensors on a
-shared CPU stall on OpenMP barriers otherwise)."""
+"""Shared fixtures of the reliability suite: tiny models of every depth."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 from helpers import make_model, poisoned  # noqa: F401
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")

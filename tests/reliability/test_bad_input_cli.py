@@ -45,13 +45,6 @@ def d(tmp_path_factory):
     return d
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def run_cli(argv) -> tuple[int, list[str], str]:
     from analyses import cli
 

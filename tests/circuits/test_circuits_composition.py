@@ -11,15 +11,6 @@ import circuits
 from circuits.testing import random_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _dense_scores(model, kind):
     """The Framework's row-form formulas with dense d_model × d_model matrices."""
     W_Q, W_K, W_V, W_O = (getattr(model, n).detach() for n in ("W_Q", "W_K", "W_V", "W_O"))

@@ -128,13 +128,9 @@ def test_cli_heads_agree_with_the_card():
 
     from analyses import cli
 
-    n = torch.get_num_threads()
     buf = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buf):
-            assert cli.main(["heads", "attn-only-2l", "--json", "--no-progress"]) == 0
-    finally:
-        torch.set_num_threads(n)
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(["heads", "attn-only-2l", "--json", "--no-progress"]) == 0
     out = json.loads(buf.getvalue())
     card = measured("attn-only-2l")
     expect = [f"L1H{h}" for h, s in enumerate(card["induction_scores_50"][1]) if s >= 0.4]

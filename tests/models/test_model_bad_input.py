@@ -9,15 +9,6 @@ from models import HookedTransformer, HookedTransformerConfig
 from models.tokenizer import ByteTokenizer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy (100x on 2 cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model():
     cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_ctx=8, d_vocab=50, n_heads=2, d_mlp=None, seed=0)

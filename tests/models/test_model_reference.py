@@ -19,16 +19,6 @@ from hypothesis import strategies as st
 
 from models import HookedTransformer, HookedTransformerConfig
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy (100x on 2 cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 POS_TYPES = ["standard", "sinusoidal", "shortformer", "rotary-half", "rotary-adjacent", "alibi", "none"]
 RTOL = 1e-6
 

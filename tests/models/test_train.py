@@ -29,12 +29,6 @@ def corpus_dir(tmp_path_factory):
     return d
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
 
 def tiny_model():
     return HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=32, d_vocab=259, n_heads=4, d_mlp=None,
@@ -162,7 +156,7 @@ def test_resume_rejects_changed_settings(corpus_dir, tmp_path):
 KILL_SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from tests.test_train import tiny_model, tiny_train
+    from tests.models.test_train import tiny_model, tiny_train
     from models.train import train
     from pathlib import Path
     cfg = tiny_train(Path({corpus!r}), {out!r}, steps={steps}, checkpoint_every=7, log_checkpoints=0)
@@ -175,7 +169,7 @@ def test_sigkill_and_resume_equals_uninterrupted(corpus_dir, tmp_path):
     straight, _ = train(tiny_model(), tiny_train(corpus_dir, tmp_path / "a", steps=steps, checkpoint_every=7,
                                                  log_checkpoints=0))
     out = tmp_path / "b"
-    script = KILL_SCRIPT.format(root=str(Path(__file__).resolve().parent.parent), corpus=str(corpus_dir),
+    script = KILL_SCRIPT.format(root=str(Path(__file__).resolve().parents[2]), corpus=str(corpus_dir),
                                 out=str(out), steps=steps)
     proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, PYTHONHASHSEED="0"))
     deadline = time.time() + 120
@@ -231,7 +225,7 @@ def test_sinusoidal_pos_init(corpus_dir):
 
 
 def test_repeat_until_ends_the_mixture(corpus_dir):
-    from models.data import TextBatches
+    from models.batches import TextBatches
     from models.train import build_data
 
     cfg = tiny_train(corpus_dir, repeat_fraction=1.0, repeat_random_fraction=1.0, repeat_fill=True, repeat_until=5)

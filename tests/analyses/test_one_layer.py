@@ -10,15 +10,6 @@ from analyses.trigrams import skip_trigram_bugs, skip_trigrams
 from analyses.zero_layer import bigram_table
 from models import HookedTransformer, HookedTransformerConfig
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls on the shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 V = 20
 
 

@@ -13,16 +13,6 @@ from models import HookedTransformer, HookedTransformerConfig
 from models.generate import filter_logits
 from models.tokenizer import ByteTokenizer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy (100x on 2 cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 PROMPT = torch.tensor([[1, 4, 2], [3, 3, 0]])
 
 

@@ -12,14 +12,6 @@ from circuits.testing import random_model
 SETTINGS = settings(max_examples=40, deadline=None)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _rand(seed, *shape):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)

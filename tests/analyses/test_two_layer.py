@@ -1,7 +1,6 @@
 """Two-layer study on the hand-built induction model: composition, the induction circuit, term importance."""
 
 import pytest
-import torch
 
 from analyses.two_layer import (
     PAPER_TERM_IMPORTANCE,
@@ -11,15 +10,6 @@ from analyses.two_layer import (
     virtual_head_importance,
 )
 from circuits.testing import build_induction_model, induction_tokens
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls on the shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,6 @@ from circuits.testing import random_model
 POSITIONAL = ["standard", "sinusoidal", "shortformer", "rotary", "alibi", "none"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _tokens(n_pos=10, batch=2, seed=0, d_vocab=23):
     return torch.randint(0, d_vocab, (batch, n_pos), generator=torch.Generator().manual_seed(seed))

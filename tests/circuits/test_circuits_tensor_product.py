@@ -1,6 +1,5 @@
 """`TensorProduct` (A ⊗ W): application, Kronecker materialisation, mixed-product rule."""
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,14 +8,6 @@ from circuits import TensorProduct
 
 dims = st.integers(1, 4)
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _kron(a, b):

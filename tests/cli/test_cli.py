@@ -21,7 +21,7 @@ import torch
 from models import HookedTransformer, HookedTransformerConfig, save
 from models.tokenizer import ByteTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ZOO = ROOT / "models" / "zoo"
 TEXT = ROOT / "analyses" / "scores.py"  # natural-ish text for the scores that need it (bytes tokenizer)
 SUBCOMMANDS = ["zoo", "info", "train", "report", "heads", "eigen", "compose", "paths", "trigrams", "attention",
@@ -44,13 +44,6 @@ def ok(*args) -> str:
 def ok_json(*args) -> dict:
     return json.loads(ok(*args, "--json", "--no-progress") if args[0] not in ("zoo", "info") else ok(*args, "--json"))
 
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    """In-process runs set torch to one thread (as the command does); put it back."""
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 def in_process_json(*args) -> dict:

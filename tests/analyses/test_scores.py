@@ -13,15 +13,6 @@ from models import HookedTransformer, HookedTransformerConfig
 from models.tokenizer import ByteTokenizer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls on the shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_model(n_layers=1, n_heads=4, d_vocab=64, n_ctx=128, d_model=32, norm=None, pos="standard", seed=0, **kw):
     cfg = HookedTransformerConfig(n_layers=n_layers, d_model=d_model, n_ctx=n_ctx, d_vocab=d_vocab, n_heads=n_heads,
                                   d_mlp=None, normalization_type=norm, positional_embedding_type=pos, seed=seed, **kw)

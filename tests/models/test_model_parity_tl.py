@@ -23,16 +23,6 @@ from helpers import randomize
 import models
 from models import HookedTransformer, HookedTransformerConfig, UnsupportedByTransformerLens
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy (100x on 2 cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 POS = ["standard", "sinusoidal", "none", "rotary-half", "rotary-adjacent"]
 
 

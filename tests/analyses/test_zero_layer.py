@@ -11,14 +11,6 @@ from models.tokenizer import ByteTokenizer
 matplotlib.use("Agg")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls on the shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def markov_tokens(V=12, n=3000, seed=0):
     g = torch.Generator().manual_seed(seed)

@@ -3,18 +3,13 @@
 import numpy as np
 import pytest
 
+from models.batches import Curriculum, Mixture, RepeatBatches, TextBatches, insert_repeats, step_rng
 from models.data import (
     CorpusError,
-    Mixture,
-    RepeatBatches,
-    TextBatches,
     build_token_corpus,
     folder_source,
     get_tokenizer,
-    insert_repeats,
-    repeated_tokens,
     stdlib_source,
-    step_rng,
     unigram_baseline_loss,
 )
 from models.tokenizer import ByteTokenizer
@@ -133,8 +128,6 @@ def test_repeat_tasks():
     for row in x:
         L = next(L for L in range(4, 11) if np.array_equal(row[1 : 1 + L], row[1 + L : 1 + 2 * L]))
         assert np.array_equal(row[1:][L:], row[1:][:-L])  # periodic with period L
-    r = repeated_tokens(np.arange(5, 9), bos_id=1, length=6, repeats=3, batch=2, seed=0)
-    assert r.shape == (2, 19) and (r[:, 0] == 1).all() and np.array_equal(r[:, 1:7], r[:, 13:19])
 
 
 def test_unigram_baseline_and_seen_ids(corpus):
@@ -173,8 +166,6 @@ def test_fill_repeats_segment_to_the_end():
 
 
 def test_curriculum_switches_source_at_the_step(corpus):
-    from models.data import Curriculum
-
     text = TextBatches(corpus, 32)
     synth = RepeatBatches(corpus.seen_ids(), corpus.bos_id, 32, min_len=4, max_len=8)
     c = Curriculum(synth, text, switch_step=5)

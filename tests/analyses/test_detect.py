@@ -9,15 +9,6 @@ from circuits.testing import build_induction_model, random_model
 from models import HookedTransformer, HookedTransformerConfig
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls on the shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def zoo_model(name):
     import models
 

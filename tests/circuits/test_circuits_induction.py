@@ -7,15 +7,6 @@ import circuits
 from circuits.testing import build_induction_model, induction_tokens
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("positional", ["shortformer", "standard"])
 @pytest.mark.parametrize("noise", [0.0, 0.02])
 def test_induction_pair_has_by_far_the_largest_k_composition(positional, noise):

@@ -13,16 +13,8 @@ from circuits.testing import build_induction_model
 from models import HookedTransformer, HookedTransformerConfig
 from models.tokenizer import ByteTokenizer
 
-TEXT = torch.tensor(list((Path(__file__).resolve().parents[1] / "analyses" / "scores.py").read_bytes()[:6000]))
+TEXT = torch.tensor(list((Path(__file__).resolve().parents[2] / "analyses" / "scores.py").read_bytes()[:6000]))
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls on the shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def byte_model(n_layers=1, d_mlp=None, norm=None, pos="shortformer", seed=0):

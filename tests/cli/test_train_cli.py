@@ -6,18 +6,11 @@ import sys
 import time
 
 import pytest
-import torch
 
 from analyses.cli import main
 
 TEXT = "".join(f"def g{i}(y):\n    return y - {i % 11}\n\n" for i in range(400))
 
-
-@pytest.fixture(autouse=True)
-def keep_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 def test_help_is_fast_and_lazy():

@@ -13,15 +13,6 @@ from models import HookedTransformer, HookedTransformerConfig
 from models.positions import alibi_bias, alibi_slopes, apply_rotary, rotary_angles, sinusoidal_table
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy (100x on 2 cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make(kind, n_layers=1, attention_dir="causal", norm="LN", mlp=True, **kw):
     cfg = HookedTransformerConfig(n_layers=n_layers, d_model=16, n_ctx=8, d_vocab=20, n_heads=4,
                                   d_mlp=32 if mlp else None, normalization_type=norm, positional_embedding_type=kind,

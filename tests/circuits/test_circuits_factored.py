@@ -10,15 +10,6 @@ from circuits.testing import random_model
 from models import lm_cross_entropy
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model():
     return random_model(n_layers=2, n_heads=3, positional="shortformer", seed=3)

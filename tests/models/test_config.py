@@ -17,16 +17,6 @@ from models.config import ACT_FNS, DTYPES, NORMALIZATION_TYPES
 from models.positions import SCHEMES
 from models.score_bias import MASKS
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy (100x on 2 cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 BASE = dict(n_layers=1, d_model=16, n_ctx=8, d_vocab=20, n_heads=4)
 
 

@@ -17,16 +17,6 @@ from models import CheckpointError, HookedTransformer, HookedTransformerConfig
 from models import checkpoint as ckpt
 from models.tokenizer import ByteTokenizer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP stalls when the shared CPU is busy (100x on 2 cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 CONFIGS = {
     "shortformer-attn-only": dict(n_layers=2, d_model=16, n_ctx=8, d_vocab=20, n_heads=4, d_mlp=None,
                                   normalization_type=None, positional_embedding_type="shortformer", use_bias=False),
