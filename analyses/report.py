@@ -100,8 +100,8 @@ def build_report(model_or_name_or_path, out_dir, tokens=None, sections: list[str
     tokens feed the loss and the ICL score (a difference of two single-position losses: it needs many).
     A section that fails is reported in the markdown and in `Report.failed`; the others still run.
     `num_threads`: torch intra-op threads while the
-    report runs: 1 (default) avoids OpenMP stalls with these small tensors on a busy shared CPU (3x faster
-    measured on 2 busy cores); None keeps torch's setting. An `out_dir` that cannot be created or written raises
+    report runs: 1 (default) avoids OpenMP barrier waits with these small tensors on a busy shared CPU (see
+    benchmarks/README.md); None keeps torch's setting. An `out_dir` that cannot be created or written raises
     `NotADirectoryError` / `PermissionError` naming it, before any analysis runs."""
     _prepare_out(Path(out_dir))
     n_before = torch.get_num_threads()

@@ -261,7 +261,7 @@ def make_report_fn(name: str, about: str, command: str, cfg, corpus, val, seen, 
                 f"- {summary['steps']} steps × batch {cfg.batch_size} × {cfg.seq_len or c.n_ctx} tokens = "
                 f"{summary['tokens_seen']:,} tokens seen; AdamW lr {cfg.lr} (warm-up {cfg.warmup_steps}, cosine to "
                 f"{cfg.lr * cfg.min_lr_ratio:g}), weight decay {cfg.weight_decay}, clip {cfg.grad_clip}, label "
-                f"smoothing {cfg.label_smoothing}, seed {cfg.seed}",
+                f"smoothing {cfg.label_smoothing}, random seed: {cfg.seed}",
                 f"- wall time: {summary['wall_time']:.0f} s on {hardware()} (device {summary['device']}, "
                 f"shared machine)",
                 f"- command: `{command}`", "", "## Measured (final model)", "", *lines]

@@ -5,7 +5,7 @@ square roots of the r × r Gram matrices, `A1ᵀ A1 = R1ᵀ R1` and `B2 B2ᵀ = 
 Then with `Y = R1 B1` `[r1, d_model]` and `Z = A2 R2ᵀ` `[d_model, r2]`: `‖L‖_F = ‖Y‖_F`, `‖R‖_F = ‖Z‖_F` and
 `‖L R‖_F = ‖Y Z‖_F` (an r1 × r2 matrix). `composition_score` works in float64 throughout; `composition_scores`
 runs its contractions over d_model (Gram matrices, `Y`, `Z`, `Y Z`) in the model's dtype when that is float32
-(relative error ~1e-6; float64 costs 4-8× more there on CPU, plus casts) and everything d_head-sized (square
+(relative error ~1e-6; float64 would cost several times more there on a CPU) and everything d_head-sized (square
 roots, norms, sums) in float64; a float64 model is float64 throughout.
 """
 

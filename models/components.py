@@ -59,9 +59,11 @@ class PosEmbed(nn.Module):
 
 
 class Norm(nn.Module):
-    """Pre-norm: LayerNorm ("LN"), RMSNorm ("RMS") or none (identity that still fires `hook_normalized`).
+    """Pre-norm (Xiong et al. 2020): LayerNorm ("LN", Ba et al. 2016), RMSNorm ("RMS", Zhang & Sennrich 2019) or
+    none (identity that still fires `hook_normalized`).
 
-    LN: x ← x − mean(x); scale = √(mean(x²) + ε); out = x / scale · w + b (TransformerLens' formula).
+    LN: x ← x − mean(x); scale = √(mean(x²) + ε); out = x / scale · w + b (TransformerLens' formula); RMS skips the
+    centring and the bias.
     The fused `F.layer_norm` / `F.rms_norm` kernels are used unless `hook_scale`/`hook_normalized` are hooked.
     """
 
@@ -91,7 +93,9 @@ class Norm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head (optionally grouped-query) attention with per-head hooks.
+    """Multi-head attention (Vaswani et al. 2017, §3.2: softmax(q·kᵀ/√d_head) v per head, outputs summed through
+    W_O), optionally grouped-query (Ainslie et al. 2023: query head h reads key/value head h // (H / H_kv)), with
+    per-head hooks.
 
     Two paths compute the same function:
     - explicit: scores = q·kᵀ/√d_head + the score bias (−inf where masked), `hook_attn_scores`, softmax,
@@ -178,8 +182,8 @@ def _project(xs: tuple[torch.Tensor, ...], W: torch.Tensor, b: torch.Tensor, wid
 def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """`x @ W + b` for a 2-D `x`, as one fused addmm (no separate bias pass). A bias that is zero and needs no
     gradient (the buffers of `use_bias=False`) is skipped on the CPU, saving addmm's copy of the broadcast bias
-    into the output (~2% of a training step of the zoo models); the zero test reads the values, so a bias
-    written later (`circuits.fold_layer_norm`) still counts. On a GPU the test would synchronise, so the add stays."""
+    into the output; the zero test reads the values, so a bias written later (`circuits.fold_layer_norm`) still
+    counts. On a GPU the test would synchronise, so the add stays."""
     if not b.requires_grad and b.device.type == "cpu" and not b.any():
         return x @ W
     return torch.addmm(b, x, W)
@@ -190,6 +194,7 @@ def linear(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return affine(b, x.reshape(-1, x.shape[-1]), W).view(*x.shape[:-1], W.shape[-1])
 
 
+#: GELU (Hendrycks & Gimpel 2016; "gelu_new": its tanh approximation, as GPT-2), ReLU, SiLU (Elfwing et al. 2018).
 _ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -199,6 +204,8 @@ _ACTIVATIONS = {
 
 
 class MLP(nn.Module):
+    """The position-wise feed-forward layer (Vaswani et al. 2017, §3.3): act(x W_in + b_in) W_out + b_out."""
+
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
         dt = cfg.torch_dtype
@@ -208,7 +215,7 @@ class MLP(nn.Module):
         _param_or_buffer(self, "b_out", torch.zeros(cfg.d_model, dtype=dt), cfg.use_bias)
         self.act = _ACTIVATIONS[cfg.act_fn]
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
-        self.hook_post = HookPoint()
+        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pre = self.hook_pre(linear(x, self.W_in, self.b_in))
@@ -229,6 +236,9 @@ class BlockInputs:
 
 
 class TransformerBlock(nn.Module):
+    """A pre-norm residual block: resid + attn(ln1(resid)), then (with MLPs) + mlp(ln2(resid)); Elhage et al. (2021)
+    read the residual stream as the sum of what every layer writes to it."""
+
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
         self.cfg = cfg

@@ -31,7 +31,7 @@ def _dtype_name(dtype: Any) -> str:
 
 @dataclass
 class HookedTransformerConfig:
-    """Architecture of a hookable transformer (see the field comments; shapes as in design.md).
+    """Architecture of a hookable transformer (see the field comments; weight shapes as in TransformerLens).
 
     `d_mlp=None` (or `attn_only=True`) gives an attention-only model. `d_head` defaults to
     `d_model // n_heads`. `dtype` may be given as a string or a `torch.dtype`; it is stored as a string.

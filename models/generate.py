@@ -18,7 +18,8 @@ def _context(model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    """Keep the top-k logits and/or the smallest set whose probability reaches top_p (seed 004); the rest → −inf."""
+    """Keep the top-k logits (Fan et al. 2018) and/or the smallest set whose probability reaches top_p (nucleus
+    sampling, Holtzman et al. 2019); the rest → −inf."""
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

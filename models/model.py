@@ -28,8 +28,9 @@ class HookedTransformer(HookedRootModule):
     """A transformer whose every activation is a named `HookPoint` (names as in TransformerLens).
 
     `forward(tokens)` takes int64 `[batch, pos]` (or `[pos]`) token ids, or text when a tokenizer is
-    attached. Weight properties (`W_E, W_pos, W_Q, …, QK, OV`) are stacked over layers, shapes as in
-    design.md; with grouped-query attention `W_K, W_V, b_K, b_V` are expanded to `n_heads`.
+    attached. Weight properties (`W_E, W_pos, W_Q, …, QK, OV`) are stacked over layers in TransformerLens'
+    layout (`W_Q [n_layers, n_heads, d_model, d_head]`, `W_O [n_layers, n_heads, d_head, d_model]`); with
+    grouped-query attention `W_K, W_V, b_K, b_V` are expanded to `n_heads`.
     """
 
     def __init__(self, cfg: HookedTransformerConfig | dict, tokenizer=None):
@@ -52,8 +53,9 @@ class HookedTransformer(HookedRootModule):
 
     # ------------------------------------------------------------------------------------------------
     def init_weights(self) -> None:
-        """Normal(0, init_range) for every weight matrix, GPT-2 style 1/√(2·n_layers) on the residual writes
-        (W_O, W_out); norms at w=1, b=0; biases 0. Seeded by `cfg.seed` without touching the global RNG."""
+        """Normal(0, init_range) for every weight matrix, scaled by 1/√(2·n_layers) on the residual writes (W_O,
+        W_out) as GPT-2 (Radford et al. 2019); norms at w=1, b=0; biases 0. Seeded by `cfg.seed` without touching
+        the global RNG."""
         gen = torch.Generator().manual_seed(self.cfg.seed) if self.cfg.seed is not None else None
         write_scale = (2 * max(self.cfg.n_layers, 1)) ** -0.5
         with torch.no_grad():
@@ -286,7 +288,8 @@ class HookedTransformer(HookedRootModule):
 def lm_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False,
                      label_smoothing: float = 0.0) -> torch.Tensor:
     """Next-token cross-entropy: −log softmax(logits[:, i])[tokens[:, i+1]], in float32 or wider; optionally
-    label-smoothed (the target puts 1−ε on the true token and ε spread uniformly over the vocabulary).
+    label-smoothed (Szegedy et al. 2016: the target puts 1−ε on the true token and ε spread uniformly over the
+    vocabulary).
 
     Returns the mean over the `batch × (pos−1)` predictions, or `[batch, pos-1]` with `per_token`. The last
     position has no target: it is ignored (`ignore_index`) rather than sliced off, so the `[batch, pos, vocab]`

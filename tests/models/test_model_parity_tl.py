@@ -2,7 +2,7 @@
 carries our weights; logits and every activation cached under a common hook name must agree.
 
 Two hook names mean something else on TransformerLens 4.3's bridge than on the former `HookedTransformer`
-(whose conventions we keep, design.md):
+(whose conventions we keep):
 - `blocks.{l}.attn.hook_attn_scores`: the bridge fires it with the post-softmax weights (its
   `AttentionBridge` hooks the wrapped module's returned attention weights); ours holds the pre-softmax
   scores with masked entries at −inf. We check softmax(ours) == theirs, i.e. the finite entries agree

@@ -2,8 +2,8 @@
 
 The reference shares nothing with `models/` except the parameter tensors it reads: positions (sinusoidal,
 rotary rotation matrices, ALiBi slopes), norms, activations, attention and the masking are all written out
-here from the formula notes (seed 000: transformer basics, RoPE pairing i with i + d/2, sinusoidal table;
-seed 003: ALiBi slopes 2^(-8i/n)).
+here from the papers' formulas (Vaswani et al. 2017: attention and the sinusoidal table; Su et al. 2021: RoPE,
+here pairing i with i + d/2 as GPT-NeoX or 2i with 2i + 1; Press et al. 2021: ALiBi slopes 2^(-8i/n)).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ RTOL = 1e-6
 
 # --- the reference -----------------------------------------------------------------------------------
 def ref_sinusoidal(n_pos: int, d: int) -> torch.Tensor:
-    """P[p, j] = sin(p / 10000^(j/d)) for even j, cos(p / 10000^((j-1)/d)) for odd j (seed 000)."""
+    """P[p, j] = sin(p / 10000^(j/d)) for even j, cos(p / 10000^((j-1)/d)) for odd j (Vaswani et al. 2017)."""
     table = torch.zeros(n_pos, d, dtype=torch.float64)
     for p in range(n_pos):
         for j in range(d):
