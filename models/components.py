@@ -137,7 +137,11 @@ class Attention(nn.Module):
         H, Hkv, dh = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
         W = torch.cat([self.W_Q, self.W_K, self.W_V]).permute(1, 0, 2).reshape(cfg.d_model, -1)
         b = torch.cat([self.b_Q, self.b_K, self.b_V]).reshape(-1)
-        q, k, v = _project((x_q, x_k, x_v), W, b, (H * dh, Hkv * dh, Hkv * dh))
+        widths = (H * dh, Hkv * dh, Hkv * dh)
+        if x_q is x_k is x_v:  # self-attention: one fused QKV matmul
+            q, k, v = affine(b, x_q.reshape(B * P, -1), W).split(widths, -1)
+        else:
+            q, k, v = _project((x_q, x_k, x_v), W, b, widths)
         q = self.hook_q(q.view(B, P, H, dh))  # [batch, pos, head, d_head]
         k = self.hook_k(k.view(B, K, Hkv, dh))  # [batch, key, kv_head, d_head]
         v = self.hook_v(v.view(B, K, Hkv, dh))
