@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from . import cli_circuits, cli_model
+from . import cli_circuits, cli_model, cli_patch
 from .cli_common import Command, UsageError, add_common, emit, read_json_object  # noqa: F401  (re-exported)
 
 
@@ -30,8 +30,10 @@ def _user_errors() -> tuple:
     from models.tokenizer import TokenizerError
     from models.train import TrainConfigError
 
+    from .patching import PatchingError
+
     return (UsageError, ConfigError, CheckpointError, CorpusError, TokenizerError, TrainConfigError, NonFiniteError,
-            FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+            PatchingError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 # --- train --------------------------------------------------------------------------------------------
@@ -155,6 +157,7 @@ COMMANDS = [
     *cli_circuits.COMMANDS.values(),
     cli_model.COMMANDS["attention"],
     cli_model.COMMANDS["generate"],
+    *cli_patch.COMMANDS.values(),
 ]
 
 

@@ -204,6 +204,10 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    #: TransformerLens' marker (its bridge blocks carry it): the block's output `hook_resid_post` is the one residual
+    #: stream the model unembeds, so its logit lens and Jacobian lens may read it.
+    hook_out_is_single_residual_stream = True
+
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
         self.cfg = cfg
