@@ -1,5 +1,5 @@
 """Analyses of toy transformers: head scores, induction/copying detection, zero/one/two-layer studies,
-training dynamics, reports with figures, and the `circuits` command line.
+training dynamics, causal interventions (`analyses.patching`), reports with figures, and the `circuits` command line.
 
 Attributes are imported lazily (module `__getattr__`), so `import analyses.cli` and `circuits --help`
 stay fast and do not import torch.
@@ -44,6 +44,14 @@ _EXPORTS = {
     "virtual_head_importance": "two_layer",
     "term_importance_by_order": "two_layer",
     "training_dynamics": "dynamics",
+    # causal interventions (analyses.patching holds the metrics, results and figures too)
+    "activation_patching": "patching",
+    "path_patching": "patching",
+    "path_patching_matrix": "patching",
+    "attribution_patching": "patching",
+    "direct_logit_attribution": "patching",
+    "logit_lens": "patching",
+    "ablate_heads": "patching",
     # reports
     "build_report": "report",
     "Report": "report",

@@ -81,7 +81,7 @@ def plot_patching(result, title: str | None = None, annotate: bool | None = None
                 for j in range(grid.shape[1]):
                     v = float(grid[i, j])
                     if not math.isnan(v):
-                        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                        ax.text(j, i, f"{v:.2f}".replace("-0.00", "0.00"), ha="center", va="center", fontsize=7,
                                 color="w" if abs(v) > 0.6 * vmax else "k")
         step = max(1, math.ceil(len(cols) / 48))
         ax.set_xticks(range(0, len(cols), step), [_short(c) for c in cols[::step]], rotation=90, fontsize=7)

@@ -68,15 +68,16 @@ class PatchResult:
             parts.append(f"pos {lab['pos']}")
         return " ".join(parts)
 
-    def top(self, k: int = 10) -> list[tuple[str, float, float]]:
-        """The `k` cells whose share is largest in magnitude: `(label, patched metric, share)`."""
+    def top(self, k: int = 10, min_share: float = 0.0) -> list[tuple[str, float, float]]:
+        """The `k` cells whose share is largest in magnitude (and at least `min_share`): `(label, patched metric,
+        share)`."""
         share, vals = self.share(), self.values
         flat = share.reshape(-1).nan_to_num(0.0).abs()
         order = flat.argsort(descending=True)[:k]
         out = []
         for i in order.tolist():
             idx = tuple(int(j) for j in torch.unravel_index(torch.tensor(i), share.shape))
-            if not torch.isnan(share[idx]):
+            if not torch.isnan(share[idx]) and abs(float(share[idx])) >= min_share:
                 out.append((self.label(idx), float(vals[idx]), float(share[idx])))
         return out
 
@@ -85,11 +86,11 @@ class PatchResult:
                 "labels": [list(x) for x in self.labels], "clean": self.clean_value, "corrupt": self.corrupt_value,
                 "values": self.values.tolist(), "share": self.share().tolist(), "tokens": self.tokens}
 
-    def markdown(self, k: int = 10) -> str:
+    def markdown(self, k: int = 10, min_share: float = 0.0) -> str:
         from ..util import markdown_table
 
         return markdown_table(["patched", f"{self.metric} (patched)", "share of the effect"],
-                              [[lab, v, s] for lab, v, s in self.top(k)])
+                              [[lab, v, s] for lab, v, s in self.top(k, min_share)])
 
     def __str__(self) -> str:
         head = (f"PatchResult({self.kind}, {self.direction}, {self.metric}: clean {self.clean_value:.4f}, corrupted "
