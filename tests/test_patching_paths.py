@@ -172,3 +172,42 @@ def test_bad_input():
     with pytest.raises(P.PatchingError, match="grouped-query"):
         P.path_patching(gqa, t, t, m, ["L0H0"], ["L1H0"], "k")
     P.path_patching(gqa, t, t, m, ["L0H0"], ["L1H0"], "q")  # queries stay per head
+
+
+def test_unfrozen_mlps_let_the_sender_reach_the_receiver_through_them():
+    """With `freeze_mlps=False` (Wang et al.'s treatment) a layer-0 sender reaches a layer-1 receiver directly and
+    through the layer-0 MLP: the receiver's key is then simply its key in the run with the sender patched; with
+    MLPs frozen the MLP path is cut, and the two differ."""
+    m = random_model(n_layers=2, n_heads=3, positional="standard", normalization="LN", attn_only=False).eval()
+    g = torch.Generator().manual_seed(0)
+    clean = torch.randint(0, m.cfg.d_vocab, (2, 7), generator=g)
+    corrupt = torch.randint(0, m.cfg.d_vocab, (2, 7), generator=g)
+    met = P.metric("loss", P.answers(m, 2, correct=[1, 2]))
+    _, cx = m.run_with_cache(corrupt)
+    keys = {}
+
+    def sender(z, hook):
+        z = z.clone()
+        z[:, :, 2] = cx["blocks.0.attn.hook_z"][:, :, 2]
+        return z
+
+    m.run_with_hooks(clean, fwd_hooks=[("blocks.0.attn.hook_z", sender),
+                                       ("blocks.1.attn.hook_k", lambda k, hook: keys.setdefault("k", k.clone()))])
+
+    def receiver(k, hook):
+        k = k.clone()
+        k[:, :, 1] = keys["k"][:, :, 1]
+        return k
+
+    by_hand = met(m.run_with_hooks(clean, fwd_hooks=[("blocks.1.attn.hook_k", receiver)]))
+    free = P.path_patching(m, clean, corrupt, met, ["L0H2"], ["L1H1"], "k", freeze_mlps=False)
+    frozen = P.path_patching(m, clean, corrupt, met, ["L0H2"], ["L1H1"], "k")
+    torch.testing.assert_close(free.per_prompt.reshape(-1), by_hand.double(), atol=1e-12, rtol=0)
+    assert float((free.per_prompt - frozen.per_prompt).abs().max()) > 1e-6
+
+
+def test_heads_carry_their_hook_prefix():
+    h = P.Head(1, 2)
+    assert h.hook("k") == "blocks.1.attn.hook_k" and str(h) == "L1H2"
+    cross = P.Head(1, 2, stack="decoder", attn="cross_attn")  # how an encoder–decoder model would name one
+    assert cross.hook("k") == "decoder.1.cross_attn.hook_k" and str(cross) == "decoder.cross_attn.L1H2"
