@@ -81,6 +81,9 @@ def test_comparison_on_the_zoo_model_is_reported():
     assert abs(r.correlation - float(torch.corrcoef(torch.stack([a, b]))[0, 1])) < 1e-12
     assert -1 <= r.correlation <= 1 and r.max_error == pytest.approx(float((a - b).abs().max()))
     assert "r = " in str(r)
+    pat = P.attribution_patching(m, clean, corrupt, met, kind="pattern", by_pos=True, progress=False)
+    assert pat.estimate.axes == pat.exact.axes == ("layer", "head", "pos")
+    assert pat.estimate.values.shape == pat.exact.values.shape == (2, 4, 21)
 
 
 def test_our_model_and_its_bridge_agree():
@@ -106,3 +109,5 @@ def test_bad_input(linear_model):
         P.attribution_patching(m, clean, corrupt, met, kind="hook_z")
     with pytest.raises(P.PatchingError, match="one value per prompt"):
         P.attribution_patching(m, clean, corrupt, lambda logits: logits.sum())
+    with pytest.raises(P.PatchingError, match="gradient at every pattern activation"):  # frozen: constants
+        P.attribution_patching(m, clean, corrupt, met, kind="pattern")

@@ -82,9 +82,13 @@ def attribution_patching(model, clean, corrupt, metric, kind: str = "z", by_pos:
         seen["base"] = per.detach()
         return per.sum()
 
-    with torch.enable_grad():  # hook_embed drives the backward through every layer: with only a bridge's converted
-        # hooks (hook_z, hook_q/k/v) requested, TransformerLens' backward hooks there do not fire
-        g = cache_activation_and_gradient(model, base_t, summed, names_filter=names + ["hook_embed"])
+    try:
+        with torch.enable_grad():  # hook_embed drives the backward through every layer: with only a bridge's
+            # converted hooks (hook_z, hook_q/k/v) requested, TransformerLens' backward hooks there do not fire
+            g = cache_activation_and_gradient(model, base_t, summed, names_filter=names + ["hook_embed"])
+    except RuntimeError as e:  # e.g. a hook of the caller's replaces the activation with a constant
+        raise PatchingError(f"attribution patching needs the metric's gradient at every {act} activation: {e}"
+                            ) from None
     with torch.no_grad():
         logits, source = model.run_with_cache(source_t, names_filter=lambda n: n in names)
     dims = _cell_dims(kind, by_pos)
