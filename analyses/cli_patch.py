@@ -178,6 +178,7 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
 
 def run_lens(args) -> int:
     from .patching import logit_lens, plot_logit_lens
+    from .util import token_str
 
     out = _check_out(args.out)
     if args.top < 1:
@@ -189,12 +190,12 @@ def run_lens(args) -> int:
     lens = logit_lens(loaded.model, args.text, top_k=min(args.top, loaded.model.cfg.d_vocab))
     bar.update()
     bar.close()
-    show = lambda s: repr(s)[1:-1]
+    show = lambda i: token_str(loaded.model, int(i))
     rows = []
     for p in range(len(lens.tokens) - 1):
-        row = [p, show(lens.strings[p]), show(lens.strings[p + 1])]
+        row = [p, show(lens.tokens[p]), show(lens.tokens[p + 1])]
         for e in range(len(lens.labels)):
-            row.append(f"{show(lens.top_strings[e][p][0])} {float(lens.top_probs[e, p, 0]):.2f} "
+            row.append(f"{show(lens.top_ids[e, p, 0])} {float(lens.top_probs[e, p, 0]):.2f} "
                        f"| {float(lens.next_prob[e, p]):.2f}")
         rows.append(row)
     lines = ["Logit lens: the residual stream before each layer (and after the last) read through the final norm and "
