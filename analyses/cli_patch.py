@@ -76,8 +76,9 @@ def _patch_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
     p.add_argument("--clean", required=True, help="the clean prompt (text)")
     p.add_argument("--corrupt", required=True, help="the corrupted prompt: the same number of tokens")
-    p.add_argument("--answer", required=True, help="the clean answer: one token (text, e.g. ' b', or an id)")
-    p.add_argument("--wrong", help="the corrupted answer (one token) for the logit difference")
+    p.add_argument("--answer", required=True,
+                   help="the clean answer: one token, as text (e.g. ' b') or as its id (digits are read as an id)")
+    p.add_argument("--wrong", help="the corrupted answer (one token, text or id) for the logit difference")
     p.add_argument("--what", choices=WHAT, default="heads",
                    help="resid: residual stream by layer and position; heads: each head's output, query, key, value "
                         "and pattern; paths: path patching from each head to each later head's Q, K and V "
