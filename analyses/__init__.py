@@ -1,5 +1,6 @@
 """Analyses of toy transformers: head scores, induction/copying detection, zero/one/two-layer studies,
-training dynamics, reports with figures, and the `circuits` command line (`analyses.cli`).
+training dynamics, causal interventions (`analyses.patching`), reports with figures, and the `circuits` command line
+(`analyses.cli`).
 
 The names below load on first use (`models.lazy`), so `import analyses.cli` and `circuits --help` stay fast and do
 not import torch.
@@ -18,6 +19,11 @@ if TYPE_CHECKING:
         head_ablation_losses,
         positional_vs_content,
     )
+    from .patching.ablation import ablate_heads  # causal interventions (analyses.patching: metrics, results, figures)
+    from .patching.activation import activation_patching
+    from .patching.attribution import attribution_patching
+    from .patching.lens import direct_logit_attribution, logit_lens
+    from .patching.paths import path_patching, path_patching_matrix
     from .report import Report, build_report
     from .scores import (  # behavioural head scores and the in-context-learning score
         attention_patterns,

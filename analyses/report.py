@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from . import report_sections as S
+from .patching.report_section import induction_paths
 
 #: (key, title, predicate(ctx) → bool, function) in report order.
 SECTIONS = [
@@ -26,6 +27,7 @@ SECTIONS = [
     ("ablation", "Pattern-preserving head ablation", lambda c: c.cfg.n_layers >= 1, S.ablation),
     ("composition", "Two layers: composition and the induction circuit", lambda c: c.cfg.n_layers >= 2,
      S.composition),
+    ("path_patching", "Path patching of the induction circuit", lambda c: c.cfg.n_layers >= 2, induction_paths),
     ("term_importance", "Path expansion: term importance by order",
      lambda c: c.cfg.n_layers >= 1 and c.attn_only, S.term_importance),
     ("icl", "In-context learning", lambda c: True, S.in_context),

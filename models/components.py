@@ -243,6 +243,10 @@ class TransformerBlock(nn.Module):
     """A pre-norm residual block: resid + attn(ln1(resid)), then (with MLPs) + mlp(ln2(resid)); Elhage et al. (2021)
     read the residual stream as the sum of what every layer writes to it."""
 
+    #: TransformerLens' marker (its bridge blocks carry it): the block's output `hook_resid_post` is the one residual
+    #: stream the model unembeds, so its logit lens and Jacobian lens may read it.
+    hook_out_is_single_residual_stream = True
+
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
         self.cfg = cfg

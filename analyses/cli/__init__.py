@@ -8,7 +8,7 @@ modules import torch and the analyses inside `run`, so `circuits --help` stays f
 - `common`: `Command`, `UsageError`, the options every command shares, model loading (zoo name, folder, or a
   TransformerLens state dict with `--config`), head parsing, output and progress bars;
 - `train_commands`: `zoo`, `train`; `model_commands`: `info`, `report`, `attention`, `generate`;
-  `circuit_commands`: `heads`, `eigen`, `compose`, `paths`, `trigrams`.
+  `circuit_commands`: `heads`, `eigen`, `compose`, `paths`, `trigrams`; `patch_commands`: `patch`, `lens`.
 
 Exit codes: 0 ok; 2 bad usage or bad input (a one-line message on stderr, no traceback): every
 `models.ToyCircuitsError` (`UsageError` included) and missing or unreadable files; 1 internal failure.
@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import circuit_commands, model_commands, train_commands
+from . import circuit_commands, model_commands, patch_commands, train_commands
 from .common import Command, UsageError
 
 __all__ = ["COMMANDS", "Command", "UsageError", "build_parser", "main"]
 
-COMMAND_MODULES = (train_commands, model_commands, circuit_commands)
+COMMAND_MODULES = (train_commands, model_commands, circuit_commands, patch_commands)
 COMMANDS: list[Command] = [c for module in COMMAND_MODULES for c in module.COMMANDS]
 
 #: File-system errors that mean bad input rather than a bug.

@@ -293,3 +293,45 @@ def table(headers: list[str], rows: list[list], digits: int = 3) -> str:
     num = [all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) for i in range(len(headers))]
     fmt = lambda vals: "  ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(vals, widths, num)).rstrip()
     return "\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells])
+
+
+def check_png_out(out: str | None) -> Path | None:
+    """`--out FIG.png` as a path whose folder exists (None when not given); a `UsageError` otherwise."""
+    if out is None:
+        return None
+    path = Path(out)
+    if path.suffix.lower() != ".png":
+        raise UsageError(f"--out {out}: expected a .png file name")
+    if path.is_dir():
+        raise UsageError(f"--out {out} is a folder; give a .png file name")
+    if not path.parent.is_dir():
+        raise UsageError(f"--out {out}: folder {path.parent} does not exist")
+    return path
+
+
+def save_figure(fig, path: Path, **savefig_kwargs) -> None:
+    """Write a matplotlib figure atomically: to a temporary file beside `path`, then renamed into place (a failed
+    write leaves any earlier file untouched). Closes the figure."""
+    import os
+    import tempfile
+
+    import matplotlib.pyplot as plt
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100, **savefig_kwargs)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

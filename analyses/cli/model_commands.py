@@ -11,12 +11,14 @@ from .common import (
     UsageError,
     add_common,
     add_model,
+    check_png_out,
     emit,
     load_model,
     parse_head,
     positive_int,
     progress,
     read_text_tokens,
+    save_figure,
     setup,
     table,
 )
@@ -166,11 +168,7 @@ def _plot_pattern(pattern, labels, titles):
 def run_attention(args) -> int:
     import torch
 
-    out = Path(args.out)
-    if out.suffix.lower() != ".png":
-        raise UsageError(f"--out {out}: expected a .png file name")
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    out = check_png_out(args.out)
     device = setup(args)
     loaded = load_model(args, device)
     model, cfg = loaded.model, loaded.model.cfg
@@ -191,10 +189,7 @@ def run_attention(args) -> int:
         pat = attention_patterns(model, tokens)[:, 0]  # [layer, head, q, k]
     heads = heads or [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     fig = _plot_pattern([pat[l, h].numpy() for l, h in heads], labels, [head_label(l, h) for l, h in heads])
-    fig.savefig(out, dpi=100, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
+    save_figure(fig, out, bbox_inches="tight")
     lines = [f"wrote {out} ({len(heads)} head(s), {len(labels)} tokens)"]
     obj = {"out": str(out), "tokens": labels, "heads": {}}
     for l, h in heads:
