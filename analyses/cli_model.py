@@ -85,6 +85,8 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", type=positive_int, default=64, help="validation windows of n_ctx tokens (default 64)")
     p.add_argument("--text-file", metavar="FILE",
                    help="validation text (default: the validation split of the model's training corpus)")
+    p.add_argument("--html", action="store_true",
+                   help="also write report.html: one self-contained page, figures embedded, attention interactive")
     add_common(p)
 
 
@@ -110,12 +112,16 @@ def run_report(args) -> int:
     if args.text_file:
         tokens = read_text_tokens(loaded.model, args.text_file)
     report = build_report(target, out, tokens=tokens, sections=sections, n_windows=args.windows, seed=args.seed,
-                          progress=not args.no_progress, run_dir=loaded.folder, num_threads=args.threads or 1)
+                          progress=not args.no_progress, run_dir=loaded.folder, num_threads=args.threads or 1,
+                          html=args.html)
     figs = [str(f) for f in report.files if f.suffix == ".png"]
     obj = {"model": loaded.name, "report": str(report.path), "sections": report.sections, "failed": report.failed,
            "seconds": report.seconds, "figures": figs}
-    text = (f"wrote {report.path} ({len(report.sections)} sections, {len(figs)} figures, "
-            f"{sum(report.seconds.values()):.0f} s)")
+    pages = [f for f in report.files if f.suffix == ".html"]
+    if pages:
+        obj["html"] = str(pages[0])
+    text = (f"wrote {report.path}{''.join(f' and {p}' for p in pages)} ({len(report.sections)} sections, "
+            f"{len(figs)} figures, {sum(report.seconds.values()):.0f} s)")
     emit(args, obj, text)
     if report.failed:
         for k, v in report.failed.items():
@@ -134,32 +140,42 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
 
 
 def _plot_pattern(pattern, labels, titles):
-    """One heatmap per head: rows query (destination) tokens, columns key (source) tokens."""
+    """One heatmap per head (rows query tokens, columns key tokens), four per row, one colour bar. Token labels
+    (7 pt or more) on the outer panels only, when they fit: up to 48 tokens for one head, 24 for a grid;
+    position numbers otherwise."""
     import math
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     n = len(titles)
     cols = min(n, 4)
     rows = math.ceil(n / cols)
     P = len(labels)
-    size = max(3.0, min(9.0, 0.22 * P + 1.5)) if n == 1 else max(2.6, min(5.0, 0.12 * P + 1.2))
-    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False)
+    named = P <= (48 if n == 1 else 24)
+    size = max(3.0, min(8.0, 0.15 * P + 1.2)) if named else 2.8
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols + 1.2, size * rows + 0.6), squeeze=False,
+                             sharex=True, sharey=True, layout="constrained")
     for ax in axes.flat[n:]:
         ax.axis("off")
-    for ax, pat, title in zip(axes.flat, pattern, titles):
+    for i, (ax, pat, title) in enumerate(zip(axes.flat, pattern, titles)):
         im = ax.imshow(pat, cmap="viridis", vmin=0, vmax=1)
         ax.set_title(title, fontsize=10)
-        if P <= 48:
-            fs = 7 if n == 1 else 5
-            ax.set_xticks(range(P), labels, rotation=90, fontsize=fs)
-            ax.set_yticks(range(P), labels, fontsize=fs)
-        ax.set_xlabel("key (source)", fontsize=8)
-        ax.set_ylabel("query (destination)", fontsize=8)
-    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
+        if named:
+            ax.set_xticks(range(P), labels, rotation=90, fontsize=8 if n == 1 else 7)
+            ax.set_yticks(range(P), labels, fontsize=8 if n == 1 else 7)
+        else:
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_major_locator(MaxNLocator(5, integer=True))
+        if i % cols == 0:
+            ax.set_ylabel("query (destination)", fontsize=8)
+        if i + cols >= n:
+            ax.set_xlabel("key (source)", fontsize=8)
+            ax.xaxis.set_tick_params(labelbottom=True)
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
     return fig
 
 
@@ -182,19 +198,21 @@ def run_attention(args) -> int:
     if not args.text:
         raise UsageError("--text is empty")
     tokens = model.to_tokens(args.text)  # [1, pos], BOS first, truncated to n_ctx
-    labels = [s.replace("\n", "⏎") for s in model.to_str_tokens(tokens[0])]
+    from .labels import token_labels
+
+    labels = token_labels(model, tokens[0].tolist(), max_len=10)
     from .scores import attention_patterns
 
     with torch.no_grad():
         pat = attention_patterns(model, tokens)[:, 0]  # [layer, head, q, k]
     heads = heads or [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     fig = _plot_pattern([pat[l, h].numpy() for l, h in heads], labels, [f"L{l}H{h}" for l, h in heads])
-    fig.savefig(out, dpi=100, bbox_inches="tight")
+    fig.savefig(out, dpi=100)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
     lines = [f"wrote {out} ({len(heads)} head(s), {len(labels)} tokens)"]
-    obj = {"out": str(out), "tokens": labels, "heads": {}}
+    obj = {"out": str(out), "tokens": list(model.to_str_tokens(tokens[0])), "heads": {}}
     for l, h in heads:
         p = pat[l, h]
         top = p.argmax(-1).tolist()

@@ -28,7 +28,7 @@ def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16
     `val_tokens [n, T]`: validation sequences starting with BOS (natural text): all of them for the ICL score
     (one token per sequence, so it needs hundreds), the first `pattern_sequences` for previous-token scores;
     `seen_ids`: the training ids that random probe tokens are drawn from (specials excluded)."""
-    from .scores import icl_positions, in_context_learning_score, induction_scores, previous_token_scores
+    from .scores import icl_positions, in_context_learning_differences, induction_scores, previous_token_scores
 
     val = torch.as_tensor(np.asarray(val_tokens), dtype=torch.long)
     seen = torch.as_tensor(np.asarray(seen_ids), dtype=torch.long)
@@ -40,7 +40,9 @@ def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16
         try:
             out = {}
             early, late = icl_positions(min(model.cfg.n_ctx, val.shape[1]))
-            out["icl_score"] = round(in_context_learning_score(model, val.to(model.W_E.device), early, late), 4)
+            diff = in_context_learning_differences(model, val.to(model.W_E.device), early, late)
+            out["icl_score"] = round(float(diff.mean()), 4)
+            out["icl_score_se"] = round(float(diff.std() / diff.numel() ** 0.5), 4) if diff.numel() > 1 else None
             if model.cfg.n_layers == 0:
                 return out
             for p in periods:
