@@ -16,14 +16,6 @@ from models import HookedTransformer, HookedTransformerConfig
 from models.tokenizer import ByteTokenizer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # --- the loss bump -----------------------------------------------------------------------------------------
 def _curve(kink: float | None = None, drop: float = 0.6, n: int = 40, plateau: bool = True):
     """Validation loss over tokens 1000·1.25^i: ln(512) at the start, then a power law; `kink`: from there the
