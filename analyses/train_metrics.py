@@ -185,6 +185,14 @@ def card_results(model, metrics, summary, corpus) -> tuple[list[str], dict]:
             numbers[key] = s
             lines.append(f"- induction scores on [BOS]+R+R, |R| = {p} (R drawn from ids seen in training), layer "
                          f"{L - 1} heads: {_fmt_heads(s, L - 1)} (max **{max(s[L - 1]):.3f}**)")
+    if L >= 1 and 1 + 2 * 50 <= model.cfg.n_ctx:
+        from .scores import induction_scores
+
+        s = _rounded(induction_scores(model, 50, 10, 0))
+        numbers["induction_scores_arena_50"] = s
+        lines.append(f"- induction scores by ARENA's recipe (|R| = 50, batch 10, R uniform over every non-special id, "
+                     f"never-trained ones included), layer {L - 1} heads: {_fmt_heads(s, L - 1)} (max "
+                     f"**{max(s[L - 1]):.3f}**)")
     if L >= 2:
         onset = induction_onset(metrics, 0.4)
         numbers["induction_onset_step"] = onset["step"] if onset else None
@@ -209,9 +217,11 @@ def card_results(model, metrics, summary, corpus) -> tuple[list[str], dict]:
                        bigram_entropy_val=fit_val.bigram_entropy, direct_path_kl_val=fit_val.weighted_kl)
         lines.append(f"- corpus bigram entropy H(next | current): training split **{fit.bigram_entropy:.4f}**, "
                      f"validation split (in-sample) {fit_val.bigram_entropy:.4f} nats/token")
+        numbers["argmax_agreement_train"] = fit.argmax_agreement
         lines.append(f"- direct path vs the bigrams (frequency-weighted KL per token): **{fit.weighted_kl:.4f}** "
-                     f"nats on the training split, {fit_val.weighted_kl:.4f} on the validation split; its argmax "
-                     f"agrees with the corpus's most likely next token for {fit.argmax_agreement:.1%} of tokens")
+                     f"nats on the training split, {fit_val.weighted_kl:.4f} on the validation split; on the whole "
+                     f"training split ({fit.n_tokens:,} bigrams) its argmax agrees with the split's most frequent next "
+                     f"token for **{fit.argmax_agreement:.1%}** of tokens")
     return lines, numbers
 
 
