@@ -41,6 +41,7 @@ def _heads_args(p: argparse.ArgumentParser) -> None:
 
 def run_heads(args) -> int:
     import math
+    import textwrap
 
     from .detect import detect_induction_heads, detect_previous_token_heads
     from .one_layer import COPYING_THRESHOLD
@@ -101,7 +102,8 @@ def run_heads(args) -> int:
                "verdict"], rows), "",
         f"induction heads: {', '.join(obj['induction_heads']) or 'none'}; previous-token heads: "
         f"{', '.join(obj['previous_token_heads']) or 'none'}", ""]
-        + [f"{k:<13} {v}" for k, v in notes] + ["", f"verdicts: {crit}"])
+        + [textwrap.fill(f"{k:<13} {v}", 110, subsequent_indent=" " * 14) for k, v in notes]
+        + ["", textwrap.fill(f"verdicts: {crit}", 110, subsequent_indent="  ")])
     emit(args, obj, text_out)
     return 0
 

@@ -139,46 +139,6 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
-def _plot_pattern(pattern, labels, titles):
-    """One heatmap per head (rows query tokens, columns key tokens), four per row, one colour bar. Token labels
-    (7 pt or more) on the outer panels only, when they fit: up to 48 tokens for one head, 24 for a grid;
-    position numbers otherwise."""
-    import math
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    n = len(titles)
-    cols = min(n, 4)
-    rows = math.ceil(n / cols)
-    P = len(labels)
-    named = P <= (48 if n == 1 else 24)
-    size = max(3.0, min(8.0, 0.15 * P + 1.2)) if named else 2.8
-    fig, axes = plt.subplots(rows, cols, figsize=(size * cols + 1.2, size * rows + 0.6), squeeze=False,
-                             sharex=True, sharey=True, layout="constrained")
-    for ax in axes.flat[n:]:
-        ax.axis("off")
-    for i, (ax, pat, title) in enumerate(zip(axes.flat, pattern, titles)):
-        im = ax.imshow(pat, cmap="viridis", vmin=0, vmax=1)
-        ax.set_title(title, fontsize=10)
-        if named:
-            ax.set_xticks(range(P), labels, rotation=90, fontsize=8 if n == 1 else 7)
-            ax.set_yticks(range(P), labels, fontsize=8 if n == 1 else 7)
-        else:
-            for axis in (ax.xaxis, ax.yaxis):
-                axis.set_major_locator(MaxNLocator(5, integer=True))
-        if i % cols == 0:
-            ax.set_ylabel("query (destination)", fontsize=8)
-        if i + cols >= n:
-            ax.set_xlabel("key (source)", fontsize=8)
-            ax.xaxis.set_tick_params(labelbottom=True)
-    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
-    return fig
-
-
 def run_attention(args) -> int:
     import torch
 
@@ -206,7 +166,9 @@ def run_attention(args) -> int:
     with torch.no_grad():
         pat = attention_patterns(model, tokens)[:, 0]  # [layer, head, q, k]
     heads = heads or [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
-    fig = _plot_pattern([pat[l, h].numpy() for l, h in heads], labels, [f"L{l}H{h}" for l, h in heads])
+    from .plots import plot_token_patterns
+
+    fig = plot_token_patterns([pat[l, h].numpy() for l, h in heads], labels, [f"L{l}H{h}" for l, h in heads])
     fig.savefig(out, dpi=100)
     import matplotlib.pyplot as plt
 

@@ -98,7 +98,7 @@ class TrainingDynamics:
 
     def _icl_value(self, v: float | None, before: bool) -> str | None:
         se = dict(self.icl_se).get(self._icl_tokens(before))
-        return None if v is None else (f"{v:+.3f} ± {se:.3f}" if se is not None else f"{v:+.3f}")
+        return None if v is None else (f"{v:+.3f} ± {se:.3f}" if se is not None else f"{v:+.3f} (s.e. not recorded)")
 
     def __str__(self) -> str:
         return f"TrainingDynamics({self.run_dir})\n{self.markdown()}"

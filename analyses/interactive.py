@@ -9,8 +9,8 @@ from a CDN; here every view inlines the bundle instead, so a page or notebook ou
 - `token_values_view(labels, values, names)`: one value per token and per series (`ColoredTokensMulti`), e.g.
   `direct_logit_attribution`, each head's push on the logit of each next token;
 - `html_fragment(views)`: several views sharing one copy of the bundle (the HTML report uses it);
-- `show(view)`: in a notebook, the interactive view and then its static PNG (`view.figure()`), so that a code host,
-  which strips scripts, still shows the picture.
+- `show(*views)`: in a notebook, the interactive views and then their static PNGs (`view.figure()`), so that a code
+  host, which strips scripts, still shows the pictures.
 """
 
 from __future__ import annotations
@@ -72,23 +72,23 @@ def html_fragment(views: list[View], prefix: str = "circuitsvis") -> str:
     return f"<script>{circuitsvis_bundle()}</script>\n{body}"
 
 
-def show(view: View):
-    """Display `view` in a notebook, then its static figure (the picture a code host shows)."""
+def show(*views: View):
+    """Display `views` in a notebook as one HTML output (the bundle once), then each view's static figure (the
+    picture a code host shows, since it strips scripts)."""
     import matplotlib.pyplot as plt
     from IPython.display import HTML, display
 
-    display(HTML(view._repr_html_()))
-    fig = view.figure()
-    if fig is not None:
-        plt.show()
-    return None
+    display(HTML(html_fragment(list(views))))
+    for v in views:
+        if v.figure() is not None:
+            plt.show()
 
 
 @torch.no_grad()
 def attention_view(model, tokens, heads: list[tuple[int, int]] | None = None, title: str | None = None) -> View:
     """Every head's (or `heads`') attention pattern on one sequence `tokens [pos]` or `[1, pos]`, as CircuitsVis'
     `AttentionHeads`, named `L{layer}H{head}`; token labels from `analyses.labels` (whitespace made visible).
-    Its static twin is `plots.plot_attention_patterns` on the same tokens."""
+    Its static twin is `plots.plot_token_patterns` on the same patterns."""
     from .labels import token_labels
     from .scores import attention_patterns
 
@@ -100,9 +100,9 @@ def attention_view(model, tokens, heads: list[tuple[int, int]] | None = None, ti
              "attentionHeadNames": [head_label(l, h) for l, h in heads], "maxValue": 1.0, "minValue": 0.0}
 
     def static():
-        from .plots import plot_attention_patterns
+        from .plots import plot_token_patterns
 
-        return plot_attention_patterns(model, tokens=t)
+        return plot_token_patterns([pat[l, h].numpy() for l, h in heads], labels, props["attentionHeadNames"])
 
     return View("AttentionHeads", props, title or f"Attention patterns on {len(labels)} tokens: pick a head, hover "
                 "a token to see where it attends", static)

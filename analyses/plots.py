@@ -2,6 +2,7 @@
 out with matplotlib's constrained layout so that nothing is cut off; `analyses.figure_checks` tests them.
 
 - `plot_attention_patterns`: every head's pattern on `[BOS] + R + R`, one row per layer, one column per head;
+- `plot_token_patterns`: given patterns on a text, with the tokens on the axes when they fit;
 - `plot_score_heatmap`, `plot_score_panels`: `[n_layers, n_heads]` score tables (induction, previous-token, …);
 - `plot_eigenvalues`: each head's full-OV-circuit eigenvalues in the complex plane (copying = right half);
 - `plot_composition`: Q/K/V composition scores minus the random baseline;
@@ -73,6 +74,42 @@ def plot_attention_patterns(model, seq_len: int = 50, seed: int = 0, tokens=None
     fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")
     what = f"[BOS] + R + R, |R| = {seq_len} (second copy from position {seq_len + 1})" if seq_len else "the tokens"
     fig.suptitle(f"Attention patterns on {what}", fontsize=10)
+    return fig
+
+
+def plot_token_patterns(pattern, labels: list[str], titles: list[str]):
+    """One heatmap per head (`pattern`: a list of `[query, key]` arrays, rows query tokens, columns key tokens), four
+    per row, one colour bar (`circuits attention` draws it, and `analyses.interactive.attention_view`'s static
+    twin). Token labels (7 pt or more) on the outer panels only, when they fit: up to 48 tokens for one head, 24 for
+    a grid; position numbers otherwise."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _plt()
+    n = len(titles)
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    P = len(labels)
+    named = P <= (48 if n == 1 else 24)
+    size = max(3.0, min(8.0, 0.15 * P + 1.2)) if named else 2.8
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols + 1.2, size * rows + 0.6), squeeze=False,
+                             sharex=True, sharey=True, layout="constrained")
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    for i, (ax, pat, title) in enumerate(zip(axes.flat, pattern, titles)):
+        im = ax.imshow(pat, cmap="viridis", vmin=0, vmax=1)
+        ax.set_title(title, fontsize=10)
+        if named:
+            ax.set_xticks(range(P), labels, rotation=90, fontsize=8 if n == 1 else 7)
+            ax.set_yticks(range(P), labels, fontsize=8 if n == 1 else 7)
+        else:
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_major_locator(MaxNLocator(5, integer=True))
+        if i % cols == 0:
+            ax.set_ylabel("query (destination)", fontsize=8)
+        if i + cols >= n:
+            ax.set_xlabel("key (source)", fontsize=8)
+            ax.xaxis.set_tick_params(labelbottom=True)
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
     return fig
 
 

@@ -349,8 +349,9 @@ def dynamics(ctx: Context) -> str:
                   f"formed between steps {fw[0]} and {fw[1]} by the same rule")
         extra = ["", f"Re-measured on {len(cs.steps)} of the {len(d.checkpoints)} saved checkpoints (ICL score ± its "
                  f"standard error on {'no' if ctx.windows is None else ctx.windows.shape[0]} validation windows; best "
-                 f"layer ≥ 1 induction score on [BOS] + R + R, R from {_pool(ctx)}); induction heads {formed}:", "",
-                 cs.markdown()]
+                 f"layer ≥ 1 induction score on [BOS] + R + R, R from {_pool(ctx)}); induction heads {formed}. One "
+                 "token per window makes the ICL score noisy: its standard error shrinks as 1/√windows (`--windows`).",
+                 "", cs.markdown()]
     return "\n".join([
         f"From the training run's `metrics.jsonl` ({len(d.val_loss)} validation points, {len(d.induction)} "
         "checkpoints with head scores, measured during training: induction scores with R from the ids seen in "

@@ -124,13 +124,14 @@ def test_report_figures(tmp_path, monkeypatch):
     assert {k: v for k, v in found.items() if v} == {}
 
 
-def test_cli_attention_grids():
-    from analyses.cli_model import _plot_pattern
+def test_token_pattern_grids():
+    """`circuits attention`'s figure: one head with its tokens, a grid with them, a grid too long for them."""
+    from analyses.plots import plot_token_patterns
 
     for n_heads, n_tok in ((1, 40), (8, 22), (8, 60)):
         pats = [torch.rand(n_tok, n_tok).tril().numpy() for _ in range(n_heads)]
         labels = [f"tok{i}" for i in range(n_tok)]
-        fig = _plot_pattern(pats, labels, [f"L0H{h}" for h in range(n_heads)])
+        fig = plot_token_patterns(pats, labels, [f"L0H{h}" for h in range(n_heads)])
         assert figure_problems(fig) == [], (n_heads, n_tok)
 
 
