@@ -301,10 +301,9 @@ def _icl_caveat(ctx: Context, n: int, early: int, late: int) -> str:
     if tc.get("data", "stdlib") == "stdlib":
         parts.append("its text is Python source, which repeats identifiers, so some of the gain needs no "
                      "induction head")
+    card = ctx.run_dir is not None and (ctx.run_dir / "card.md").is_file()
     return ("Not directly comparable with Olsson et al.'s ≈ −0.4: " + "; ".join(parts) + "."
-            + (" The model card describes a control run without induction heads." if ctx.run_dir is not None and
-               (ctx.run_dir / "card.md").is_file() and "control" in (ctx.run_dir / "card.md").read_text().lower()
-               else ""))
+            + (" The model card (card.md) describes its training, with any control runs." if card else ""))
 
 
 def in_context(ctx: Context) -> str:
