@@ -36,7 +36,9 @@ ARENA_THRESHOLD = 0.4
 
 @dataclass
 class HeadEvidence:
-    """One head's evidence. Behavioural: `induction` (ARENA induction score), `prefix_matching` (Olsson),
+    """One head's evidence. Behavioural: `induction` (ARENA induction score, R drawn from the probe pool: the
+    ids seen in training when the detector is given them), `induction_arena` (the same score by ARENA's recipe, R
+    uniform over every non-special id of the vocabulary), `prefix_matching` (Olsson),
     `copying` (Olsson's behavioural copying score), `previous` / `current` / `first` token scores.
     Mechanistic: `partner` (the earlier head it K-composes with most, previous-token heads first),
     `k_composition` (that composition score minus the random baseline), `qk_same_matching` (Σλ/Σ|λ| of the
@@ -47,6 +49,7 @@ class HeadEvidence:
     head: int
     positive: bool
     induction: float | None = None
+    induction_arena: float | None = None
     prefix_matching: float | None = None
     copying: float | None = None
     previous: float | None = None
@@ -81,9 +84,10 @@ class DetectionResult:
     def markdown(self, only_positive: bool = False) -> str:
         rows = [r for r in self.table if r.positive or not only_positive]
         if self.kind == "induction":
-            headers = ["head", "induction", "prefix matching", "copying (behav.)", "K-comp partner",
-                       "K-comp − baseline", "QK same-matching", "QK positive λ", "OV copying", "mechanism", "verdict"]
-            cells = [[r.label, r.induction, r.prefix_matching, r.copying,
+            headers = ["head", "induction (seen ids)", "induction (ARENA: all ids)", "prefix matching",
+                       "copying (behav.)", "K-comp partner", "K-comp − baseline", "QK same-matching", "QK positive λ",
+                       "OV copying", "mechanism", "verdict"]
+            cells = [[r.label, r.induction, r.induction_arena, r.prefix_matching, r.copying,
                       head_label(*r.partner) if r.partner else None, r.k_composition, r.qk_same_matching,
                       r.qk_positive_fraction, r.ov_copying, r.mechanism, "induction" if r.positive else "—"]
                      for r in rows]
@@ -131,7 +135,11 @@ def detect_induction_heads(model, seq_len: int = 50, batch: int = 10, seed: int 
     Where n_ctx is too short, |R| shrinks to (n_ctx − 1) // 2 and the prefix-matching block to (n_ctx − 1) // 4
     (the thresholds dict names the lengths used).
 
-    Mechanistic evidence (attention-only reading of the weights, norms folded): for each head in layer ≥ 1, its
+    `induction_arena` is the induction score by ARENA's recipe beside it: R uniform over every non-special id
+    (`tokens_from=None`), which for a vocabulary with never-trained ids reads lower than the seen-ids probe.
+
+    Mechanistic evidence (attention-only reading of the weights, norms folded): every head's OV copying score,
+    and for each head in layer ≥ 1, its
     K-composition partner (the earlier previous-token head — `detect_previous_token_heads` on `prev_tokens` —
     with the largest K-composition score, or the earlier head with the largest score when there is none), that
     score minus `circuits.composition_baseline`, the same-matching of the K-composition circuit
@@ -144,13 +152,15 @@ def detect_induction_heads(model, seq_len: int = 50, batch: int = 10, seed: int 
     seq_len = min(seq_len, (model.cfg.n_ctx - 1) // 2)  # short contexts: the longest R + R that fits
     pl = min(25, (model.cfg.n_ctx - 1) // 4)
     ind = induction_scores(model, seq_len, batch, seed, tokens_from)
+    arena = ind if tokens_from is None else induction_scores(model, seq_len, batch, seed, None)
     pm = prefix_matching_scores(model, pl, 4, batch, seed, tokens_from)
     cop = copying_scores_behavioural(model, pl, 4, min(batch, 4), seed, tokens_from)
-    mech = _mechanistic(model, prev_tokens, seed) if mechanistic and L >= 2 else None
+    mech = _mechanistic(model, prev_tokens, seed) if mechanistic else None
     for l in range(L):
         for h in range(H):
             r = HeadEvidence(l, h, bool(ind[l, h] >= threshold and pm[l, h] >= prefix_threshold),
-                             induction=float(ind[l, h]), prefix_matching=float(pm[l, h]), copying=float(cop[l, h]))
+                             induction=float(ind[l, h]), induction_arena=float(arena[l, h]),
+                             prefix_matching=float(pm[l, h]), copying=float(cop[l, h]))
             if mech is not None:
                 r.ov_copying = float(mech["ov"][l, h])
                 if l >= 1:
@@ -158,17 +168,20 @@ def detect_induction_heads(model, seq_len: int = 50, batch: int = 10, seed: int 
                     r.mechanism = bool(is_prev and r.k_composition > 0 and r.qk_same_matching > 0 and r.ov_copying > 0)
             table.append(r)
     heads = [(r.layer, r.head) for r in table if r.positive]
-    cut = {f"induction score (ARENA, |R| = {seq_len})": threshold,
+    pool = "all non-special ids" if tokens_from is None else "the given ids"
+    cut = {f"induction score (|R| = {seq_len}, R from {pool})": threshold,
            f"prefix-matching score (Olsson, {pl} tokens × 4)": prefix_threshold}
     return DetectionResult("induction", heads, table, cut)
 
 
 def _mechanistic(model, prev_tokens, seed: int) -> dict:
-    """OV copying scores and, per head in layer ≥ 1, (partner, K-comp − baseline, QK same-matching, QK positive
-    fraction, partner is a previous-token head)."""
+    """OV copying scores of every head and, per head in layer ≥ 1, (partner, K-comp − baseline, QK same-matching,
+    QK positive fraction, partner is a previous-token head)."""
     m = weight_view(model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
     out = {"ov": copying_scores(m).float().cpu()}
+    if L < 2:
+        return out
     kcomp = composition_scores(m, "k").float().cpu()  # [l1, h1, l2, h2]
     base = composition_baseline(m.cfg.d_model, m.cfg.d_head, "k")
     prev_heads = set(detect_previous_token_heads(model, prev_tokens, seed=seed).heads)

@@ -38,22 +38,34 @@ class CopyingHeads:
 
     copying_score: torch.Tensor  # Σλ/Σ|λ| of W_E W_OV W_U
     positive_fraction: torch.Tensor  # share of eigenvalues with positive real part
-    top1: torch.Tensor  # top-1 diagonal accuracy of the full OV circuit
+    top1: torch.Tensor  # top-1 diagonal accuracy of the full OV circuit over the ids of `vocab`
     top5: torch.Tensor
     behavioural: torch.Tensor | None  # Olsson's behavioural copying score (None when not measured)
     threshold: float = COPYING_THRESHOLD
     heads: list[tuple[int, int]] = field(default_factory=list)  # judged copying
+    n_ids: int = 0  # ids the diagonal accuracies count
+    top1_all: torch.Tensor | None = None  # the same over every non-special id (when `vocab` is a subset)
+    top5_all: torch.Tensor | None = None
+    n_ids_all: int = 0
 
     def markdown(self) -> str:
         L, H = self.copying_score.shape
+        sub = self.top1_all is not None
         rows = []
         for l in range(L):
             for h in range(H):
                 beh = None if self.behavioural is None else float(self.behavioural[l, h])
+                acc = [float(self.top1[l, h]), float(self.top5[l, h])]
+                if sub:
+                    acc += [float(self.top1_all[l, h]), float(self.top5_all[l, h])]
                 rows.append([head_label(l, h), float(self.copying_score[l, h]), float(self.positive_fraction[l, h]),
-                             float(self.top1[l, h]), float(self.top5[l, h]), beh, (l, h) in self.heads])
-        return markdown_table(["head", "OV copying score Σλ/Σ|λ|", "positive eigenvalues", "top-1 diag. acc.",
-                               "top-5 diag. acc.", "behavioural copying", "copying?"], rows)
+                             *acc, beh, (l, h) in self.heads])
+        ids = f" ({self.n_ids} trained ids)" if sub else f" ({self.n_ids} ids)"
+        acc_h = [f"top-1 diag. acc.{ids}", f"top-5 diag. acc.{ids}"]
+        if sub:
+            acc_h += [f"top-1 (all {self.n_ids_all} ids)", f"top-5 (all {self.n_ids_all} ids)"]
+        return markdown_table(["head", "OV copying score Σλ/Σ|λ|", "positive eigenvalues", *acc_h,
+                               "behavioural copying", "copying?"], rows)
 
     def __str__(self) -> str:
         return (f"CopyingHeads: {len(self.heads)} of {self.copying_score.numel()} heads copy "
@@ -65,24 +77,31 @@ def copying_heads_table(model, vocab=None, threshold: float = COPYING_THRESHOLD,
                         ) -> CopyingHeads:
     """Copying evidence for every head: the eigenvalue copying score of its full OV circuit W_E W_OV W_U
     (`circuits.copying_scores`), the fraction of positive eigenvalues, the top-1 / top-5 diagonal accuracy over
-    the vocabulary subset `vocab` (default every non-special id; `circuits.diagonal_rank_stats`), and the
+    the vocabulary subset `vocab` (default every non-special id; `circuits.diagonal_rank_stats`; with a `vocab`,
+    also over every non-special id, never-trained ones included, in `top1_all` / `top5_all`), and the
     behavioural copying score (`analyses.scores.copying_scores_behavioural`). A head is judged copying when
     its copying score ≥ `threshold`. Norm weights are folded first."""
     m = weight_view(model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
     cs = copying_scores(m).float().cpu()
     pos = torch.zeros(L, H)
-    top1, top5 = torch.zeros(L, H), torch.zeros(L, H)
-    S = token_pool(m, vocab).to(m.W_E.device)
+    pools = [token_pool(m, vocab).to(m.W_E.device)]
+    if vocab is not None:
+        pools.append(token_pool(m).to(m.W_E.device))
+    acc = torch.zeros(len(pools), 2, L, H)  # [pool, top-1 / top-5, layer, head]
     for l in range(L):
         fm = full_ov_circuit(m, l)  # [head, d_vocab, d_vocab], factored
         pos[l] = positive_eigenvalue_fraction(fm).float().cpu()
-        stats = diagonal_rank_stats(FactoredMatrix(fm.A[:, S], fm.B[:, :, S]), k=(1, 5))
-        top1[l], top5[l] = stats[1].float().cpu(), stats[5].float().cpu()
+        for i, S in enumerate(pools):
+            stats = diagonal_rank_stats(FactoredMatrix(fm.A[:, S], fm.B[:, :, S]), k=(1, 5))
+            acc[i, 0, l], acc[i, 1, l] = stats[1].float().cpu(), stats[5].float().cpu()
     pl = min(25, (model.cfg.n_ctx - 1) // 4)
     beh = copying_scores_behavioural(model, pl, 4, tokens_from=vocab) if behavioural and L else None
     heads = [(l, h) for l in range(L) for h in range(H) if cs[l, h] >= threshold]
-    return CopyingHeads(cs, pos, top1, top5, beh, threshold, heads)
+    out = CopyingHeads(cs, pos, acc[0, 0], acc[0, 1], beh, threshold, heads, n_ids=pools[0].numel())
+    if len(pools) > 1:
+        out.top1_all, out.top5_all, out.n_ids_all = acc[1, 0], acc[1, 1], pools[1].numel()
+    return out
 
 
 @dataclass
@@ -178,37 +197,56 @@ def positional_vs_content(model, seq_len: int = 64, batch: int = 8, seed: int = 
 
 @dataclass
 class AblationResult:
-    """Loss increase (nats) from zeroing each head's output with every attention pattern frozen."""
+    """Loss increase (nats) from zeroing each head's output with every attention pattern frozen: `delta`
+    `[n_layers, n_heads]`, the mean over `n_sequences` sequences, and `se`, its standard error over them."""
 
     clean_loss: float
     delta: torch.Tensor  # [n_layers, n_heads]
+    se: torch.Tensor | None = None  # [n_layers, n_heads]
+    n_sequences: int | None = None
 
     def markdown(self) -> str:
         L, H = self.delta.shape
         order = sorted(((float(self.delta[l, h]), l, h) for l in range(L) for h in range(H)), reverse=True)
-        return markdown_table(["head", "loss increase (nats)"], [[head_label(l, h), d] for d, l, h in order])
+        if self.se is None:
+            return markdown_table(["head", "loss increase (nats)"], [[head_label(l, h), d] for d, l, h in order])
+        return markdown_table(["head", "loss increase (nats)", "± s.e."],
+                              [[head_label(l, h), d, float(self.se[l, h])] for d, l, h in order])
 
     def __str__(self) -> str:
         return f"AblationResult(clean loss {self.clean_loss:.4f} nats)\n{self.markdown()}"
 
 
 @torch.no_grad()
-def head_ablation_losses(model, tokens, heads: list[tuple[int, int]] | None = None) -> AblationResult:
+def head_ablation_losses(model, tokens, heads: list[tuple[int, int]] | None = None, chunk: int = 64
+                         ) -> AblationResult:
     """Pattern-preserving ablation (Olsson et al. 2022): for each head, the next-token loss on `tokens` when its
     output is zeroed (`hook_z` of that head set to 0, so z·W_O = 0; b_O kept) while every layer's attention
-    pattern is frozen to its clean value, minus the clean loss. In nats; positive = the head helps."""
+    pattern is frozen to its clean value, minus the clean loss. In nats; positive = the head helps. The
+    increase is measured per sequence of `tokens [batch, pos]`, so the result carries its standard error over
+    them; sequences are run `chunk` at a time."""
     tokens = as_tokens(model, tokens)  # ValueError for float, empty, out-of-range, over-long
     L, H = model.cfg.n_layers, model.cfg.n_heads
     if heads is not None:
         heads = [check_head_pair(model, p, "heads[i]") for p in heads]
     names = _pattern_names(model)
-    clean, cache = model.run_with_cache(tokens, return_type="loss", names_filter=lambda n: n in names)
-    frozen = {n: cache[n].clone() for n in names}  # reused by every run below
-    delta = torch.zeros(L, H)
-    for l, h in heads if heads is not None else [(l, h) for l in range(L) for h in range(H)]:
-        loss = model.run_with_hooks(tokens, return_type="loss", fwd_hooks=_ablation_hooks(frozen, [(l, h)]))
-        delta[l, h] = float(loss) - float(clean)
-    return AblationResult(float(clean), delta)
+    todo = heads if heads is not None else [(l, h) for l in range(L) for h in range(H)]
+    clean_parts, per_seq = [], torch.zeros(tokens.shape[0], L, H, dtype=torch.float64)
+    start = 0
+    for part in tokens.split(max(1, int(chunk))):
+        clean, cache = model.run_with_cache(part, return_type="loss", loss_per_token=True,
+                                            names_filter=lambda n: n in names)
+        clean = clean.double().mean(-1).cpu()  # [chunk]
+        frozen = {n: cache[n] for n in names}  # reused by every run below
+        for l, h in todo:
+            loss = model.run_with_hooks(part, return_type="loss", loss_per_token=True,
+                                        fwd_hooks=_ablation_hooks(frozen, [(l, h)]))
+            per_seq[start:start + part.shape[0], l, h] = loss.double().mean(-1).cpu() - clean
+        clean_parts.append(clean)
+        start += part.shape[0]
+    n = tokens.shape[0]
+    se = per_seq.std(0) / n**0.5 if n > 1 else torch.zeros(L, H, dtype=torch.float64)
+    return AblationResult(float(torch.cat(clean_parts).mean()), per_seq.mean(0).float(), se.float(), n)
 
 
 def _pattern_names(model) -> list[str]:

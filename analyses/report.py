@@ -68,22 +68,34 @@ def _load(model_or_name_or_path):
     return m, getattr(m.cfg, "model_name", None) or type(m).__name__, None
 
 
-def validation_text(model, folder: Path | None, max_tokens: int):
-    """(1-D validation tokens, seen ids) of the corpus the model was trained on (`train_config.json`'s data,
-    else the standard library), or (None, None) when the model has no tokenizer or the corpus fails."""
+def _train_config(folder: Path | None) -> dict:
+    if folder is not None and (Path(folder) / "train_config.json").is_file():
+        return json.loads((Path(folder) / "train_config.json").read_text())
+    return {}
+
+
+def training_corpus(model, folder: Path | None):
+    """The token corpus the model was trained on (`train_config.json`'s data, else the standard library), or None
+    when the model has no tokenizer, trained on synthetic data, or the corpus fails."""
     tok = getattr(model, "tokenizer", None)
     if tok is None or not hasattr(tok, "vocab_size"):
-        return None, None
-    data = "stdlib"
-    if folder is not None and (folder / "train_config.json").is_file():
-        data = json.loads((folder / "train_config.json").read_text()).get("data", "stdlib") or "stdlib"
+        return None
+    data = _train_config(folder).get("data", "stdlib") or "stdlib"
     if isinstance(data, str) and data.startswith("synthetic"):
-        return None, None
+        return None
     try:
         from models.data import build_token_corpus
 
-        corpus = build_token_corpus(data, tok)
+        return build_token_corpus(data, tok)
     except Exception:  # no corpus here (offline, missing folder): the report goes on without text
+        return None
+
+
+def validation_text(model, folder: Path | None, max_tokens: int, corpus=None):
+    """(1-D validation tokens, seen ids) of the corpus the model was trained on (`training_corpus`), or
+    (None, None)."""
+    corpus = corpus if corpus is not None else training_corpus(model, folder)
+    if corpus is None:
         return None, None
     val = torch.from_numpy(corpus.val[:max_tokens].astype("int64"))
     return val, torch.from_numpy(corpus.seen_ids())
@@ -91,7 +103,7 @@ def validation_text(model, folder: Path | None, max_tokens: int):
 
 def build_report(model_or_name_or_path, out_dir, tokens=None, sections: list[str] | None = None,
                  n_windows: int = 64, max_text_tokens: int = 400_000, seed: int = 0, progress: bool = True,
-                 run_dir=None, num_threads: int | None = 1) -> Report:
+                 run_dir=None, num_threads: int | None = 1, html: bool = False) -> Report:
     """Analyse a model and write `out_dir/report.md` plus PNG figures; returns a `Report` listing the files.
 
     `model_or_name_or_path`: a model object, a zoo name ("attn-only-2l") or a saved-model folder. `tokens`: a
@@ -100,7 +112,9 @@ def build_report(model_or_name_or_path, out_dir, tokens=None, sections: list[str
     `SECTIONS` to run (default: every one that fits the model). `run_dir`: a training run's folder holding
     `metrics.jsonl` (default: the model's folder, when it has one). `n_windows` validation windows of n_ctx
     tokens feed the loss and the ICL score (a difference of two single-position losses: it needs many).
-    A section that fails is reported in the markdown and in `Report.failed`; the others still run.
+    A section that fails is reported in the markdown and in `Report.failed`; the others still run. `html`: also
+    write `report.html`, one self-contained page (figures embedded, attention patterns interactive; see
+    `analyses.html_report`).
     `num_threads`: torch intra-op threads while the
     report runs: 1 (default) avoids OpenMP barrier waits with these small tensors on a busy shared CPU (see
     benchmarks/README.md); None keeps torch's setting. An `out_dir` that cannot be created or written raises
@@ -111,7 +125,7 @@ def build_report(model_or_name_or_path, out_dir, tokens=None, sections: list[str
         torch.set_num_threads(num_threads)
     try:
         return _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text_tokens, seed, progress,
-                      run_dir)
+                      run_dir, html)
     finally:
         torch.set_num_threads(n_before)
 
@@ -129,8 +143,8 @@ def _prepare_out(out: Path) -> None:
         raise type(e)(e.errno, f"cannot write the report to {out}: {e.strerror}") from None
 
 
-def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text_tokens, seed, progress, run_dir
-           ) -> Report:
+def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text_tokens, seed, progress, run_dir,
+           html=False) -> Report:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -141,10 +155,12 @@ def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text
         model.eval()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    corpus = None
     if tokens is not None:
         text, vocab = as_1d_tokens(tokens), None
     else:
-        text, vocab = validation_text(model, folder, max_text_tokens)
+        corpus = training_corpus(model, folder)
+        text, vocab = validation_text(model, folder, max_text_tokens, corpus)
     if vocab is None and text is not None:
         vocab = torch.unique(text)
     win = None
@@ -156,7 +172,8 @@ def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text
     rd = Path(run_dir) if run_dir is not None else folder
     if rd is not None and not (rd / "metrics.jsonl").is_file():
         rd = None
-    ctx = S.Context(model, name, out, text, win, vocab, rd, seed)
+    ctx = S.Context(model, name, out, text, win, vocab, rd, seed,
+                    train_text=None if corpus is None else corpus.train, train_config=_train_config(folder))
     chosen = [s for s in SECTIONS if (sections is None or s[0] in sections) and s[2](ctx)]
     md = [f"# Circuit report: {name}", "",
           "Generated by `analyses.report.build_report`. Each section says what its numbers measure; head names "
@@ -179,4 +196,8 @@ def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text
         report.seconds[key] = round(time.perf_counter() - t0, 2)
     report.path.write_text("\n".join(md))
     report.files = [report.path] + ctx.files
+    if html:
+        from .html_report import write_html
+
+        report.files.append(write_html(ctx, "\n".join(md), out / "report.html"))
     return report

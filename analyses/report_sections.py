@@ -26,6 +26,8 @@ class Context:
     seed: int = 0
     files: list[Path] = field(default_factory=list)
     cache: dict = field(default_factory=dict)
+    train_text: object = None  # 1-D training split of the corpus (numpy memmap), or None
+    train_config: dict = field(default_factory=dict)  # the run's train_config.json, when the model has one
 
     @property
     def cfg(self):
@@ -56,6 +58,14 @@ class Context:
         return self.cache["detect"]
 
 
+def _pool(ctx: Context) -> str:
+    """Where the random probe tokens come from, in words."""
+    if ctx.vocab is None:
+        return "every non-special id"
+    where = "the training split" if ctx.train_text is not None else "the given text"
+    return f"the {ctx.vocab.numel()} ids of {where}"
+
+
 def overview(ctx: Context) -> str:
     c = ctx.cfg
     n_params = sum(p.numel() for p in ctx.model.parameters()) if hasattr(ctx.model, "parameters") else None
@@ -82,15 +92,17 @@ def direct_path(ctx: Context) -> str:
 
     if ctx.text is None:
         return "Skipped: needs validation text to count bigrams."
-    table = bigram_table(ctx.text, ctx.cfg.d_vocab)
-    fit = direct_path_fit(ctx.model, ctx.text, table=table)
+    text, which = ((ctx.train_text, "the whole training split") if ctx.train_text is not None else
+                   (ctx.text, "the given text"))
+    table = bigram_table(text, ctx.cfg.d_vocab)
+    fit = direct_path_fit(ctx.model, text, table=table)
     ctx.cache["bigrams"] = table
     role = ("this model *is* its direct path" if ctx.cfg.n_layers == 0 else
             "in a deeper model this is the direct-path (\"residual bigram\") term of the path expansion")
     out = [f"The direct path `W_E W_U` maps the current token straight to next-token logits; {role}. Over "
-           f"{fit.n_tokens:,} bigrams of validation text:",
+           f"{fit.n_tokens:,} bigrams of {which} (the text the direct path was fitted to):",
            f"- **bigram entropy {fit.bigram_entropy:.3f} nats**: the loss of the text's own bigram table "
-           "(in-sample), the best any bigram model can do;",
+           "(in-sample, so biased low: rare pairs are fitted exactly), the best any bigram model can do here;",
            f"- **direct-path loss {fit.direct_path_loss:.3f} nats**: the loss of softmax(W_E W_U) used as a "
            "bigram model on the same text;",
            f"- **frequency-weighted KL {fit.weighted_kl:.3f} nats** = Σ_a p(a) KL(P(·|a) ‖ softmax(W_E W_U)[a]), "
@@ -98,9 +110,9 @@ def direct_path(ctx: Context) -> str:
            f"- **argmax agreement {fit.argmax_agreement:.1%}**: share of tokens (by frequency) whose most likely "
            "next token is the text's most frequent successor.",
            "", "The most frequent tokens and what the direct path predicts after them:", "", fit.table(), "",
-           ctx.figure(plot_bigrams(ctx.model, ctx.text, table=table), "direct_path_bigrams",
+           ctx.figure(plot_bigrams(ctx.model, text, table=table), "direct_path_bigrams",
                       "Left: the text's P(next | current) over its most frequent tokens; right: softmax(W_E W_U) on "
-                      "the same rows and columns.")]
+                      "the same rows and columns; one colour scale (⏎ newline, ␣ space).")]
     return "\n".join(out)
 
 
@@ -112,27 +124,34 @@ def attention(ctx: Context) -> str:
     L, H = ctx.cfg.n_layers, ctx.cfg.n_heads
     grid = lambda key, rows: torch.tensor([[getattr(r, key) for r in rows[l * H:(l + 1) * H]] for l in range(L)])
     ind_s, pm_s, prev_s = grid("induction", ind.table), grid("prefix_matching", ind.table), grid("previous", prev.table)
+    arena = grid("induction_arena", ind.table)
     first = first_token_scores(ctx.model, ctx.windows[:8] if ctx.windows is not None else None, ctx.seed)
     dup = duplicate_token_scores(ctx.model, seed=ctx.seed, tokens_from=ctx.vocab,
                                  seq_len=min(25, (ctx.cfg.n_ctx - 1) // 4))
-    panels = {"induction": ind_s, "prefix matching": pm_s, "previous token": prev_s, "first token": first,
-              "duplicate token": dup}
+    panels = {"induction": ind_s, "induction (ARENA)": arena, "prefix matching": pm_s, "previous token": prev_s,
+              "first token": first, "duplicate token": dup}
     rows = [[head_label(l, h)] + [float(v[l, h]) for v in panels.values()] for l in range(L) for h in range(H)]
-    out = ["Attention patterns on a random sequence repeated twice: each square is one head; a sub-diagonal line "
-           "is a previous-token head, a line offset by the period in the second half an induction head, a "
-           "bright first column a head resting on the first token.", "",
-           ctx.figure(plot_attention_patterns(ctx.model, seed=ctx.seed), "attention_patterns",
-                      "Attention patterns (rows: query position, columns: key position) on [BOS] + R + R."),
-           "Five behavioural scores per head, each a mean attention weight in [0, 1]:",
-           "- **induction** (ARENA): from each token of the second copy of a random sequence R + R to the token "
-           "right after its first occurrence (threshold 0.4);",
+    seq = min(50, (ctx.cfg.n_ctx - 1) // 2)
+    out = [f"Attention patterns on one random sequence repeated twice, [BOS] + R + R with |R| = {seq} drawn as for "
+           "the induction score below: one row per layer, one column per head; a sub-diagonal line is a "
+           "previous-token head, a line offset by the period in the second copy an induction head, a bright first "
+           "column a head resting on the first token.", "",
+           ctx.figure(plot_attention_patterns(ctx.model, seq_len=seq, seed=ctx.seed, tokens_from=ctx.vocab),
+                      "attention_patterns", f"Attention patterns (rows: query position, columns: key position) on "
+                      f"[BOS] + R + R, |R| = {seq}."),
+           "Six behavioural scores per head, each a mean attention weight in [0, 1]:",
+           f"- **induction**: from each token of the second copy of [BOS] + R + R (|R| = {seq}, 10 sequences) to "
+           f"the token right after its first occurrence (ARENA's score, threshold 0.4), R drawn from {_pool(ctx)} "
+           "(distinct within R);",
+           "- **induction (ARENA)**: the same by ARENA's recipe, R uniform over every non-special id of the "
+           "vocabulary (ids never seen in training included);",
            "- **prefix matching** (Olsson et al.): the same on 25 random tokens repeated 4 times (shorter when the "
            "context is short), counting every earlier occurrence;",
            "- **previous token**: from position i to i − 1 on validation text (random tokens when there is none);",
            "- **first token**: to position 0, where heads with nothing to do often rest;",
            "- **duplicate token**: to earlier copies of the current token on a repeated random sequence.", "",
            markdown_table(["head"] + list(panels), rows), "",
-           ctx.figure(plot_score_panels(panels), "head_scores", "The five scores as heatmaps (boxed: ≥ 0.4).")]
+           ctx.figure(plot_score_panels(panels), "head_scores", "The six scores as heatmaps (boxed: ≥ 0.4).")]
     return "\n".join(out)
 
 
@@ -144,15 +163,17 @@ def detection(ctx: Context) -> str:
            "variance that the position-position term of its QK circuit explains (1 = purely positional; ≤ 0 when "
            "positions explain nothing).", "",
            prev.markdown(), "",
-           f"**Induction heads: {names(ind.heads)}.** A head qualifies when both its induction score and its "
-           "prefix-matching score are ≥ 0.4 (two periods, so a positional shortcut that 'looks back one period' "
-           "does not pass). The mechanistic columns read the weights: 'K-comp partner' is the earlier "
+           f"**Induction heads: {names(ind.heads)}.** A head qualifies when both its induction score (R from "
+           f"{_pool(ctx)}) and its prefix-matching score are ≥ 0.4 (two periods, so a positional shortcut that "
+           "'looks back one period' does not pass); the ARENA-recipe induction score (R from every non-special id) "
+           "stands beside it. The mechanistic columns read the weights: 'K-comp partner' is the earlier "
            "previous-token head its keys compose with most, 'K-comp − baseline' that composition score above what "
            "random heads of these shapes give, 'QK same-matching' the eigenvalue positivity Σλ/Σ|λ| of the "
            "K-composition circuit W_E W_QK (W_OV^prev)ᵀ W_Eᵀ (+1: it matches a token with itself), 'OV copying' "
            "the positivity of the head's full OV circuit (+1: it copies what it attends to). 'Mechanism' is yes "
            "when all three are positive with a previous-token partner. 'Copying (behav.)' is Olsson et al.'s "
-           "behavioural copying score in [−1, 1].", "", ind.markdown()]
+           "behavioural copying score in [−1, 1]: +1 when the head raises exactly the token it attends to, about "
+           "−0.92 when it raises tokens wherever it attends, −1 when it lowers them.", "", ind.markdown()]
     return "\n".join(out)
 
 
@@ -167,10 +188,13 @@ def copying(ctx: Context) -> str:
         "copying score is Σλ/Σ|λ| over the eigenvalues of the head's full OV circuit W_E W_OV W_U (+1 when "
         "attending to a token raises that token's own logit, ≈ 0 for random matrices); 'positive eigenvalues' is "
         "the share of eigenvalues with positive real part; top-1 / top-5 diagonal accuracy is the share of "
-        "source tokens whose own logit is the most / among the 5 most raised.", "", t.markdown(), "",
+        "source tokens whose own logit is the most / among the 5 most raised"
+        + (f", over the {t.n_ids} ids seen in training and over all {t.n_ids_all} non-special ids (the "
+           f"{t.n_ids_all - t.n_ids} never-trained ids count there too)" if t.top1_all is not None else
+           f", over {t.n_ids} non-special ids") + ".", "", t.markdown(), "",
         ctx.figure(plot_eigenvalues(ctx.model), "ov_eigenvalues",
                    "Eigenvalues of each head's full OV circuit in the complex plane (scaled to the unit circle); "
-                   "copying heads have them on the right.")])
+                   "copying heads have them on the right. Colours: blue copying score ≥ 0.5, olive 0–0.5, red < 0.")])
 
 
 def skip_trigram_section(ctx: Context) -> str:
@@ -213,12 +237,19 @@ def ablation(ctx: Context) -> str:
 
     if ctx.windows is None:
         return "Skipped: needs validation text."
-    r = head_ablation_losses(ctx.model, ctx.windows[:8])
+    r = head_ablation_losses(ctx.model, ctx.windows)
+    order = sorted(((float(r.delta[l, h]), float(r.se[l, h]), head_label(l, h)) for l in range(ctx.cfg.n_layers)
+                    for h in range(ctx.cfg.n_heads)), reverse=True)
+    ties = [f"{a[2]} / {b[2]}" for a, b in zip(order, order[1:]) if a[0] - b[0] < 2 * max(a[1], b[1])]
     return "\n".join([
         "Pattern-preserving ablation: each head's output is set to zero while every attention pattern stays as in "
-        f"the clean run; the table gives the loss increase in nats over the clean loss {r.clean_loss:.3f} on 8 "
-        "validation windows (larger = the head matters more).", "", r.markdown(), "",
-        ctx.figure(plot_ablation(r), "head_ablation", "Loss increase when each head is removed (patterns frozen).")])
+        f"the clean run; the table gives the loss increase in nats over the clean loss {r.clean_loss:.3f}, the "
+        f"mean over {r.n_sequences} validation windows spread over the text, ± its standard error over the "
+        "windows (larger = the head matters more). "
+        + (f"Neighbours in the ranking closer than two standard errors: {', '.join(ties)}." if ties else
+           "Every neighbour in the ranking is more than two standard errors apart."), "", r.markdown(), "",
+        ctx.figure(plot_ablation(r), "head_ablation", "Loss increase when each head is removed (patterns frozen), "
+                   "± one standard error over the windows.")])
 
 
 def composition(ctx: Context) -> str:
@@ -260,6 +291,23 @@ def term_importance(ctx: Context) -> str:
     return "\n".join(out)
 
 
+def _icl_caveat(ctx: Context, n: int, early: int, late: int) -> str:
+    """Why this model's ICL score is not the paper's number, from what the report knows of its training."""
+    tc = ctx.train_config
+    parts = [f"its context is {n} tokens, not 512, so the two positions are {early} and {late}",
+             f"its vocabulary has {ctx.cfg.d_vocab} ids" + (f" ({tc['tokenizer']})" if tc.get("tokenizer") else "")
+             + ", not a ~50k-token BPE, so the same positions cover far less text"]
+    if tc.get("repeat_fraction"):
+        parts.append(f"{tc['repeat_fraction']:.0%} of its training sequences carried a synthetic repeated segment, "
+                     "which rewards reading the context")
+    if tc.get("data", "stdlib") == "stdlib":
+        parts.append("its text is Python source, which repeats identifiers, so some of the gain needs no "
+                     "induction head")
+    card = ctx.run_dir is not None and (ctx.run_dir / "card.md").is_file()
+    return ("Not directly comparable with Olsson et al.'s ≈ −0.4: " + "; ".join(parts) + "."
+            + (" The model card (card.md) describes its training, with any control runs." if card else ""))
+
+
 def in_context(ctx: Context) -> str:
     from .plots import plot_position_loss
     from .scores import icl_positions, icl_windows, in_context_learning_differences, position_losses
@@ -281,15 +329,17 @@ def in_context(ctx: Context) -> str:
         f"(Olsson et al.'s tokens 500 and 50 of 512, scaled to this context of {n}), averaged over "
         f"{w.shape[0]} validation windows. More negative = later tokens are predicted better thanks to "
         "the context; Olsson et al. report a change of < 0.15 nats before induction heads form and ≈ 0.4 after.",
+        "", _icl_caveat(ctx, n, early, late),
         "", ctx.figure(plot_position_loss(ctx.model, w, (early, late), losses=per), "loss_by_position",
-                       "Mean loss by position in the context (dashed: the two positions of the ICL score).")])
+                       "Mean loss by position in the context, unsmoothed, ± one standard error over the windows "
+                       "(dashed: the two positions of the ICL score).")])
 
 
 def dynamics(ctx: Context) -> str:
-    from .dynamics import plot_training_dynamics, training_dynamics
+    from .dynamics import BUMP_MIN, BUMP_RATIO, FORMED, plot_training_dynamics, training_dynamics
 
     d = training_dynamics(ctx.run_dir)
-    extra = []
+    extra, cs = [], None
     if d.checkpoints:
         from .dynamics import checkpoint_scores
 
@@ -298,17 +348,22 @@ def dynamics(ctx: Context) -> str:
         fw = cs.formation_window()
         formed = ("never reached 0.4 on these checkpoints" if fw is None else
                   f"formed between steps {fw[0]} and {fw[1]} by the same rule")
-        extra = ["", f"Re-measured on {len(cs.steps)} of the {len(d.checkpoints)} saved checkpoints (ICL score on "
-                 f"{'no' if ctx.windows is None else ctx.windows.shape[0]} validation windows; best layer ≥ 1 "
-                 f"induction score on random repeated tokens); induction heads {formed}:", "", cs.markdown()]
+        extra = ["", f"Re-measured on {len(cs.steps)} of the {len(d.checkpoints)} saved checkpoints (ICL score ± its "
+                 f"standard error on {'no' if ctx.windows is None else ctx.windows.shape[0]} validation windows; best "
+                 f"layer ≥ 1 induction score on [BOS] + R + R, R from {_pool(ctx)}); induction heads {formed}. One "
+                 "token per window makes the ICL score noisy: its standard error shrinks as 1/√windows (`--windows`).",
+                 "", cs.markdown()]
     return "\n".join([
         f"From the training run's `metrics.jsonl` ({len(d.val_loss)} validation points, {len(d.induction)} "
-        "checkpoints with head scores). Induction heads 'formed' between the last checkpoint where the best "
-        "layer ≥ 1 induction score was below 0.08 and the first where it reached 0.4; the bump is where the "
-        "validation loss falls fastest per log-token; the ICL score is taken before that window and at the end.",
+        "checkpoints with head scores, measured during training: induction scores with R from the ids seen in "
+        f"training). Induction heads 'formed' between the last checkpoint where the best layer ≥ 1 induction "
+        f"score was below {0.2 * FORMED:.2f} and the first where it reached {FORMED}; the ICL score 'before' is "
+        "taken at the first of the two, before the onset. A loss bump is a checkpoint after which the validation "
+        f"loss falls at least {BUMP_RATIO:g}× as fast per e-fold of tokens (and ≥ {BUMP_MIN} nats per e-fold "
+        "faster) over the next doubling of tokens as over the previous one; a curve that only levels off has none.",
         "", d.markdown(), "",
-        ctx.figure(plot_training_dynamics(d), "training_dynamics", "Loss, in-context-learning score and per-head "
-                   "induction scores over training (log tokens).")] + extra)
+        ctx.figure(plot_training_dynamics(d, cs), "training_dynamics", "Loss, in-context-learning score and per-head "
+                   "induction scores over training (tokens seen, log scale).")] + extra)
 
 
 def mlp_note(ctx: Context) -> str:

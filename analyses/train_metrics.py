@@ -27,7 +27,7 @@ def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16
     `val_tokens [n, T]`: validation sequences starting with BOS (natural text): all of them for the ICL score
     (one token per sequence, so it needs hundreds), the first `pattern_sequences` for previous-token scores;
     `seen_ids`: the training ids that random probe tokens are drawn from (specials excluded)."""
-    from .scores import icl_positions, in_context_learning_score, induction_scores, previous_token_scores
+    from .scores import icl_positions, in_context_learning_differences, induction_scores, previous_token_scores
 
     val = torch.as_tensor(np.asarray(val_tokens), dtype=torch.long)
     seen = torch.as_tensor(np.asarray(seen_ids), dtype=torch.long)
@@ -39,7 +39,9 @@ def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16
         try:
             out = {}
             early, late = icl_positions(min(model.cfg.n_ctx, val.shape[1]))
-            out["icl_score"] = round(in_context_learning_score(model, val.to(model.W_E.device), early, late), 4)
+            diff = in_context_learning_differences(model, val.to(model.W_E.device), early, late)
+            out["icl_score"] = round(float(diff.mean()), 4)
+            out["icl_score_se"] = round(float(diff.std() / diff.numel() ** 0.5), 4) if diff.numel() > 1 else None
             if model.cfg.n_layers == 0:
                 return out
             for p in periods:
@@ -178,6 +180,14 @@ def card_results(model, metrics, summary, corpus) -> tuple[list[str], dict]:
             numbers[key] = s
             lines.append(f"- induction scores on [BOS]+R+R, |R| = {p} (R drawn from ids seen in training), layer "
                          f"{L - 1} heads: {_fmt_heads(s, L - 1)} (max **{max(s[L - 1]):.3f}**)")
+    if L >= 1 and 1 + 2 * 50 <= model.cfg.n_ctx:
+        from .scores import induction_scores
+
+        s = _rounded(induction_scores(model, 50, 10, 0))
+        numbers["induction_scores_arena_50"] = s
+        lines.append(f"- induction scores by ARENA's recipe (|R| = 50, batch 10, R uniform over every non-special id, "
+                     f"never-trained ones included), layer {L - 1} heads: {_fmt_heads(s, L - 1)} (max "
+                     f"**{max(s[L - 1]):.3f}**)")
     if L >= 2:
         onset = induction_onset(metrics, 0.4)
         numbers["induction_onset_step"] = onset["step"] if onset else None
@@ -200,9 +210,11 @@ def card_results(model, metrics, summary, corpus) -> tuple[list[str], dict]:
                        bigram_entropy_val=fit_val.bigram_entropy, direct_path_kl_val=fit_val.weighted_kl)
         lines.append(f"- corpus bigram entropy H(next | current): training split **{fit.bigram_entropy:.4f}**, "
                      f"validation split (in-sample) {fit_val.bigram_entropy:.4f} nats/token")
+        numbers["argmax_agreement_train"] = fit.argmax_agreement
         lines.append(f"- direct path vs the bigrams (frequency-weighted KL per token): **{fit.weighted_kl:.4f}** "
-                     f"nats on the training split, {fit_val.weighted_kl:.4f} on the validation split; its argmax "
-                     f"agrees with the corpus's most likely next token for {fit.argmax_agreement:.1%} of tokens")
+                     f"nats on the training split, {fit_val.weighted_kl:.4f} on the validation split; on the whole "
+                     f"training split ({fit.n_tokens:,} bigrams) its argmax agrees with the split's most frequent next "
+                     f"token for **{fit.argmax_agreement:.1%}** of tokens")
     return lines, numbers
 
 

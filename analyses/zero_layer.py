@@ -189,8 +189,11 @@ def zero_layer_study(model, tokens, seq_len: int | None = None, n_windows: int =
 
 def plot_bigrams(model, tokens, n: int = 24, ax=None, table: BigramTable | None = None):
     """Side-by-side heatmaps over the `n` most frequent tokens: corpus P(next | current) and softmax(W_E W_U)
-    restricted to those rows (renormalised over the shown columns, so the two are comparable). Returns the figure."""
+    restricted to those rows (renormalised over the shown columns, so the two are comparable), on one colour
+    scale with one colour bar; whitespace in the token labels shown as `⏎`, `␣`, `\\t`. Returns the figure."""
     import matplotlib.pyplot as plt
+
+    from .labels import token_labels
 
     table = table if table is not None else bigram_table(tokens, model.cfg.d_vocab)
     ids = torch.argsort(table.row_totals(), descending=True)[:n]
@@ -201,15 +204,17 @@ def plot_bigrams(model, tokens, n: int = 24, ax=None, table: BigramTable | None 
             P[pos[a], pos[b]] += c
     P = P / P.sum(-1, keepdim=True).clamp_min(1e-12)
     Q = direct_path_logits(model, ids)[:, ids].softmax(-1)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5)) if ax is None else (ax[0].figure, ax)
-    labels = [token_str(model, int(t)) for t in ids]
+    side = max(4.5, 0.19 * len(ids) + 2.0)
+    fig, axes = (plt.subplots(1, 2, figsize=(2 * side + 1.2, side + 0.3), layout="constrained") if ax is None
+                 else (ax[0].figure, ax))
+    labels = token_labels(model, ids.tolist(), max_len=10)
+    vmax = float(max(P.max(), Q.max()))
     for a, M, title in ((axes[0], P, "corpus P(next | current)"), (axes[1], Q, "direct path softmax(W_E W_U)")):
-        im = a.imshow(M.numpy(), cmap="Blues", vmin=0)
-        a.set_title(title)
-        a.set_xticks(range(len(ids)), labels, rotation=90, fontsize=7)
-        a.set_yticks(range(len(ids)), labels, fontsize=7)
+        im = a.imshow(M.numpy(), cmap="Blues", vmin=0, vmax=vmax)
+        a.set_title(title, fontsize=10)
+        a.set_xticks(range(len(ids)), labels, rotation=90, fontsize=9)
+        a.set_yticks(range(len(ids)), labels, fontsize=9)
         a.set_xlabel("next token")
         a.set_ylabel("current token")
-        fig.colorbar(im, ax=a, fraction=0.046)
-    fig.tight_layout()
+    fig.colorbar(im, ax=list(axes), shrink=0.8, label="probability (rows renormalised over the shown tokens)")
     return fig

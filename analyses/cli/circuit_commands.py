@@ -37,6 +37,7 @@ def _heads_args(p: argparse.ArgumentParser) -> None:
 
 def run_heads(args) -> int:
     import math
+    import textwrap
 
     from models.model import head_label
 
@@ -67,27 +68,40 @@ def run_heads(args) -> int:
         verdict = [v for v, ok in (("induction", r.positive), ("previous-token", p.positive),
                                    ("copying", r.ov_copying is not None and r.ov_copying >= COPYING_THRESHOLD)) if ok]
         rec = {"head": head_label(r.layer, r.head), "layer": r.layer, "index": r.head, "induction": r.induction,
-               "prefix_matching": r.prefix_matching, "previous_token": p.previous, "current_token": p.current,
-               "first_token": p.first, "copying_behavioural": r.copying, "ov_copying": r.ov_copying,
+               "induction_arena": r.induction_arena, "prefix_matching": r.prefix_matching,
+               "previous_token": p.previous, "current_token": p.current, "first_token": p.first,
+               "copying_behavioural": r.copying, "ov_copying": r.ov_copying,
                "k_composition_partner": head_label(*r.partner) if r.partner else None,
                "k_composition_excess": r.k_composition, "qk_same_matching": r.qk_same_matching,
                "mechanism": r.mechanism, "verdict": verdict}
         heads.append(rec)
-        rows.append([rec["head"], r.induction, r.prefix_matching, p.previous, r.copying, r.ov_copying,
-                     ", ".join(verdict) or "—"])
+        rows.append([rec["head"], r.induction, r.induction_arena, r.prefix_matching, p.previous, r.copying,
+                     r.ov_copying, ", ".join(verdict) or "—"])
     obj = {"model": loaded.name, "heads": heads, "induction_heads": [head_label(*h) for h in ind.heads],
            "previous_token_heads": [head_label(*h) for h in prev.heads],
            "thresholds": {**ind.thresholds, **prev.thresholds, "OV copying score (Σλ/Σ|λ|)": COPYING_THRESHOLD},
            "previous_token_text": text_about}
+    pool = ("all non-special ids" if vocab is None else
+            f"the {vocab.numel()} ids of {'--text-file' if args.text_file else 'the training split'}")
+    obj["thresholds"] = {k.replace("the given ids", pool): v for k, v in obj["thresholds"].items()}
+    obj["induction_probe"] = f"[BOS] + R + R, |R| = 50, batch 10, R from {pool}"
+    obj["induction_arena_probe"] = "[BOS] + R + R, |R| = 50, batch 10, R from all non-special ids (ARENA's recipe)"
     crit = "; ".join(f"{k} ≥ {v}" for k, v in obj["thresholds"].items())
+    notes = [("induction", "attention from each token of the second copy of [BOS] + R + R (|R| = 50, 10 sequences) "
+              f"to the token after its first occurrence; R from {pool}"),
+             ("ind. ARENA", "the same with R uniform over all non-special ids (ARENA's recipe)"),
+             ("prefix-match", "the same on 25 random tokens repeated 4 times (Olsson et al.)"),
+             ("prev-token", "attention to position i-1 on " + ("random tokens" if text is None else "text")),
+             ("copy behav.", "Olsson's behavioural copying score in [-1, 1]: +1 raises exactly the attended token, "
+              "about -0.92 raises tokens wherever it attends, -1 lowers them"),
+             ("OV copying", "Σλ/Σ|λ| over the eigenvalues of W_E W_OV W_U, in [-1, 1]")]
     text_out = "\n".join([
-        table(["head", "induction", "prefix-match", "prev-token", "copying", "OV copying", "verdict"], rows), "",
+        table(["head", "induction", "ind. ARENA", "prefix-match", "prev-token", "copy behav.", "OV copying",
+               "verdict"], rows), "",
         f"induction heads: {', '.join(obj['induction_heads']) or 'none'}; previous-token heads: "
-        f"{', '.join(obj['previous_token_heads']) or 'none'}",
-        "induction/prefix-match: attention to the token after the current token's earlier occurrence on repeated "
-        "random tokens; prev-token: attention to i-1 on " + ("random tokens" if text is None else "text") +
-        "; copying: Olsson's behavioural copying score; OV copying: Σλ/Σ|λ| of W_E W_OV W_U.",
-        f"verdicts: {crit}"])
+        f"{', '.join(obj['previous_token_heads']) or 'none'}", ""]
+        + [textwrap.fill(f"{k:<13} {v}", 110, subsequent_indent=" " * 14) for k, v in notes]
+        + ["", textwrap.fill(f"verdicts: {crit}", 110, subsequent_indent="  ")])
     emit(args, obj, text_out)
     return 0
 

@@ -87,6 +87,8 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", type=positive_int, default=64, help="validation windows of n_ctx tokens (default 64)")
     p.add_argument("--text-file", metavar="FILE",
                    help="validation text (default: the validation split of the model's training corpus)")
+    p.add_argument("--html", action="store_true",
+                   help="also write report.html: one self-contained page, figures embedded, attention interactive")
     add_common(p)
 
 
@@ -112,12 +114,16 @@ def run_report(args) -> int:
     if args.text_file:
         tokens = read_text_tokens(loaded.model, args.text_file)
     report = build_report(target, out, tokens=tokens, sections=sections, n_windows=args.windows, seed=args.seed,
-                          progress=not args.no_progress, run_dir=loaded.folder, num_threads=args.threads or 1)
+                          progress=not args.no_progress, run_dir=loaded.folder, num_threads=args.threads or 1,
+                          html=args.html)
     figs = [str(f) for f in report.files if f.suffix == ".png"]
     obj = {"model": loaded.name, "report": str(report.path), "sections": report.sections, "failed": report.failed,
            "seconds": report.seconds, "figures": figs}
-    text = (f"wrote {report.path} ({len(report.sections)} sections, {len(figs)} figures, "
-            f"{sum(report.seconds.values()):.0f} s)")
+    pages = [f for f in report.files if f.suffix == ".html"]
+    if pages:
+        obj["html"] = str(pages[0])
+    text = (f"wrote {report.path}{''.join(f' and {p}' for p in pages)} ({len(report.sections)} sections, "
+            f"{len(figs)} figures, {sum(report.seconds.values()):.0f} s)")
     emit(args, obj, text)
     if report.failed:
         for k, v in report.failed.items():
@@ -135,36 +141,6 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
-def _plot_pattern(pattern, labels, titles):
-    """One heatmap per head: rows query (destination) tokens, columns key (source) tokens."""
-    import math
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = len(titles)
-    cols = min(n, 4)
-    rows = math.ceil(n / cols)
-    P = len(labels)
-    size = max(3.0, min(9.0, 0.22 * P + 1.5)) if n == 1 else max(2.6, min(5.0, 0.12 * P + 1.2))
-    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.axis("off")
-    for ax, pat, title in zip(axes.flat, pattern, titles):
-        im = ax.imshow(pat, cmap="viridis", vmin=0, vmax=1)
-        ax.set_title(title, fontsize=10)
-        if P <= 48:
-            fs = 7 if n == 1 else 5
-            ax.set_xticks(range(P), labels, rotation=90, fontsize=fs)
-            ax.set_yticks(range(P), labels, fontsize=fs)
-        ax.set_xlabel("key (source)", fontsize=8)
-        ax.set_ylabel("query (destination)", fontsize=8)
-    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
-    return fig
-
-
 def run_attention(args) -> int:
     import torch
 
@@ -180,18 +156,22 @@ def run_attention(args) -> int:
     if not args.text:
         raise UsageError("--text is empty")
     tokens = model.to_tokens(args.text)  # [1, pos], BOS first, truncated to n_ctx
-    labels = [s.replace("\n", "⏎") for s in model.to_str_tokens(tokens[0])]
-    from models.model import head_label
+    from ..labels import token_labels
 
+    labels = token_labels(model, tokens[0].tolist(), max_len=10)
     from ..scores import attention_patterns
 
     with torch.no_grad():
         pat = attention_patterns(model, tokens)[:, 0]  # [layer, head, q, k]
     heads = heads or [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
-    fig = _plot_pattern([pat[l, h].numpy() for l, h in heads], labels, [head_label(l, h) for l, h in heads])
-    save_figure(fig, out, bbox_inches="tight")
+    from models.model import head_label
+
+    from ..plots import plot_token_patterns
+
+    fig = plot_token_patterns([pat[l, h].numpy() for l, h in heads], labels, [head_label(l, h) for l, h in heads])
+    save_figure(fig, out)
     lines = [f"wrote {out} ({len(heads)} head(s), {len(labels)} tokens)"]
-    obj = {"out": str(out), "tokens": labels, "heads": {}}
+    obj = {"out": str(out), "tokens": list(model.to_str_tokens(tokens[0])), "heads": {}}
     for l, h in heads:
         p = pat[l, h]
         top = p.argmax(-1).tolist()

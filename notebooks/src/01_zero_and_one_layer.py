@@ -30,18 +30,20 @@ import analyses
 import circuits
 import models
 from analyses import plots
+from analyses.util import windows
 from models.data import build_token_corpus
 
 torch.set_num_threads(1)  # these tensors are small: one thread is fastest, and polite on a shared CPU
-plt.rcParams["figure.dpi"] = 72
+plt.rcParams["figure.dpi"] = 90  # 7-pt labels legible at the saved size
 
 m0 = models.load("attn-only-0l")
 m1 = models.load("attn-only-1l")
 print(m1.cfg.n_layers, "layer,", m1.cfg.n_heads, "heads, d_model", m1.cfg.d_model, "| d_vocab", m1.cfg.d_vocab,
       "| positions:", m1.cfg.positional_embedding_type)
 
-# validation text: the held-out split of the training corpus (tokenized once, cached on disk)
+# the training split (what the models were fitted to) and the held-out validation split (tokenized once, cached)
 corpus = build_token_corpus("stdlib", m1.tokenizer)
+train_text = torch.from_numpy(corpus.train[:].astype("int64"))
 val = torch.from_numpy(corpus.val[:300_000].astype("int64"))
 seen = torch.from_numpy(corpus.seen_ids())  # ids that occur in the corpus: random probes are drawn from these
 print(f"{val.numel():,} validation tokens; {seen.numel()} of {m1.cfg.d_vocab} ids occur in the corpus")
@@ -51,15 +53,19 @@ print(f"{val.numel():,} validation tokens; {seen.numel()} of {m1.cfg.d_vocab} id
 #
 # With no attention, `logits = one_hot(t) W_E W_U`: the prediction depends on the current token only. The best
 # such model is the corpus's bigram table `log P(next | current)`; `W_E W_U` has rank ≤ d_model, so it can only
-# approximate it. `zero_layer_study` measures the gap as a frequency-weighted KL divergence between the corpus's
-# bigram rows and `softmax(W_E W_U)` rows, and the model's own loss beside the bigram entropy (its floor).
+# approximate it. `direct_path_fit` measures the gap as a frequency-weighted KL divergence between the bigram rows
+# of the **whole training split** (the text the model was fitted to; the same definition as the model card,
+# README and REPRODUCTION) and `softmax(W_E W_U)` rows, and the direct path's loss beside the bigram entropy (its
+# floor, in-sample). The model's loss on held-out validation windows comes beside it.
 
 # %%
-study = analyses.zero_layer_study(m0, val)
-print(study)
+fit = analyses.direct_path_fit(m0, train_text)
+print(fit)
+val_windows = windows(val, m0.cfg.n_ctx, 64, bos=m0.tokenizer.bos_token_id)
+print(f"validation loss of attn-only-0l on 64 held-out windows: {float(m0(val_windows, return_type='loss')):.3f}")
 
 # %%
-fig = analyses.zero_layer.plot_bigrams(m0, val, n=20)
+fig = analyses.zero_layer.plot_bigrams(m0, train_text, n=20)
 
 # %% [markdown]
 # The two heatmaps agree closely: the zero-layer model has learnt the bigram statistics of Python code (after
@@ -113,22 +119,24 @@ for w in [" self", " return", " import", "(", " if"]:
 # %% [markdown]
 # ## Attention on real code
 #
-# The patterns of every head on a short snippet (rows: destination/query, columns: source/key). Heads with a fixed
-# shape (previous token, first token) and content heads (scattered, token-dependent) look different.
+# The patterns of every head on a short snippet, as an interactive CircuitsVis view (pick a head, hover a token to
+# see where it attends; the JavaScript is inlined, so it works offline), and each head's **direct logit
+# attribution** per token: how much its output raises the logit of the token that actually comes next (pick a
+# head; in a one-layer attention-only model these terms and the direct path sum to the logits). Heads with a fixed
+# shape (previous token, first token) and content heads (scattered, token-dependent) look different. Below the
+# interactive views, the same numbers as static figures (what a code host shows).
 
 # %%
+from analyses import interactive
+from analyses.labels import token_labels
+
 snippet = "def add(self, other):\n    return self.value + other.value\n\nx = add(a, b)\ny = add(c, d)\n"
-tokens = m1.to_tokens(snippet)
-labels = m1.to_str_tokens(tokens[0])
-pat = analyses.attention_patterns(m1, tokens)[0, 0]  # [head, q, k]
-fig, axes = plt.subplots(2, m1.cfg.n_heads // 2, figsize=(3.0 * m1.cfg.n_heads // 2, 6.2))
-for hh, ax in enumerate(axes.flat):
-    ax.imshow(pat[hh], cmap="viridis", vmin=0, vmax=1)
-    ax.set_title(f"L0H{hh}", fontsize=9)
-    ax.set_xticks([])
-    ax.set_yticks([])
-fig.suptitle(f"attn-only-1l on a {len(labels)}-token snippet")
-plt.show()
+tokens = m1.to_tokens(snippet)[0]
+dla, head_names = interactive.direct_logit_attribution(m1, tokens)
+interactive.show(
+    interactive.attention_view(m1, tokens),
+    interactive.token_values_view(token_labels(m1, tokens[1:].tolist()), dla, head_names,
+                                  "direct logit attribution of each head to each next token"))
 
 # %% [markdown]
 # ## Skip-trigrams and their bugs

@@ -32,7 +32,7 @@ from models.data import build_token_corpus
 
 torch.set_num_threads(1)  # small tensors: one thread is fastest, and polite on a shared CPU
 torch.set_grad_enabled(False)  # analysis only: no autograd graphs
-plt.rcParams["figure.dpi"] = 72
+plt.rcParams["figure.dpi"] = 90  # 7-pt labels legible at the saved size
 
 model = models.load("attn-only-2l")
 cfg = model.cfg
@@ -48,25 +48,47 @@ print("validation loss", round(float(model(windows, return_type="loss")), 3), "n
 # %% [markdown]
 # ## Attention patterns on a repeated random sequence
 #
-# The standard probe is `[BOS] + R + R` with `R` random tokens. On the second copy, an induction head shows a
-# stripe `|R| − 1` positions below the diagonal (each token attends to the token *after* its first occurrence);
-# a previous-token head shows the sub-diagonal.
+# The standard probe is `[BOS] + R + R` with `R` random tokens (|R| = 50, drawn as for the induction score below).
+# On the second copy, an induction head shows a stripe `|R| − 1` positions below the diagonal (each token attends
+# to the token *after* its first occurrence); a previous-token head shows the sub-diagonal.
 
 # %%
-fig = plots.plot_attention_patterns(model, seq_len=24)
+fig = plots.plot_attention_patterns(model, tokens_from=seen)
+
+# %% [markdown]
+# The same on real code repeated twice, as interactive CircuitsVis views (pick a head, hover a token to see where it
+# attends; offline, the JavaScript is inlined), with each head's **direct logit attribution** per token: how much
+# its output raises the logit of the token that comes next. On the second copy the induction heads attend to the
+# token after the first occurrence and push exactly that token. The static figures below them are the same numbers.
+
+# %%
+from analyses import interactive
+from analyses.labels import token_labels
+
+code = "def area(self):\n    return self.width * self.height\n"
+tokens = model.to_tokens(code + code)[0]
+dla, head_names = interactive.direct_logit_attribution(model, tokens)
+interactive.show(
+    interactive.attention_view(model, tokens),
+    interactive.token_values_view(token_labels(model, tokens[1:].tolist()), dla, head_names,
+                                  "direct logit attribution of each head to each next token"))
 
 # %% [markdown]
 # ## Head scores
 #
 # The same thing as numbers (`analyses.scores`, one formula per function): the ARENA **induction score** (mean
-# attention on that stripe, |R| = 50), Olsson's **prefix-matching score** (25 tokens × 4), and the
-# **previous-token score** (mean attention to i−1 on real text).
+# attention on that stripe, |R| = 50, 10 sequences) with `R` drawn from the ids seen in training and, beside it,
+# by ARENA's own recipe (`R` uniform over every non-special id: the 85 ids this BPE never saw in training make it
+# lower), Olsson's **prefix-matching score** (25 tokens × 4), and the **previous-token score** (mean attention to
+# i−1 on real text).
 
 # %%
 ind = analyses.induction_scores(model, tokens_from=seen)
+ind_arena = analyses.induction_scores(model)
 pm = analyses.prefix_matching_scores(model, tokens_from=seen)
 prev = analyses.previous_token_scores(model, windows[:8])
-fig = plots.plot_score_panels({"induction": ind, "prefix matching": pm, "previous token (text)": prev})
+fig = plots.plot_score_panels({"induction (seen ids)": ind, "induction (ARENA: all ids)": ind_arena,
+                               "prefix matching": pm, "previous token (text)": prev})
 
 # %% [markdown]
 # `analyses.detect` turns these into verdicts, with the mechanistic evidence from the weights beside the
@@ -123,17 +145,22 @@ else:  # no pair passed the thresholds: take the strongest K-composition
 kc = circuits.k_composition_circuit(model, ind_head, prev_head)  # [d_vocab, d_vocab], factored
 ov = circuits.full_ov_circuit(model, *ind_head)
 name = lambda lh: f"L{lh[0]}H{lh[1]}"
-fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+fig, axes = plt.subplots(1, 2, figsize=(10, 5.2), layout="constrained")
+circle = torch.linspace(0, 2 * torch.pi, 200)
 for ax, fm, title in ((axes[0], kc, f"K-composition QK circuit {name(ind_head)} ∘ {name(prev_head)}"),
                       (axes[1], ov, f"full OV circuit of {name(ind_head)}")):
     z = circuits.eigenvalues(fm).cpu()
     z = z / z.abs().max()
+    ax.plot(circle.cos(), circle.sin(), color="0.85", lw=0.8)
     ax.scatter(z.real, z.imag, s=14)
     ax.axvline(0, color="0.8")
     ax.axhline(0, color="0.8")
+    ax.set_xlim(-1.1, 1.1)
+    ax.set_ylim(-1.1, 1.1)
     ax.set_aspect("equal")
     ax.set_xlabel("Re λ / max|λ|")
-    ax.set_title(f"{title}\nΣλ/Σ|λ| = {float(circuits.copying_score(fm)):+.2f}", fontsize=9)
+    ax.set_ylabel("Im λ / max|λ|")
+    ax.set_title(f"{title}\nΣλ/Σ|λ| = {float(circuits.copying_score(fm)):+.2f}", fontsize=10)
 plt.show()
 
 # %% [markdown]
@@ -171,13 +198,14 @@ print(ranking.markdown(n=8))
 
 # %%
 rep = analyses.repeated_tokens(model, 60, 2, batch=8, tokens_from=seen)
-abl_text = analyses.head_ablation_losses(model, windows[:8])
+abl_text = analyses.head_ablation_losses(model, windows)  # all 16 windows, spread over the validation text
 abl_rep = analyses.head_ablation_losses(model, rep)
 labels = [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
-fig, ax = plt.subplots(figsize=(10, 3.4))
+fig, ax = plt.subplots(figsize=(10, 3.6), layout="constrained")
 x = torch.arange(len(labels))
-ax.bar(x - 0.2, abl_text.delta.flatten(), 0.4, label="validation text")
-ax.bar(x + 0.2, abl_rep.delta.flatten(), 0.4, label="repeated random tokens")
+for r, dx, what in ((abl_text, -0.2, "validation text"), (abl_rep, 0.2, "repeated random tokens")):
+    ax.bar(x + dx, r.delta.flatten(), 0.4, yerr=r.se.flatten(), capsize=2,
+           label=f"{what} ({r.n_sequences} sequences, ± 1 s.e.)")
 ax.set_xticks(x, labels, rotation=90)
 ax.set_ylabel("loss increase (nats)")
 ax.set_title("Pattern-preserving ablation of each head")

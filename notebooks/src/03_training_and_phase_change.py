@@ -20,6 +20,7 @@ import warnings
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
 
 # %%
+import json
 import tempfile
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from models.data import build_token_corpus
 from models.train import TrainConfig, train
 
 torch.set_num_threads(1)  # small tensors: one thread is fastest, and polite on a shared CPU
-plt.rcParams["figure.dpi"] = 72
+plt.rcParams["figure.dpi"] = 90  # 7-pt labels legible at the saved size
 
 # %% [markdown]
 # ## Train a small model live
@@ -79,28 +80,35 @@ fig = plot_training_dynamics(dyn2)
 
 # %%
 dyn1 = analyses.training_dynamics(workdir / "live-1l")
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharex=True, layout="constrained")
 for dyn, label in ((dyn2, "2 layers"), (dyn1, "1 layer")):
     t, v = zip(*[(t, v) for t, v in dyn.val_loss if t > 0])
     axes[0].plot(t, v, label=label)
-    t, s = zip(*dyn.best_induction)
-    axes[1].plot([max(x, 1) for x in t], s, marker="o", ms=3, label=label)
-axes[0].set_title("validation loss")
-axes[1].set_title("best induction score (period 20)")
+    t, s = zip(*[(t, s) for t, s in dyn.best_induction if t > 0])
+    axes[1].plot(t, s, marker="o", ms=3, label=label)
+axes[0].set_title("validation loss (nats per token)")
+axes[0].set_ylabel("loss (nats)")
+axes[1].set_title("best induction score ([BOS] + R + R, |R| = 20)")
+axes[1].set_ylabel("induction score")
 axes[1].axhline(0.4, color="tab:red", ls="--", lw=1)
 for ax in axes:
     ax.set_xscale("log")
-    ax.set_xlabel("tokens seen")
+    ax.set_xlabel("tokens seen (log scale)")
     ax.legend()
 plt.show()
+print("loss bump:", dyn2.bump, "(2 layers);", dyn1.bump, "(1 layer)")  # None: see below
 
 # %% [markdown]
 # The 2-layer model sits on a plateau, then its loss falls off a cliff exactly when a layer-1 head's induction
-# score jumps; the 1-layer model, same data and budget, never gets there. The trained model's attention on a
-# repeated sequence shows the two heads of the circuit:
+# score jumps; the 1-layer model, same data and budget, never gets there. On this synthetic task induction is the
+# first thing there is to learn, so the cliff *is* the model's first descent from its initial plateau (the uniform
+# loss, ln 259 ≈ 5.56). `loss_bump` skips that first descent on purpose (every model falls off its initial plateau,
+# zero-layer ones included), so it answers "no bump" for both runs here; the formation window, shaded above, is
+# the marker to read. On natural text (the zoo run below) the phase change comes after the first descent, and the
+# bump is found. The trained model's attention on a repeated sequence shows the two heads of the circuit:
 
 # %%
-fig = plots.plot_attention_patterns(live2, seq_len=20)
+fig = plots.plot_attention_patterns(live2)
 
 # %% [markdown]
 # ## The zoo's `attn-only-2l`: a run on real text
@@ -123,7 +131,8 @@ fig = plot_training_dynamics(dyn)
 #
 # Each `checkpoints/step-N/` is an ordinary model folder (`models.load` reads it). We measure the same quantities
 # ourselves on 512 validation windows: the ICL score (the paper's loss at token 500 minus token 50 of 512, scaled
-# to the model's context), and each layer-1 head's induction score on `[BOS] + R + R`, |R| = 50.
+# to the model's context) with its standard error over the windows, and each layer-1 head's induction score on
+# `[BOS] + R + R`, |R| = 50, R drawn from the ids seen in training.
 
 # %%
 final = models.load("attn-only-2l")
@@ -133,34 +142,40 @@ n_ctx, bos = final.cfg.n_ctx, final.tokenizer.bos_token_id
 windows = windows_of(corpus.val, n_ctx, 512, bos=bos)  # evenly spaced over the validation text
 early, late = analyses.icl_positions(n_ctx)  # tokens 50 and 500 of 512, scaled to the context
 
+tokens_per_step = json.loads((run / "train_config.json").read_text())["batch_size"] * n_ctx
 rows = []
 for step_dir in sorted((run / "checkpoints").glob("step-*")):
     m = models.load(step_dir)
     m.tokenizer = final.tokenizer
     step = int(step_dir.name.split("-")[1])
     with torch.no_grad():
-        icl = analyses.in_context_learning_score(m, windows, early, late)
+        diff = analyses.in_context_learning_differences(m, windows, early, late)
+        icl, se = float(diff.mean()), float(diff.std() / len(diff) ** 0.5)
         ind = analyses.induction_scores(m, seq_len=50, tokens_from=seen)
         loss = float(m(windows[:64], return_type="loss"))
-    rows.append((step, loss, icl, ind[1]))
-    print(f"step {step:>5}: loss {loss:.3f}  ICL score {icl:+.3f}  best layer-1 induction {float(ind[1].max()):.2f}")
+    rows.append((step * tokens_per_step, loss, icl, se, ind[1]))
+    print(f"step {step:>5}: loss {loss:.3f}  ICL score {icl:+.3f} ± {se:.3f}  best layer-1 induction "
+          f"{float(ind[1].max()):.2f}")
 
 # %%
-steps = [max(r[0], 1) for r in rows]
-fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-axes[0].plot(steps, [r[1] for r in rows], marker="o")
-axes[0].set_title("validation loss (nats)")
-axes[1].plot(steps, [r[2] for r in rows], marker="o", color="tab:purple")
+rows = [r for r in rows if r[0] > 0]  # step 0 has no place on a log axis
+tokens = [r[0] for r in rows]
+fig, axes = plt.subplots(1, 3, figsize=(15, 4.0), sharex=True, layout="constrained")
+axes[0].plot(tokens, [r[1] for r in rows], marker="o")
+axes[0].set_title("loss on 64 validation windows (nats)")
+axes[1].errorbar(tokens, [r[2] for r in rows], yerr=[r[3] for r in rows], marker="o", capsize=3,
+                 color="tab:purple", label="± 1 standard error (512 windows)")
 axes[1].axhline(0, color="0.8")
 axes[1].set_title(f"ICL score: loss(token {late}) − loss(token {early})")
+axes[1].legend(fontsize=8)
 for h in range(final.cfg.n_heads):
-    axes[2].plot(steps, [float(r[3][h]) for r in rows], marker=".", label=f"L1H{h}")
+    axes[2].plot(tokens, [float(r[4][h]) for r in rows], marker=".", label=f"L1H{h}")
 axes[2].axhline(0.4, color="tab:red", ls="--", lw=1)
-axes[2].set_title("layer-1 induction scores")
-axes[2].legend(fontsize=7, ncol=2)
+axes[2].set_title("layer-1 induction scores (|R| = 50)")
+axes[2].legend(fontsize=8, ncol=2)
 for ax in axes:
     ax.set_xscale("log")
-    ax.set_xlabel("training step")
+    ax.set_xlabel("tokens seen (log scale)")
 plt.show()
 
 # %% [markdown]

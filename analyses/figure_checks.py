@@ -1,0 +1,139 @@
+"""What can be checked on a rendered matplotlib figure without looking at it: `figure_problems(fig)`.
+
+A figure passes when
+- nothing is drawn outside the canvas: the figure's tight bounding box (`Figure.get_tightbbox`, every artist
+  that takes part in layout) lies inside the saved area, and so does every visible text;
+- no two visible texts overlap (tick labels, titles, axis labels, annotations, legend entries, suptitle), and no
+  text of one panel runs into another panel's plotting area;
+- every heatmap (an `AxesImage` or `QuadMesh`) has a colourbar: one drawn for it, or a colourbar of the same
+  colour map and limits (a colour scale shared by several panels);
+- every text is at least `min_fontsize` points at the saved size.
+
+The report's figure test runs it on every figure a report writes; the notebooks' and CLI's figures are tested too.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+#: Overlaps smaller than this many pixels in both directions are glyph padding, not overprinting.
+SLACK_PX = 1.0
+
+
+def _texts(fig):
+    """(text artist, owning axes or None, role) for every visible, non-empty text of the figure."""
+    out = []
+
+    def add(t, ax, role):
+        if t is not None and t.get_visible() and t.get_text().strip():
+            out.append((t, ax, role))
+
+    for t in fig.texts:
+        add(t, None, "figure text")
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        for t in (ax.title, ax._left_title, ax._right_title):
+            add(t, ax, "title")
+        if ax.axison:
+            for axis, name in ((ax.xaxis, "x"), (ax.yaxis, "y")):
+                add(axis.label, ax, f"{name} label")
+                add(axis.get_offset_text(), ax, f"{name} offset")
+                lo, hi = sorted(ax.get_xlim() if name == "x" else ax.get_ylim())
+                for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                    loc = tick.get_loc()
+                    if loc is None or not (lo - 1e-9 * (hi - lo) <= loc <= hi + 1e-9 * (hi - lo)):
+                        continue  # matplotlib does not draw ticks outside the view limits
+                    add(tick.label1, ax, f"{name} tick")
+                    add(tick.label2, ax, f"{name} tick")
+        for t in ax.texts:
+            add(t, ax, "annotation")
+        leg = ax.get_legend()
+        if leg is not None and leg.get_visible():
+            for t in leg.get_texts():
+                add(t, ax, "legend")
+            add(leg.get_title(), ax, "legend")
+    for leg in fig.legends:
+        for t in leg.get_texts():
+            add(t, None, "legend")
+    return out
+
+
+def _boxes(artists, renderer) -> np.ndarray:
+    return np.array([[b.x0, b.y0, b.x1, b.y1] for b in (a.get_window_extent(renderer) for a in artists)])
+
+
+def _overlap(a, b) -> bool:
+    return (min(a[2], b[2]) - max(a[0], b[0]) > SLACK_PX) and (min(a[3], b[3]) - max(a[1], b[1]) > SLACK_PX)
+
+
+def _describe(t, role) -> str:
+    s = t.get_text().replace("\n", " ")
+    return f"{role} {s[:40]!r}"
+
+
+def _has_colourbar(m, bars) -> bool:
+    if getattr(m, "colorbar", None) is not None:
+        return True
+    lim = m.get_clim()
+    for cb in bars:
+        same_map = cb.cmap.name == m.get_cmap().name
+        if same_map and np.allclose(cb.mappable.get_clim(), lim, rtol=1e-6, atol=1e-12):
+            return True
+    return False
+
+
+def figure_problems(fig, min_fontsize: float = 7.0) -> list[str]:
+    """Problems of a figure as it would be saved (no `bbox_inches="tight"`), one sentence each; [] when none.
+    Draws the figure once (layout engines run then)."""
+    from matplotlib.collections import QuadMesh
+    from matplotlib.image import AxesImage
+
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    W, H = fig.bbox.width, fig.bbox.height
+    problems = []
+    tb = fig.get_tightbbox(r)  # inches
+    dpi = fig.dpi
+    if tb.x0 * dpi < -SLACK_PX or tb.y0 * dpi < -SLACK_PX or tb.x1 * dpi > W + SLACK_PX or tb.y1 * dpi > H + SLACK_PX:
+        problems.append(f"the tight bounding box ({tb.x0:.2f}, {tb.y0:.2f}, {tb.x1:.2f}, {tb.y1:.2f}) in exceeds "
+                        f"the canvas ({W / dpi:.2f} × {H / dpi:.2f} in)")
+    texts = _texts(fig)
+    if not texts:
+        return problems
+    boxes = _boxes([t for t, _, _ in texts], r)
+    for (t, _, role), b in zip(texts, boxes):
+        if b[0] < -SLACK_PX or b[1] < -SLACK_PX or b[2] > W + SLACK_PX or b[3] > H + SLACK_PX:
+            problems.append(f"{_describe(t, role)} is cut off by the canvas edge")
+        if t.get_fontsize() < min_fontsize - 1e-9:
+            problems.append(f"{_describe(t, role)} is {t.get_fontsize():.1f} pt, below {min_fontsize} pt")
+    # text against text: sort by x so only neighbours in x are compared
+    order = np.argsort(boxes[:, 0])
+    for n, i in enumerate(order):
+        for j in order[n + 1:]:
+            if boxes[j, 0] >= boxes[i, 2] - SLACK_PX:
+                break
+            if _overlap(boxes[i], boxes[j]):
+                (ti, _, ri), (tj, _, rj) = texts[i], texts[j]
+                problems.append(f"{_describe(ti, ri)} overlaps {_describe(tj, rj)}")
+    # text of one panel in another panel's plotting area
+    panels = [ax for ax in fig.axes if ax.get_visible() and (ax.axison or ax.has_data())]
+    pboxes = {ax: ax.get_window_extent(r) for ax in panels}
+    for (t, owner, role), b in zip(texts, boxes):
+        for ax, pb in pboxes.items():
+            if ax is owner:
+                continue
+            if _overlap(b, [pb.x0, pb.y0, pb.x1, pb.y1]):
+                what = "colour bar" if getattr(ax, "_colorbar", None) is not None else f"panel {ax.get_title()!r}"
+                problems.append(f"{_describe(t, role)} runs into the {what}")
+    # heatmaps without a colour scale
+    bars = [ax._colorbar for ax in fig.axes if getattr(ax, "_colorbar", None) is not None]
+    for ax in fig.axes:
+        if getattr(ax, "_colorbar", None) is not None:
+            continue
+        for m in itertools.chain(ax.images, (c for c in ax.collections if isinstance(c, QuadMesh))):
+            if isinstance(m, (AxesImage, QuadMesh)) and not _has_colourbar(m, bars):
+                problems.append(f"heatmap in panel {ax.get_title()!r} has no colour bar")
+    return problems

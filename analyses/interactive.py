@@ -1,0 +1,170 @@
+"""Interactive views through CircuitsVis (Cooney & Nanda, `circuitsvis` on PyPI), offline, each with a static twin.
+
+CircuitsVis ships its React components as one JavaScript bundle (`circuitsvis/dist/cdn/iife.js`). Its own
+`_repr_html_` probes the network (a request to google.com) and, when online, writes HTML that loads the bundle
+from a CDN; here every view inlines the bundle instead, so a page or notebook output needs no network, ever:
+
+- `attention_view(model, tokens)`: every head's attention pattern (`AttentionHeads`: pick a head, hover a token to
+  see where it attends);
+- `token_values_view(labels, values, names)`: one value per token and per series (`ColoredTokensMulti`), e.g.
+  `direct_logit_attribution`, each head's push on the logit of each next token;
+- `html_fragment(views)`: several views sharing one copy of the bundle (the HTML report uses it);
+- `show(*views)`: in a notebook, the interactive views and then their static PNGs (`view.figure()`), so that a code
+  host, which strips scripts, still shows the pictures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from models.model import head_label
+
+
+@lru_cache(maxsize=1)
+def circuitsvis_bundle() -> str:
+    """CircuitsVis' JavaScript bundle (it defines the global `CircuitsVis`), ready to inline in a `<script>`."""
+    import circuitsvis
+
+    src = (Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js").read_text(encoding="utf-8")
+    return src.replace("</script>", "<\\/script>")
+
+
+def _props(props: dict) -> str:
+    """JSON for a script: tensors as lists, and `</` escaped so a token's text cannot end the script."""
+    def plain(v):
+        return v.tolist() if isinstance(v, torch.Tensor) else v
+
+    return json.dumps({k: plain(v) for k, v in props.items() if v is not None}).replace("</", "<\\/")
+
+
+@dataclass
+class View:
+    """One CircuitsVis component with its props; `figure()` draws the static twin with matplotlib."""
+
+    component: str  # a CircuitsVis React component, e.g. "AttentionHeads"
+    props: dict
+    title: str
+    static: object = None  # a function of no arguments returning the static matplotlib figure
+
+    def render(self, element_id: str) -> str:
+        """A `<div>` and the classic `<script>` that renders the view into it (the bundle must be loaded)."""
+        return (f'<div class="circuitsvis-view" id="{element_id}"></div>\n<script>CircuitsVis.render('
+                f'"{element_id}", CircuitsVis.{self.component}, {_props(self.props)});</script>')
+
+    def _repr_html_(self) -> str:
+        return html_fragment([self])
+
+    def figure(self):
+        return self.static() if self.static is not None else None
+
+
+def html_fragment(views: list[View], prefix: str = "circuitsvis") -> str:
+    """HTML holding the CircuitsVis bundle once and every view after it; self-contained (no network)."""
+    import uuid
+
+    tag = uuid.uuid4().hex[:8]
+    body = "\n".join(f"<h4>{v.title}</h4>\n" + v.render(f"{prefix}-{tag}-{i}") for i, v in enumerate(views))
+    return f"<script>{circuitsvis_bundle()}</script>\n{body}"
+
+
+def show(*views: View):
+    """Display `views` in a notebook as one HTML output (the bundle once), then each view's static figure (the
+    picture a code host shows, since it strips scripts)."""
+    import matplotlib.pyplot as plt
+    from IPython.display import HTML, display
+
+    display(HTML(html_fragment(list(views))))
+    for v in views:
+        if v.figure() is not None:
+            plt.show()
+
+
+@torch.no_grad()
+def attention_view(model, tokens, heads: list[tuple[int, int]] | None = None, title: str | None = None) -> View:
+    """Every head's (or `heads`') attention pattern on one sequence `tokens [pos]` or `[1, pos]`, as CircuitsVis'
+    `AttentionHeads`, named `L{layer}H{head}`; token labels from `analyses.labels` (whitespace made visible).
+    Its static twin is `plots.plot_token_patterns` on the same patterns."""
+    from .labels import token_labels
+    from .scores import attention_patterns
+
+    t = torch.as_tensor(tokens).reshape(1, -1)
+    pat = attention_patterns(model, t)[:, 0]  # [layer, head, q, k]
+    heads = heads or [(l, h) for l in range(pat.shape[0]) for h in range(pat.shape[1])]
+    labels = token_labels(model, t[0].tolist())
+    props = {"attention": torch.stack([pat[l, h] for l, h in heads]).round(decimals=4), "tokens": labels,
+             "attentionHeadNames": [head_label(l, h) for l, h in heads], "maxValue": 1.0, "minValue": 0.0}
+
+    def static():
+        from .plots import plot_token_patterns
+
+        return plot_token_patterns([pat[l, h].numpy() for l, h in heads], labels, props["attentionHeadNames"])
+
+    return View("AttentionHeads", props, title or f"Attention patterns on {len(labels)} tokens: pick a head, hover "
+                "a token to see where it attends", static)
+
+
+@torch.no_grad()
+def direct_logit_attribution(model, tokens) -> tuple[torch.Tensor, list[str]]:
+    """Each head's direct push on the logit of the token that comes next: `[pos − 1, n_heads_total]` (float32,
+    CPU; row i is the prediction of token i + 1 made at position i) and the head names. Head h writes
+    `result_h = z_h W_O^h` into the residual stream; its direct logit attribution to token y is
+    `LN_final(result_h) · W_U[:, y]`, the final norm applied at its cached scale (TransformerLens'
+    `ActivationCache.stack_head_results` and `apply_ln_to_stack`)."""
+    t = torch.as_tensor(tokens).reshape(1, -1).to(model.W_E.device)
+    _, cache = model.run_with_cache(t)
+    per_head, names = cache.stack_head_results(layer=-1, return_labels=True)  # [head, 1, pos, d_model]
+    if getattr(model.cfg, "normalization_type", None) is not None:
+        per_head = cache.apply_ln_to_stack(per_head, layer=-1)
+    dirs = model.W_U[:, t[0, 1:]].T  # [pos − 1, d_model]
+    dla = (per_head[:, 0, :-1] * dirs).sum(-1)  # [head, pos − 1]
+    return dla.T.float().cpu(), list(names)
+
+
+def token_values_view(labels: list[str], values: torch.Tensor, names: list[str], title: str) -> View:
+    """Tokens coloured by one of several value series (`values [tokens, series]`), as CircuitsVis'
+    `ColoredTokensMulti`: pick a series, hover a token for all its values. Static twin: a heatmap."""
+    values = torch.as_tensor(values, dtype=torch.float32)
+    props = {"tokens": labels, "values": values.round(decimals=4), "labels": names}
+
+    def static():
+        return plot_token_values(labels, values, names, title)
+
+    return View("ColoredTokensMulti", props, title, static)
+
+
+def plot_token_values(labels: list[str], values: torch.Tensor, names: list[str], title: str):
+    """A `[series, tokens]` heatmap of `values [tokens, series]`, diverging around 0, one colour bar."""
+    import matplotlib.pyplot as plt
+
+    v = torch.as_tensor(values, dtype=torch.float32).T  # [series, tokens]
+    lim = float(v.abs().max()) or 1.0
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.16 * len(labels) + 2.5), 0.35 * len(names) + 1.8),
+                           layout="constrained")
+    im = ax.imshow(v.numpy(), cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, label="value", shrink=0.9)
+    return fig
+
+
+def model_views(model, tokens, text_tokens=None) -> list[View]:
+    """The views of the HTML report: attention on the probe sequence `tokens`, and, given `text_tokens`,
+    attention and each head's direct logit attribution on that text."""
+    out = [attention_view(model, tokens, title="Attention patterns on [BOS] + R + R (the induction probe): pick "
+                          "a head (click locks it), hover a token to see where it attends")]
+    if text_tokens is not None:
+        from .labels import token_labels
+
+        t = torch.as_tensor(text_tokens).reshape(-1)
+        out.append(attention_view(model, t, title=f"Attention patterns on {t.numel()} tokens of validation text"))
+        dla, names = direct_logit_attribution(model, t)
+        out.append(token_values_view(token_labels(model, t[1:].tolist()), dla, names,
+                                     "Direct logit attribution: each head's push on the logit of each token, "
+                                     "from the position before it (pick a head)"))
+    return out
