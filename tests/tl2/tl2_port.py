@@ -9,6 +9,7 @@ test (file::name) in its docstring; tests/tl2/README.md lists them all.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 
@@ -28,13 +29,8 @@ def _text_model():
 
 
 def text_model() -> HookedTransformer:
-    """The shared zoo model, with every hook removed and every TransformerLens switch back at its default."""
-    model = _text_model()
-    model.reset_hooks(including_permanent=True)
-    for name in ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in", "use_attn_in"):
-        if hasattr(model.cfg, name):
-            setattr(model.cfg, name, False)
-    return model.eval()
+    """A fresh copy of the zoo model (a test may break it: an in-place hook edit can overwrite a weight today)."""
+    return copy.deepcopy(_text_model()).eval()
 
 
 def tl_model(**cfg) -> HookedTransformer:
