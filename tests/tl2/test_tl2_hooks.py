@@ -259,3 +259,12 @@ def test_patch_tokens(model):
     edit = functools.partial(hook_fn, new_first_token=new_first)
     out_hook = patched.run_with_hooks("J World!", prepend_bos=False, fwd_hooks=[("hook_tokens", edit)])
     torch.testing.assert_close(out_hook, patched("H World!", prepend_bos=False))
+
+
+@gap(OPT_IN + " (set_use_attn_in refuses grouped-query attention)")
+def test_use_attn_in_with_gqa_raises_error():
+    """test_hooks.py::test_use_attn_in_with_gqa_raises_error (upstream: Qwen2-0.5B from the hub; here a random
+    grouped-query model)."""
+    model = tl_model(n_layers=1, d_model=16, n_heads=4, n_key_value_heads=2, n_ctx=8, d_vocab=11, attn_only=True)
+    with pytest.raises(AssertionError):
+        model.set_use_attn_in(True)
