@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from circuits.checks import as_tokens as checked_tokens
 from models.errors import ToyCircuitsError
 
 
@@ -36,27 +37,23 @@ def device_of(model) -> torch.device:
 
 def as_tokens(model, tokens, name: str = "tokens") -> torch.Tensor:
     """`[batch, pos]` int64 ids on the model's device, from ids (tensor, list, array) or text (a string or a list of
-    strings, tokenized with the model's tokenizer and its default BOS)."""
+    strings, tokenized with the model's tokenizer and its default BOS). Ids go through `circuits.checks.as_tokens`;
+    ids outside the vocabulary are refused here too for models without `validate_tokens` (a TransformerLens bridge)."""
     try:
         if isinstance(tokens, str) or (isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], str)):
             if getattr(model, "tokenizer", None) is None:
                 raise PatchingError(f"{name} is text but the model has no tokenizer; pass token ids")
             tokens = model.to_tokens(tokens)
-        if hasattr(model, "validate_tokens"):
-            return model.validate_tokens(tokens)
-        t = torch.as_tensor(tokens)
+        t = checked_tokens(model, tokens)
     except PatchingError:
         raise
     except (ValueError, TypeError, RuntimeError) as e:
         raise PatchingError(f"{name}: {e}") from None
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise PatchingError(f"{name} must be integer token ids, got dtype {t.dtype}")
-    t = t[None] if t.ndim == 1 else t
     if t.ndim != 2 or t.numel() == 0:
         raise PatchingError(f"{name} must have shape [batch, pos] or [pos], got {tuple(t.shape)}")
     if int(t.min()) < 0 or int(t.max()) >= model.cfg.d_vocab:
         raise PatchingError(f"{name} holds ids outside 0..{model.cfg.d_vocab - 1}")
-    return t.long().to(device_of(model))
+    return t
 
 
 def token_pair(model, clean, corrupt) -> tuple[torch.Tensor, torch.Tensor]:
