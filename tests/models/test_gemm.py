@@ -55,6 +55,7 @@ def test_backward_matches_plain(onednn):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch's forward_ad import
 def test_double_backward_and_forward_ad_match_plain(onednn):
     def second():
         x, W, b = _data(grad=True)
@@ -73,6 +74,7 @@ def test_double_backward_and_forward_ad_match_plain(onednn):
             torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_vmap_and_jacobian_take_the_plain_kernel(onednn, no_onednn):
     x, W, b = _data()
     out = torch.func.vmap(lambda row: gemm.affine(b, row, W))(x[:, None].expand(-1, 40, -1).contiguous())
