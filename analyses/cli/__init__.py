@@ -80,7 +80,8 @@ EPILOG = """examples:
   circuits info old.pth --config config.json     a legacy TransformerLens state dict
 
 MODEL is a zoo name, a saved model folder, or a .pth/.safetensors state dict with --config.
-Exit codes: 0 ok, 2 bad usage or input, 1 internal failure. `circuits COMMAND --help` for each command."""
+Exit codes: 0 ok; 2 bad usage or input (one line); 1 a full disk or I/O error (one line) or an internal failure
+(a traceback); 130 Ctrl-C, 143 SIGTERM; 141 stdout closed early. `circuits COMMAND --help` for each command."""
 
 
 def build_parser(commands=None) -> argparse.ArgumentParser:
