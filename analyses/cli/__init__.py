@@ -42,7 +42,7 @@ _FILE_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, Permis
 _USER_ERRNOS = {errno.EROFS, errno.ENAMETOOLONG, errno.ELOOP}
 _MACHINE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
 #: Options whose text is tokenized: it must be valid UTF-8 (argv bytes that are not arrive surrogate-escaped).
-_TEXT_OPTIONS = ("prompt", "text")
+_TEXT_OPTIONS = ("prompt", "text", "clean", "corrupt", "answer", "wrong")
 
 
 class Terminated(KeyboardInterrupt):

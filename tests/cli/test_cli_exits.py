@@ -132,6 +132,8 @@ def test_invalid_utf8_prompt_and_text(tiny, tmp_path, capsys):
     # argv bytes that are not UTF-8 reach Python surrogate-escaped: "\udcc3" is the byte 0xc3
     one_line(main("attention", tiny, "--text", "\udcc3(", "--out", tmp_path / "a.png", capsys=capsys), 2,
              "--text is not valid UTF-8 (byte 0xc3")
+    one_line(main("patch", tiny, "--clean", "ab", "--corrupt", "a\udcff", "--answer", "c", capsys=capsys), 2,
+             "--corrupt is not valid UTF-8 (byte 0xff at character 1)")
 
 
 def _raise(err: int, name: str):
