@@ -9,10 +9,16 @@ from models import ConfigError, HookedTransformer, HookedTransformerConfig, gemm
 
 
 @pytest.fixture
-def onednn():
+def onednn(monkeypatch):
+    """The oneDNN path, wherever torch has the operator (on CPUs without AVX-512 too: the capability gate and the
+    measurement only decide whether it is worth it, not whether it is right)."""
+    try:
+        x, W, b = _data()
+        gemm._onednn(x, W.t(), b)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        pytest.skip("torch has no working oneDNN linear here")
+    monkeypatch.setattr(gemm, "_decided", {"onednn": "onednn"})
     with gemm.use("onednn"):
-        if gemm.kernel() != "onednn":
-            pytest.skip("oneDNN's float32 linear is not available (or not AVX-512) on this machine")
         yield
 
 
@@ -113,6 +119,20 @@ def test_column_sliced_weight_reaches_onednn_contiguous(onednn, monkeypatch, gra
         torch.testing.assert_close(W.grad[:, 10:50], x.sum(0)[:, None].expand(-1, 40), rtol=1e-5, atol=1e-5)
         assert not W.grad[:, :10].any() and not W.grad[:, 50:].any()
     assert len(seen) == (3 if grad else 1) and all(seen)
+
+
+def test_kernel_choice(monkeypatch):
+    """"auto" takes oneDNN only when capable and measured faster; "onednn" skips the measurement; "plain" never."""
+    monkeypatch.delenv(gemm.ENV, raising=False)
+    for capable, faster, want in ((False, True, "plain"), (True, False, "plain"), (True, True, "onednn")):
+        monkeypatch.setattr(gemm, "_decided", {})
+        monkeypatch.setattr(gemm, "_capable", lambda c=capable: c)
+        monkeypatch.setattr(gemm, "_faster", lambda f=faster: f)
+        assert gemm.kernel() == want
+        with gemm.use("onednn"):
+            assert gemm.kernel() == ("onednn" if capable else "plain")
+        with gemm.use("plain"):
+            assert gemm.kernel() == "plain"
 
 
 def test_bad_setting_is_a_config_error(monkeypatch):
