@@ -10,7 +10,8 @@ kernel of its compiler's CPU linear), so it is used only where all of these hold
 - measured: on that probe oneDNN beat the plain kernel by at least `MIN_GAIN` (so MKL keeps the CPUs where it is
   fastest, such as Intel's with AVX-512);
 - the call fits: a float32 CPU tensor (float64 keeps torch's kernel; so do CUDA and MPS), at least `MIN_ROWS`
-  rows (oneDNN's fixed cost loses below), a contiguous `x`, no functorch transform and no `torch.compile` tracing.
+  rows (oneDNN's fixed cost loses below), a contiguous `x`, no functorch transform, no `torch.compile` tracing and
+  no CPU autocast (which runs `x @ W` in its lower precision).
   A strided weight (a column slice: oneDNN would run its slow reference kernel on it) is copied to a contiguous
   one first, a copy of `d_in · d_out` numbers beside a product of `rows` times as many multiply-adds.
 
@@ -67,7 +68,8 @@ def _capable() -> bool:
 
 def _probe(m: int, k: int, n: int):
     g = torch.Generator().manual_seed(0)
-    return torch.randn(m, k, generator=g), torch.randn(k, n, generator=g), torch.randn(n, generator=g)
+    r = lambda *shape: torch.randn(*shape, generator=g, device="cpu")
+    return r(m, k), r(k, n), r(n)
 
 
 def _faster(repeats: int = 7) -> bool:
@@ -110,7 +112,7 @@ def use(setting: str):
 def _fits(x: torch.Tensor, W: torch.Tensor) -> bool:
     return (x.device.type == "cpu" and x.dtype == torch.float32 and W.dtype == torch.float32
             and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.is_contiguous() and W.dim() == 2
-            and not torch.compiler.is_compiling()
+            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
             and not getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()
             and kernel() == "onednn")
 

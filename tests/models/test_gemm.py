@@ -89,16 +89,16 @@ def test_vmap_and_jacobian_take_the_plain_kernel(onednn, no_onednn):
     assert jac.shape == (64, 40, 48, 40)
 
 
-@pytest.mark.parametrize("case", ["few rows", "float64", "plain switch"])
+@pytest.mark.parametrize("case", ["few rows", "float64", "plain switch", "autocast"])
 def test_calls_that_must_not_use_onednn(onednn, no_onednn, case):
     x, W, b = _data(k=48, n=80)
     if case == "few rows":
         x = x[: gemm.MIN_ROWS - 1]
     elif case == "float64":
         x, W, b = x.double(), W.double(), b.double()
-    ctx = gemm.use("plain") if case == "plain switch" else torch.no_grad()
-    with ctx:
-        torch.testing.assert_close(gemm.affine(b, x, W), torch.addmm(b, x, W))
+    ctx = {"plain switch": gemm.use("plain"), "autocast": torch.autocast("cpu", dtype=torch.bfloat16)}
+    with ctx.get(case, torch.no_grad()):
+        torch.testing.assert_close(gemm.affine(b, x, W), torch.addmm(b, x, W))  # bfloat16 under autocast
 
 
 @pytest.mark.parametrize("grad", [False, True])
