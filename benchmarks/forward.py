@@ -5,16 +5,22 @@
 
 Models: (a) 2-layer attention-only, d_model 128, 4 heads, d_vocab 2048, standard positions, no LayerNorm;
 (b) 2-layer, d_model 512, 8 heads, d_mlp 2048, LayerNorm, d_vocab 2048. Batch 8 x 256 tokens.
-Rows: plain forward (no grad), `run_with_cache` of every hook, `run_with_cache` of the attention patterns
-only (`names_filter`), and every hook with `use_attn_result=False`: our default also caches the per-head
-`hook_result [batch, pos, head, d_model]` (33 MB a layer for model b), which the bridge does not offer, so
-this last row compares the same set of activations. Every number is the median of `--repeats` timed runs
-after warm-up; ours and TransformerLens alternate run by run so that load from other processes hits both alike.
+Rows: plain forward (no grad), `run_with_cache` of every hook, of every hook but the per-head `hook_result`
+(a `names_filter`: `hook_result [batch, pos, head, d_model]`, 33 MB a layer for model b, which the bridge does not
+offer; the row that compares the same set of activations), and of the attention patterns only. Every number is the
+median of `--repeats` timed runs after warm-up; ours and TransformerLens alternate run by run so that load from other
+processes hits both alike. Both wall time and CPU time (`time.process_time`: this process's user + system time,
+which other processes on a shared machine disturb far less; with one thread it is the quiet machine's wall time)
+are reported, each with its ratio.
 
-The floor is a dense 2048 x 2048 @ 2048 x 2048 float32 matmul timed in the same run: "GFLOP/s" of our
-forward counts the dense model FLOPs (2·m·n·k per matmul; attention scores and pattern·v over the full
-pos × pos square even where the causal mask lets a kernel skip work), and "vs floor" is the forward's
-time over the time the floor rate would need for those FLOPs (1.0 = as fast as the big matmul).
+The process first calls `models.allocator.keep_freed_memory()` (glibc keeps freed memory instead of faulting it in
+again each call; both contenders profit alike); `TOY_CIRCUITS_MALLOC=default` runs with glibc's defaults.
+
+The floor is a dense 2048³ float32 product (`machine.gemm_floor`) on torch's default kernel and on oneDNN, timed
+before and after: "GFLOP/s" of our forward counts the dense model FLOPs (2·m·n·k per matmul; attention scores and
+pattern·v over the full pos × pos square even where the causal mask lets a kernel skip work), and "vs floor" is the
+forward's time over the time the fastest floor would need for those FLOPs (1.0 = as fast as the big product), by
+wall time and by CPU time (each against the floor on the same clock).
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,7 +38,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
+
 from models import HookedTransformer, HookedTransformerConfig, to_transformer_lens  # noqa: E402
+from models.allocator import keep_freed_memory  # noqa: E402
 
 BATCH, POS, VOCAB = 8, 256, 2048
 MODELS = {
@@ -59,26 +69,25 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def bench_pair(ours, theirs, repeats: int, warmup: int = 2) -> tuple[float, float]:
-    """Median seconds of two callables, alternating them run by run."""
+def measure_pair(ours, theirs, repeats: int, warmup: int = 2) -> dict:
+    """Median wall and CPU seconds of two callables, alternating them run by run."""
     for _ in range(warmup):
         ours()
         theirs()
-    a, b = [], []
+    runs = {"ours": [], "tl": []}
     for _ in range(repeats):
-        a.append(timed(ours))
-        b.append(timed(theirs))
-    return statistics.median(a), statistics.median(b)
+        for key, fn in (("ours", ours), ("tl", theirs)):
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            runs[key].append((time.perf_counter() - w0, time.process_time() - c0))
+    med = lambda key, i: statistics.median(r[i] for r in runs[key])
+    return {"ours_wall": med("ours", 0), "tl_wall": med("tl", 0), "ours_cpu": med("ours", 1), "tl_cpu": med("tl", 1)}
 
 
-def matmul_floor(repeats: int) -> float:
-    """GFLOP/s of a 2048³ float32 matmul (median)."""
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(2048, 2048, generator=g), torch.randn(2048, 2048, generator=g)
-    for _ in range(2):
-        x @ y
-    t = statistics.median(timed(lambda: x @ y) for _ in range(repeats))
-    return 2 * 2048**3 / t / 1e9
+def bench_pair(ours, theirs, repeats: int, warmup: int = 2) -> tuple[float, float]:
+    """Median wall seconds of two callables, alternating them run by run."""
+    m = measure_pair(ours, theirs, repeats, warmup)
+    return m["ours_wall"], m["tl_wall"]
 
 
 def bench_model(label: str, arch: dict, repeats: int) -> list[dict]:
@@ -89,60 +98,58 @@ def bench_model(label: str, arch: dict, repeats: int) -> list[dict]:
     with torch.no_grad():
         err = float((ours(tokens) - theirs(tokens)).abs().max())
     patterns = lambda name: name.endswith("hook_pattern")
-    lean = HookedTransformer(cfg.replace(use_attn_result=False)).eval()  # the hooks TransformerLens' bridge has
-    lean.load_state_dict(ours.state_dict())
+    no_result = lambda name: not name.endswith("hook_result")
     rows = {
         "forward (no grad)": (lambda: ours(tokens), lambda: theirs(tokens)),
         "run_with_cache (all hooks)": (lambda: ours.run_with_cache(tokens), lambda: theirs.run_with_cache(tokens)),
+        "run_with_cache (all but hook_result)": (lambda: ours.run_with_cache(tokens, names_filter=no_result),
+                                                 lambda: theirs.run_with_cache(tokens, names_filter=no_result)),
         "run_with_cache (patterns only)": (lambda: ours.run_with_cache(tokens, names_filter=patterns),
                                            lambda: theirs.run_with_cache(tokens, names_filter=patterns)),
-        "run_with_cache (all, use_attn_result=False)": (lambda: lean.run_with_cache(tokens),
-                                                        lambda: theirs.run_with_cache(tokens)),
     }
     flops = model_flops(cfg, BATCH, POS)
     results = []
     for row, (fo, ft) in rows.items():
         with torch.no_grad():
-            t_ours, t_tl = bench_pair(fo, ft, repeats)
-        results.append({"model": label, "row": row, "ours_ms": t_ours * 1e3, "tl_ms": t_tl * 1e3,
-                        "ratio": t_ours / t_tl, "gflop": flops / 1e9, "ours_gflops": flops / t_ours / 1e9,
+            m = measure_pair(fo, ft, repeats)
+        results.append({"model": label, "row": row, "ours_ms": m["ours_wall"] * 1e3, "tl_ms": m["tl_wall"] * 1e3,
+                        "ratio": m["ours_wall"] / m["tl_wall"], "ours_cpu_ms": m["ours_cpu"] * 1e3,
+                        "tl_cpu_ms": m["tl_cpu"] * 1e3, "cpu_ratio": m["ours_cpu"] / m["tl_cpu"],
+                        "gflop": flops / 1e9, "ours_gflops": flops / m["ours_wall"] / 1e9,
                         "max_abs_logit_diff": err})
     return results
 
 
 def run(repeats: int) -> dict:
     warnings.filterwarnings("ignore")
+    malloc = keep_freed_memory()
     load_before = os.getloadavg()
-    floor_before = matmul_floor(repeats)
+    floor_before = gemm_floor()
     results = [r for label, arch in MODELS.items() for r in bench_model(label, arch, repeats)]
-    floor_after = matmul_floor(repeats)
-    floor = max(floor_before, floor_after)
+    floor_after = gemm_floor()
+    floor = best_floor(floor_before, floor_after)
     for r in results:
-        r["vs_floor"] = floor / r["ours_gflops"]
-    return {
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "torch": torch.__version__, "python": platform.python_version(),
-                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
-        "matmul_floor_gflops": {"before": floor_before, "after": floor_after, "used": floor},
-        "batch": BATCH, "pos": POS, "repeats": repeats, "results": results,
-    }
+        r["vs_floor"] = max(floor["wall"].values()) / r["ours_gflops"]
+        r["vs_floor_cpu"] = max(floor["cpu"].values()) / (r["gflop"] / r["ours_cpu_ms"] * 1e3)
+    return {"machine": cpu(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+            "keep_freed_memory": malloc, "gemm_floor_gflops": floor,
+            "batch": BATCH, "pos": POS, "repeats": repeats, "results": results}
 
 
 def table(out: dict) -> str:
     lines = [
-        f"torch {out['machine']['torch']}, {out['machine']['torch_threads']} threads, "
-        f"{out['machine']['cpu_count']} CPUs, 1-min load average {out['machine']['loadavg_before'][0]:.1f} before, "
-        f"{out['machine']['loadavg_after'][0]:.1f} after",
-        f"matmul floor (2048³ float32): {out['matmul_floor_gflops']['used']:.1f} GFLOP/s "
-        f"(before {out['matmul_floor_gflops']['before']:.1f}, after {out['matmul_floor_gflops']['after']:.1f})",
+        header(out["machine"], out["gemm_floor_gflops"], out["loadavg_before"]),
+        f"glibc keeps freed memory (models.allocator): {out['keep_freed_memory']}; batch {out['batch']} × "
+        f"{out['pos']}, median of {out['repeats']}",
         "",
-        "| model | row | ours ms | TL ms | ours/TL | ours GFLOP/s | ours vs floor |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| model | row | ours ms | TL ms | ours/TL | ours CPU ms | TL CPU ms | ours/TL (CPU) | ours GFLOP/s "
+        "| vs floor | vs floor (CPU) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in out["results"]:
         lines.append(f"| {r['model']} | {r['row']} | {r['ours_ms']:.1f} | {r['tl_ms']:.1f} | {r['ratio']:.2f} | "
-                     f"{r['ours_gflops']:.1f} | {r['vs_floor']:.2f}x |")
+                     f"{r['ours_cpu_ms']:.1f} | {r['tl_cpu_ms']:.1f} | {r['cpu_ratio']:.2f} | "
+                     f"{r['ours_gflops']:.1f} | {r['vs_floor']:.2f}x | {r['vs_floor_cpu']:.2f}x |")
     return "\n".join(lines)
 
 

@@ -10,8 +10,10 @@ kernel of its compiler's CPU linear), so it is used only where all of these hold
 - measured: on that probe oneDNN beat the plain kernel by at least `MIN_GAIN` (so MKL keeps the CPUs where it is
   fastest, such as Intel's with AVX-512);
 - the call fits: a float32 CPU tensor (float64 keeps torch's kernel; so do CUDA and MPS), at least `MIN_ROWS`
-  rows (oneDNN's fixed cost loses below), contiguous `x` and `W` (a column-sliced weight falls into oneDNN's slow
-  reference kernel), no functorch transform and no `torch.compile` tracing.
+  rows (oneDNN's fixed cost loses below), a contiguous `x`, no functorch transform, no `torch.compile` tracing and
+  no CPU autocast (which runs `x @ W` in its lower precision).
+  A strided weight (a column slice: oneDNN would run its slow reference kernel on it) is copied to a contiguous
+  one first, a copy of `d_in · d_out` numbers beside a product of `rows` times as many multiply-adds.
 
 Forward and backward both run on oneDNN (`_OneDNNAffine`; its double backward uses plain differentiable ops, and
 forward-mode AD has a `jvp`). Switch: the environment variable `TOY_CIRCUITS_GEMM` = `auto` (the default),
@@ -66,7 +68,8 @@ def _capable() -> bool:
 
 def _probe(m: int, k: int, n: int):
     g = torch.Generator().manual_seed(0)
-    return torch.randn(m, k, generator=g), torch.randn(k, n, generator=g), torch.randn(n, generator=g)
+    r = lambda *shape: torch.randn(*shape, generator=g, device="cpu")
+    return r(m, k), r(k, n), r(n)
 
 
 def _faster(repeats: int = 7) -> bool:
@@ -108,8 +111,8 @@ def use(setting: str):
 
 def _fits(x: torch.Tensor, W: torch.Tensor) -> bool:
     return (x.device.type == "cpu" and x.dtype == torch.float32 and W.dtype == torch.float32
-            and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.is_contiguous() and W.is_contiguous()
-            and not torch.compiler.is_compiling()
+            and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.is_contiguous() and W.dim() == 2
+            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
             and not getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()
             and kernel() == "onednn")
 
@@ -123,7 +126,7 @@ def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     skip_b = not b.requires_grad and b.device.type == "cpu" and not b.any()
     if not _fits(x, W):
         return x @ W if skip_b else torch.addmm(b, x, W)
-    bias = None if skip_b else b
+    W, bias = W.contiguous(), None if skip_b else b.contiguous()
     if (torch.is_grad_enabled() and (x.requires_grad or W.requires_grad or b.requires_grad)) or _dual_level():
         return _OneDNNAffine.apply(x, W, bias)
     return _onednn(x, W.t(), bias)
@@ -133,6 +136,7 @@ def matmul(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """`x @ W` for 2-D `x` and `W`, on the kernel `kernel()` chose where the call fits (see `affine`)."""
     if not _fits(x, W):
         return x @ W
+    W = W.contiguous()
     if (torch.is_grad_enabled() and (x.requires_grad or W.requires_grad)) or _dual_level():
         return _OneDNNAffine.apply(x, W, None)
     return _onednn(x, W.t(), None)
@@ -161,7 +165,8 @@ class _OneDNNAffine(torch.autograd.Function):
     def backward(ctx, g):
         x, W = ctx.saved_tensors
         need_x, need_W, need_b = ctx.needs_input_grad
-        fast = not torch.is_grad_enabled() and g.is_contiguous() and g.dtype == torch.float32  # else: double backward
+        fast = not torch.is_grad_enabled() and g.dtype == torch.float32  # else: double backward, plain ops
+        g = g.contiguous() if fast else g  # an expanded gradient (of a sum) is copied: m·n beside m·n·k
         dx = dW = db = None
         if need_x:
             dx = _onednn(g, W, None) if fast else g @ W.t()

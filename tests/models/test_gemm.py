@@ -9,10 +9,16 @@ from models import ConfigError, HookedTransformer, HookedTransformerConfig, gemm
 
 
 @pytest.fixture
-def onednn():
+def onednn(monkeypatch):
+    """The oneDNN path, wherever torch has the operator (on CPUs without AVX-512 too: the capability gate and the
+    measurement only decide whether it is worth it, not whether it is right)."""
+    try:
+        x, W, b = _data()
+        gemm._onednn(x, W.t(), b)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        pytest.skip("torch has no working oneDNN linear here")
+    monkeypatch.setattr(gemm, "_decided", {"onednn": "onednn"})
     with gemm.use("onednn"):
-        if gemm.kernel() != "onednn":
-            pytest.skip("oneDNN's float32 linear is not available (or not AVX-512) on this machine")
         yield
 
 
@@ -83,18 +89,50 @@ def test_vmap_and_jacobian_take_the_plain_kernel(onednn, no_onednn):
     assert jac.shape == (64, 40, 48, 40)
 
 
-@pytest.mark.parametrize("case", ["column-sliced weight", "few rows", "float64", "plain switch"])
+@pytest.mark.parametrize("case", ["few rows", "float64", "plain switch", "autocast"])
 def test_calls_that_must_not_use_onednn(onednn, no_onednn, case):
     x, W, b = _data(k=48, n=80)
-    if case == "column-sliced weight":
-        W, b = W[:, 10:50], b[10:50]
-    elif case == "few rows":
+    if case == "few rows":
         x = x[: gemm.MIN_ROWS - 1]
     elif case == "float64":
         x, W, b = x.double(), W.double(), b.double()
-    ctx = gemm.use("plain") if case == "plain switch" else torch.no_grad()
-    with ctx:
-        torch.testing.assert_close(gemm.affine(b, x, W), torch.addmm(b, x, W))
+    ctx = {"plain switch": gemm.use("plain"), "autocast": torch.autocast("cpu", dtype=torch.bfloat16)}
+    with ctx.get(case, torch.no_grad()):
+        torch.testing.assert_close(gemm.affine(b, x, W), torch.addmm(b, x, W))  # bfloat16 under autocast
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_column_sliced_weight_reaches_onednn_contiguous(onednn, monkeypatch, grad):
+    """oneDNN runs a slow reference kernel on strided weights: a column slice is copied first (its gradient still
+    lands in the slice's columns of the full weight)."""
+    seen, real = [], gemm._onednn
+
+    def spy(x, Wt, b):
+        seen.append(Wt.is_contiguous() or Wt.t().is_contiguous())
+        return real(x, Wt, b)
+    monkeypatch.setattr(gemm, "_onednn", spy)
+    x, W, b = _data(k=48, n=80, grad=grad)
+    out = gemm.affine(b[10:50], x, W[:, 10:50])
+    torch.testing.assert_close(out, x[:, :] @ W[:, 10:50] + b[10:50], rtol=1e-5, atol=1e-5)
+    if grad:
+        out.sum().backward()
+        torch.testing.assert_close(W.grad[:, 10:50], x.sum(0)[:, None].expand(-1, 40), rtol=1e-5, atol=1e-5)
+        assert not W.grad[:, :10].any() and not W.grad[:, 50:].any()
+    assert len(seen) == (3 if grad else 1) and all(seen)
+
+
+def test_kernel_choice(monkeypatch):
+    """"auto" takes oneDNN only when capable and measured faster; "onednn" skips the measurement; "plain" never."""
+    monkeypatch.delenv(gemm.ENV, raising=False)
+    for capable, faster, want in ((False, True, "plain"), (True, False, "plain"), (True, True, "onednn")):
+        monkeypatch.setattr(gemm, "_decided", {})
+        monkeypatch.setattr(gemm, "_capable", lambda c=capable: c)
+        monkeypatch.setattr(gemm, "_faster", lambda f=faster: f)
+        assert gemm.kernel() == want
+        with gemm.use("onednn"):
+            assert gemm.kernel() == ("onednn" if capable else "plain")
+        with gemm.use("plain"):
+            assert gemm.kernel() == "plain"
 
 
 def test_bad_setting_is_a_config_error(monkeypatch):
