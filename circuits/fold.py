@@ -6,6 +6,8 @@ import copy
 
 import torch
 
+from .interface import positional_scheme
+
 
 def _fold_into(norm, readers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """Fold `norm.w` / `norm.b` into each `(W [..., d_model, d_out], b [..., d_out])` that reads it."""
@@ -41,8 +43,11 @@ def fold_layer_norm(model, center_writing_weights: bool = True, center_unembed: 
     with `models.to_transformer_lens`)."""
     if not hasattr(model, "blocks") or not hasattr(model, "ln_final"):
         raise TypeError(f"fold_layer_norm needs a models.HookedTransformer, got {type(model).__name__}")
+    kind = model.cfg.normalization_type
+    if kind is not None and positional_scheme(model).adds_to == "query_key":
+        raise ValueError("fold_layer_norm cannot fold ln1 of a shortformer model: its positions are added after ln1 "
+                         "(ln1(x) + pos, as TransformerLens), so ln1's weight cannot move into W_Q / W_K exactly")
     new = copy.deepcopy(model)
-    kind = new.cfg.normalization_type
     with torch.no_grad():
         if kind is not None:
             for block in new.blocks:

@@ -115,12 +115,11 @@ def attention_score_decomposition(model, tokens, layer: int, head: int) -> Score
                 sources[head_label(l, h)] = ff.results[l][:, :, h]
         bias = sum((model.b_O[l].detach() for l in range(layer)), torch.zeros_like(ff.embed))
         resid = ff.resid_pre[layer]  # [batch, pos, d_model]
-        if ff.pos_qk is not None:  # shortformer: positions reach the query/key input only
-            sources["pos"] = ff.pos_qk.expand_as(ff.embed)
-            resid = resid + ff.pos_qk
         norm = norm_params(model, layer)
         scale = norm.scale(resid) if norm.kind else None
         inputs = {name: norm.linear(x, scale) for name, x in sources.items()}
+        if ff.pos_qk is not None:  # shortformer: positions are added to the normalised query/key input
+            inputs["pos"] = ff.pos_qk.expand_as(ff.embed)
         bias_in = norm.linear(bias, scale) + (norm.b if norm.b is not None else 0)
         has_bias = any(bool(torch.any(t != 0)) for t in (bias_in, b_Q, b_K))
         qs = {n: x @ W_Q for n, x in inputs.items()}
