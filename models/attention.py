@@ -129,9 +129,9 @@ class Attention(nn.Module):
                 q, k, v = affine(b, x_q.reshape(B * P, -1), W).split(widths, -1)
             else:
                 q, k, v = _project((x_q, x_k, x_v), W, b, widths)
-        q = self.hook_q(q.view(B, P, H, dh))  # [batch, pos, head, d_head]
-        k = self.hook_k(k.view(B, K, Hkv, dh))  # [batch, key, kv_head, d_head]
-        v = self.hook_v(v.view(B, K, Hkv, dh))
+        q = _own(self.hook_q, q.view(B, P, H, dh))  # [batch, pos, head, d_head]
+        k = _own(self.hook_k, k.view(B, K, Hkv, dh))  # [batch, key, kv_head, d_head]
+        v = _own(self.hook_v, v.view(B, K, Hkv, dh))
         if rotation is not None:
             q, k = self.hook_rot_q(rotation(q)), self.hook_rot_k(rotation(k))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
@@ -156,6 +156,12 @@ class Attention(nn.Module):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))  # [batch, pos, head, d_model]
             return result.sum(-2) + self.b_O
         return affine(self.b_O, z.reshape(B * P, H * dh), self.W_O.reshape(H * dh, -1)).view(B, P, -1)
+
+
+def _own(point: HookPoint, x: torch.Tensor) -> torch.Tensor:
+    """`point(x)`, where a hooked point gets a copy: q, k and v are views into one fused matmul's output, which autograd
+    forbids editing in place (TransformerLens hands its hooks separate tensors)."""
+    return point(x.clone()) if hooked(point) else x
 
 
 def _project(xs: tuple[torch.Tensor, ...], W: torch.Tensor, b: torch.Tensor, widths: tuple[int, ...]) -> list:

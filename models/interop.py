@@ -3,6 +3,10 @@ TransformerLens 4.x `TransformerBridge`s (`boot_native`), for side-by-side check
 
 Legacy state dicts (`from_transformer_lens_state_dict`): TransformerLens 2.x's former `HookedTransformer` layout is
 ours, so its keys load as they are; `.pth` files are read with `torch.load(weights_only=True)`, never unpickling code.
+The `pos_embed.W_pos` TransformerLens 2.x keeps, unused, in ALiBi models is accepted and dropped. A TransformerLens
+config dict is translated field by field (`config_from_transformer_lens`): every field of its 2.18
+`HookedTransformerConfig` is computed the same way, kept as metadata, or refused by name; ALiBi from such a config
+gives keys after the query a zero bias in bidirectional models, as TransformerLens does.
 
 To TransformerLens 4.x (`to_transformer_lens`): its native model has learned ("standard") or adjacent-pair rotary
 positions, pre-norm LN / RMS / none, and always-present biases. What maps exactly (each positional scheme names its

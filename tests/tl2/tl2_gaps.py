@@ -54,8 +54,11 @@ def expected_gap(cfg: dict, check: str) -> str | None:
 
 def not_in_tl(cfg: dict, check: str) -> bool:
     """TransformerLens 2.18 itself refuses the variant, so there is no reference: use_attn_in with grouped-query
-    attention (its assertion), and split QKV input with GQA and shortformer positions (it raises a shape error)."""
+    attention (its assertion), split QKV input with GQA and shortformer positions (it raises a shape error), and
+    the key/value cache with ungroup_grouped_query_attention (a shape error)."""
     gqa = cfg.get("n_key_value_heads") is not None
     if check == "cache_attn_in" and gqa:
+        return True
+    if check == "generate_kv" and cfg.get("ungroup_grouped_query_attention"):  # its KV cache: a shape error
         return True
     return check == "cache_split" and gqa and cfg["positional_embedding_type"] == "shortformer"
