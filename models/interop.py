@@ -49,6 +49,14 @@ def _half_to_adjacent(rotary_dim: int, d_head: int) -> torch.Tensor:
     return perm
 
 
+#: settings the native model of TransformerLens 4.x does not read: only their defaults convert
+_NATIVE_DEFAULTS = {"gated_mlp": False, "parallel_attn_mlp": False, "final_rms": False, "use_attn_scale": True,
+                    "attn_scale": None, "scale_attn_by_inverse_layer_idx": False, "attn_scores_soft_cap": None,
+                    "output_logits_soft_cap": None}
+#: activations it names differently: GELU's tanh approximation (gelu_fast's constant 0.7978845608 is √(2/π) to 1e-11)
+_NATIVE_ACT = {"gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
+
+
 def to_transformer_lens(model):
     """A `TransformerBridge.boot_native(...)` carrying `model`'s weights (same logits, same hook names)."""
     from transformer_lens import TransformerBridge
@@ -63,9 +71,17 @@ def to_transformer_lens(model):
             f"positional_embedding_type={kind!r} has no TransformerLens 4.x equivalent (its native model "
             "supports 'standard' and 'rotary'; shortformer was removed in 4.0); analyse it with this toolkit"
         )
+    unmapped = [name for name, default in _NATIVE_DEFAULTS.items() if getattr(cfg, name) != default
+                and not (name == "final_rms" and cfg.normalization_type != "LN")]  # RMS or no norm: no change
+    if cfg.d_vocab_out != cfg.d_vocab:
+        unmapped.append("d_vocab_out")
+    if unmapped:
+        raise UnsupportedByTransformerLens(f"{unmapped} have no counterpart in TransformerLens 4.x's native model "
+                                           "(it would compute something else); analyse this model with this toolkit")
     tl_cfg = TransformerBridgeConfig(
         d_model=cfg.d_model, d_head=cfg.d_head, n_layers=cfg.n_layers, n_ctx=cfg.n_ctx, n_heads=cfg.n_heads,
-        d_vocab=cfg.d_vocab, d_mlp=cfg.d_mlp, act_fn=cfg.act_fn, attn_only=cfg.attn_only, eps=cfg.eps,
+        d_vocab=cfg.d_vocab, d_mlp=cfg.d_mlp, act_fn=_NATIVE_ACT.get(cfg.act_fn, cfg.act_fn),
+        attn_only=cfg.attn_only, eps=cfg.eps,
         normalization_type=cfg.normalization_type, attention_dir=cfg.attention_dir,
         positional_embedding_type=tl_kind, rotary_dim=cfg.rotary_dim if tl_kind == "rotary" else None,
         rotary_base=cfg.rotary_base, rotary_adjacent_pairs=True,

@@ -313,3 +313,22 @@ def test_switch_errors_are_config_errors():
         make(attn_only=True).set_use_hook_mlp_in(True)
     with pytest.raises(ConfigError, match="attn_scores_soft_cap"):
         make(attn_scores_soft_cap=-1.0)
+
+
+# --- the TransformerLens 4.x bridge ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw", [dict(gated_mlp=True), dict(parallel_attn_mlp=True), dict(final_rms=True),
+                                dict(d_vocab_out=6), dict(use_attn_scale=False), dict(attn_scale=3.0),
+                                dict(scale_attn_by_inverse_layer_idx=True), dict(attn_scores_soft_cap=0.5),
+                                dict(output_logits_soft_cap=1.0)])
+def test_bridge_refuses_what_its_native_model_cannot_compute(kw):
+    from models import UnsupportedByTransformerLens, to_transformer_lens
+
+    with pytest.raises(UnsupportedByTransformerLens, match=next(iter(kw))):
+        to_transformer_lens(make(dtype="float32", **kw))
+
+
+def test_bridge_takes_gelu_fast_as_its_tanh_gelu():
+    from models import to_transformer_lens
+
+    model = make(dtype="float32", act_fn="gelu_fast")
+    torch.testing.assert_close(to_transformer_lens(model)(TOKENS), model(TOKENS), rtol=1e-5, atol=1e-5)
