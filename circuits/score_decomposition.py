@@ -101,6 +101,9 @@ def attention_score_decomposition(model, tokens, layer: int, head: int) -> Score
     cfg = model.cfg
     if not 0 <= layer < cfg.n_layers or not 0 <= head < cfg.n_heads:
         raise ValueError(f"no head L{layer}H{head} in a model of {cfg.n_layers} layers × {cfg.n_heads} heads")
+    cap = getattr(cfg, "attn_scores_soft_cap", None)
+    if cap is not None and cap > 0:
+        raise ValueError(f"attn_scores_soft_cap={cap}: soft-capped scores (cap·tanh(s/cap)) are not a sum of terms")
     score_hook, pattern_hook = f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.attn.hook_pattern"
     ff = frozen_forward(model, tokens, n_layers=layer, extra_hooks=(score_hook, pattern_hook))
     B, P = ff.tokens.shape
@@ -131,7 +134,7 @@ def attention_score_decomposition(model, tokens, layer: int, head: int) -> Score
         if rotation is not None:  # linear, so it rotates each source's q and k separately
             qs = {n: rotation(q[:, :, None])[:, :, 0] for n, q in qs.items()}
             ks = {n: rotation(k[:, :, None])[:, :, 0] for n, k in ks.items()}
-        div = attn_scale(model)
+        div = attn_scale(model, layer)
         terms = {(nq, nk): q @ k.transpose(-1, -2) / div for nq, q in qs.items() for nk, k in ks.items()}
         bias = positions.score_bias()
         alibi = bias.additive(P, P, ff.embed.dtype, ff.embed.device) if bias is not None else None
