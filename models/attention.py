@@ -159,9 +159,11 @@ class Attention(nn.Module):
 
 
 def _own(point: HookPoint, x: torch.Tensor) -> torch.Tensor:
-    """`point(x)`, where a hooked point gets a copy: q, k and v are views into one fused matmul's output, which autograd
-    forbids editing in place (TransformerLens hands its hooks separate tensors)."""
-    return point(x.clone()) if hooked(point) else x
+    """`point(x)`; under autograd a hooked point gets a copy: q, k and v are views into one fused matmul's output,
+    which autograd forbids editing in place (TransformerLens hands its hooks separate tensors)."""
+    if not hooked(point):
+        return x
+    return point(x.clone() if x.requires_grad else x)
 
 
 def _project(xs: tuple[torch.Tensor, ...], W: torch.Tensor, b: torch.Tensor, widths: tuple[int, ...]) -> list:
