@@ -115,6 +115,9 @@ class HookedTransformerConfig:
             self.attn_only = True
         elif not isinstance(self.d_mlp, int) or isinstance(self.d_mlp, bool) or self.d_mlp < 1:
             raise ConfigError(f"d_mlp must be a positive int or None (attention-only), got {self.d_mlp!r}")
+        for name in ("d_vocab_out", "attn_scale", "attn_scores_soft_cap", "output_logits_soft_cap"):
+            if getattr(self, name) == -1 and not isinstance(getattr(self, name), bool):  # TransformerLens' "unset"
+                setattr(self, name, None)
         if self.d_vocab_out is None:
             self.d_vocab_out = self.d_vocab
         if not isinstance(self.d_vocab_out, int) or isinstance(self.d_vocab_out, bool) or self.d_vocab_out < 1:
@@ -150,7 +153,7 @@ class HookedTransformerConfig:
         for name in ("attn_scale", "attn_scores_soft_cap", "output_logits_soft_cap"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
-                raise ConfigError(f"{name} must be a number > 0 or None (off), got {v!r}")
+                raise ConfigError(f"{name} must be a number > 0, or None or -1 (off), got {v!r}")
         for name in ("original_architecture", "tokenizer_name"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ConfigError(f"{name} must be a string or None, got {getattr(self, name)!r}")

@@ -312,7 +312,14 @@ def test_switch_errors_are_config_errors():
     with pytest.raises(HookSwitchError, match="attention-only"):
         make(attn_only=True).set_use_hook_mlp_in(True)
     with pytest.raises(ConfigError, match="attn_scores_soft_cap"):
-        make(attn_scores_soft_cap=-1.0)
+        make(attn_scores_soft_cap=-0.5)
+
+
+def test_transformer_lens_sentinels_mean_off():
+    """TransformerLens writes -1 for "unset" (d_vocab_out, attn_scale, the soft caps); so may code ported from it."""
+    cfg = make(d_vocab_out=-1, attn_scale=-1.0, attn_scores_soft_cap=-1.0, output_logits_soft_cap=-1).cfg
+    assert (cfg.d_vocab_out, cfg.attn_scale, cfg.attn_scores_soft_cap, cfg.output_logits_soft_cap) == (
+        10, None, None, None)
 
 
 # --- the TransformerLens 4.x bridge ------------------------------------------------------------------------------
