@@ -6,13 +6,15 @@ import copy
 
 import torch
 
+from .interface import positional_scheme
+
 
 def _fold_into(norm, readers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """Fold `norm.w` / `norm.b` into each `(W [..., d_model, d_out], b [..., d_out])` that reads it."""
     w = norm.w.detach().clone()
     b = norm.b.detach().clone() if hasattr(norm, "b") else None
     for W, bias in readers:
-        if b is not None:
+        if b is not None and bias is not None:
             bias.add_(torch.einsum("d,...de->...e", b, W))
         W.mul_(w[:, None])
     norm.w.fill_(1.0)
@@ -30,7 +32,8 @@ def fold_layer_norm(model, center_writing_weights: bool = True, center_unembed: 
     For a pre-norm `ln(x) = centre(x)/scale · w + b` read by `W` (with bias `b_W`):
     `ln(x) W + b_W = (centre(x)/scale) (diag(w) W) + (b W + b_W)`, so `W ← diag(w) W`, `b_W ← b_W + b W` and the
     norm keeps only its centring and scaling (`w = 1`, `b = 0`; TransformerLens' "LNPre"). Folded: `ln1` into
-    W_Q, W_K, W_V (b_Q, b_K, b_V), `ln2` into W_in (b_in), `ln_final` into W_U (b_U).
+    W_Q, W_K, W_V (b_Q, b_K, b_V), `ln2` into W_in (b_in) and a gated MLP's W_gate (RMS only: LN's bias has no
+    place there), `ln_final` into W_U (b_U). Shortformer models with norms are refused (positions join after ln1).
 
     With LayerNorm and `center_writing_weights` (default), every weight that writes to the residual stream
     (W_E, W_pos, W_O, b_O, W_out, b_out) is centred over d_model: each reader subtracts the mean anyway, so
@@ -41,15 +44,25 @@ def fold_layer_norm(model, center_writing_weights: bool = True, center_unembed: 
     with `models.to_transformer_lens`)."""
     if not hasattr(model, "blocks") or not hasattr(model, "ln_final"):
         raise TypeError(f"fold_layer_norm needs a models.HookedTransformer, got {type(model).__name__}")
+    kind = model.cfg.normalization_type
+    if kind is not None and positional_scheme(model).adds_to == "query_key":
+        raise ValueError("fold_layer_norm cannot fold ln1 of a shortformer model: its positions are added after ln1 "
+                         "(ln1(x) + pos, as TransformerLens), so ln1's weight cannot move into W_Q / W_K exactly")
+    gated = getattr(model.cfg, "gated_mlp", False)
+    if kind == "LN" and gated:
+        raise ValueError("fold_layer_norm cannot fold ln2's bias into a gated MLP: x W_gate has no bias to take it "
+                         "and b_in is added after the gate")
+    if getattr(model.cfg, "final_rms", False):  # an RMSNorm at the end does not centre: centring would change it
+        center_writing_weights = False
     new = copy.deepcopy(model)
-    kind = new.cfg.normalization_type
     with torch.no_grad():
         if kind is not None:
             for block in new.blocks:
                 a = block.attn
                 _fold_into(block.ln1, [(a.W_Q, a.b_Q), (a.W_K, a.b_K), (a.W_V, a.b_V)])
                 if not new.cfg.attn_only:
-                    _fold_into(block.ln2, [(block.mlp.W_in, block.mlp.b_in)])
+                    m = block.mlp  # a gated MLP's W_gate reads ln2 too (RMS: no bias to place)
+                    _fold_into(block.ln2, [(m.W_in, m.b_in)] + ([(m.W_gate, None)] if gated else []))
             _fold_into(new.ln_final, [(new.unembed.W_U, new.unembed.b_U)])
         if kind == "LN" and center_writing_weights:
             writers = [new.embed.W_E]

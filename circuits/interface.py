@@ -65,15 +65,18 @@ def serial_ops():
         torch.set_num_threads(n)
 
 
-def attn_scale(model) -> float:
-    """The divisor of q·k in the attention scores: √d_head (ours and TransformerLens' default)."""
+def attn_scale(model, layer: int = 0) -> float:
+    """The divisor of q·k in layer `layer`'s attention scores: √d_head (ours and TransformerLens' default), or
+    `attn_scale`, or 1 without `use_attn_scale`; times layer + 1 with `scale_attn_by_inverse_layer_idx`."""
     cfg = model.cfg
     scale = getattr(cfg, "attn_scale", None)
     if getattr(cfg, "use_attn_scale", True) is False:
-        return 1.0
-    if scale is None or scale <= 0:  # TransformerLens stores -1 for "the default √d_head"
-        return math.sqrt(cfg.d_head)
-    return float(scale)
+        div = 1.0
+    elif scale is None or scale <= 0:  # TransformerLens stores -1 for "the default √d_head"
+        div = math.sqrt(cfg.d_head)
+    else:
+        div = float(scale)
+    return div * (layer + 1) if getattr(cfg, "scale_attn_by_inverse_layer_idx", False) else div
 
 
 # --- norms -------------------------------------------------------------------------------------------

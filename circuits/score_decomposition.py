@@ -101,6 +101,9 @@ def attention_score_decomposition(model, tokens, layer: int, head: int) -> Score
     rotate each source's q and k (rotation is linear); ALiBi adds its own term. Attention-only models."""
     cfg = model.cfg
     layer, head = check_layer_head(model, layer, head, "attention_score_decomposition")
+    cap = getattr(cfg, "attn_scores_soft_cap", None)
+    if cap is not None and cap > 0:
+        raise ValueError(f"attn_scores_soft_cap={cap}: soft-capped scores (cap·tanh(s/cap)) are not a sum of terms")
     score_hook, pattern_hook = f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.attn.hook_pattern"
     ff = frozen_forward(model, tokens, n_layers=layer, extra_hooks=(score_hook, pattern_hook))
     B, P = ff.tokens.shape
@@ -115,12 +118,11 @@ def attention_score_decomposition(model, tokens, layer: int, head: int) -> Score
                 sources[head_label(l, h)] = ff.results[l][:, :, h]
         bias = sum((model.b_O[l].detach() for l in range(layer)), torch.zeros_like(ff.embed))
         resid = ff.resid_pre[layer]  # [batch, pos, d_model]
-        if ff.pos_qk is not None:  # shortformer: positions reach the query/key input only
-            sources["pos"] = ff.pos_qk.expand_as(ff.embed)
-            resid = resid + ff.pos_qk
         norm = norm_params(model, layer)
         scale = norm.scale(resid) if norm.kind else None
         inputs = {name: norm.linear(x, scale) for name, x in sources.items()}
+        if ff.pos_qk is not None:  # shortformer: positions are added to the normalised query/key input
+            inputs["pos"] = ff.pos_qk.expand_as(ff.embed)
         bias_in = norm.linear(bias, scale) + (norm.b if norm.b is not None else 0)
         has_bias = any(bool(torch.any(t != 0)) for t in (bias_in, b_Q, b_K))
         qs = {n: x @ W_Q for n, x in inputs.items()}
@@ -132,7 +134,7 @@ def attention_score_decomposition(model, tokens, layer: int, head: int) -> Score
         if rotation is not None:  # linear, so it rotates each source's q and k separately
             qs = {n: rotation(q[:, :, None])[:, :, 0] for n, q in qs.items()}
             ks = {n: rotation(k[:, :, None])[:, :, 0] for n, k in ks.items()}
-        div = attn_scale(model)
+        div = attn_scale(model, layer)
         terms = {(nq, nk): q @ k.transpose(-1, -2) / div for nq, q in qs.items() for nk, k in ks.items()}
         bias = positions.score_bias()
         alibi = bias.additive(P, P, ff.embed.dtype, ff.embed.device) if bias is not None else None

@@ -8,7 +8,6 @@ d_mlp, d_vocab. Row-vector convention: activations are multiplied on the left, `
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -16,22 +15,14 @@ import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
+from .attention import Attention, hooked, linear
+from .attention import param_or_buffer as _param_or_buffer
 from .config import HookedTransformerConfig
 from .gemm import affine
 from .positions import Rotation
 from .score_bias import ScoreBias
 
-
-def hooked(*points: HookPoint) -> bool:
-    """True when any of the hook points has a forward hook attached (so a slow, explicit path is needed)."""
-    return any(p.fwd_hooks for p in points)
-
-
-def _param_or_buffer(module: nn.Module, name: str, tensor: torch.Tensor, trainable: bool) -> None:
-    if trainable:
-        module.register_parameter(name, nn.Parameter(tensor))
-    else:
-        module.register_buffer(name, tensor)
+__all__ = ["Attention", "BlockInputs", "Embed", "MLP", "Norm", "PosEmbed", "TransformerBlock", "Unembed"]
 
 
 class Embed(nn.Module):
@@ -61,27 +52,29 @@ class PosEmbed(nn.Module):
 
 class Norm(nn.Module):
     """Pre-norm (Xiong et al. 2020): LayerNorm ("LN", Ba et al. 2016), RMSNorm ("RMS", Zhang & Sennrich 2019) or
-    none (identity that still fires `hook_normalized`).
+    none (the identity, with no hook points, as TransformerLens' `nn.Identity`).
 
-    LN: x ← x − mean(x); scale = √(mean(x²) + ε); out = x / scale · w + b (TransformerLens' formula); RMS skips the
-    centring and the bias.
-    The fused `F.layer_norm` / `F.rms_norm` kernels are used unless `hook_scale`/`hook_normalized` are hooked.
+    LN: x ← x − mean(x); scale = √(mean(x²) + ε); out = x / scale · w + b (TransformerLens' formula), hooked at
+    `hook_scale` and `hook_normalized` (the output). RMS skips the centring and the bias and hooks `hook_normalized`
+    at x / scale, before the weight (as TransformerLens' RMSNorm). The fused `F.layer_norm` / `F.rms_norm` kernels
+    are used unless a hook point is hooked. `kind` overrides `cfg.normalization_type`; `d` the width (d_model).
     """
 
-    def __init__(self, cfg: HookedTransformerConfig, d: int | None = None):
+    def __init__(self, cfg: HookedTransformerConfig, d: int | None = None, kind: str | None = "cfg"):
         super().__init__()
-        self.kind, self.eps = cfg.normalization_type, cfg.eps
+        self.kind = cfg.normalization_type if kind == "cfg" else kind
+        self.eps = cfg.eps
         d = d or cfg.d_model
         if self.kind is not None:
             self.w = nn.Parameter(torch.ones(d, dtype=cfg.torch_dtype))
+            self.hook_scale = HookPoint()  # [batch, pos, 1]
+            self.hook_normalized = HookPoint()  # [batch, pos, d_model]
         if self.kind == "LN":
             self.b = nn.Parameter(torch.zeros(d, dtype=cfg.torch_dtype))
-        self.hook_scale = HookPoint()  # [batch, pos, 1]
-        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind is None:
-            return self.hook_normalized(x)
+            return x
         if not hooked(self.hook_scale, self.hook_normalized):
             if self.kind == "LN":
                 return F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps)
@@ -89,132 +82,79 @@ class Norm(nn.Module):
         if self.kind == "LN":
             x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        x = x / scale * self.w
-        return self.hook_normalized(x + self.b if self.kind == "LN" else x)
+        if self.kind == "LN":
+            return self.hook_normalized(x / scale * self.w + self.b)
+        return self.hook_normalized(x / scale) * self.w
 
 
-class Attention(nn.Module):
-    """Multi-head attention (Vaswani et al. 2017, §3.2: softmax(q·kᵀ/√d_head) v per head, outputs summed through
-    W_O), optionally grouped-query (Ainslie et al. 2023: query head h reads key/value head h // (H / H_kv)), with
-    per-head hooks.
-
-    Two paths compute the same function:
-    - explicit: scores = q·kᵀ/√d_head + the score bias (−inf where masked), `hook_attn_scores`, softmax,
-      `hook_pattern`, z = pattern·v. Taken whenever `hook_attn_scores` or `hook_pattern` is hooked (e.g.
-      `run_with_cache`).
-    - fused: `F.scaled_dot_product_attention`, taken otherwise (plain forward, training, generation).
-    The per-head output `hook_result [batch, pos, head, d_model]` is formed only when it is hooked and
-    `cfg.use_attn_result`; otherwise z is multiplied by the flattened W_O in one matmul.
-    """
-
-    def __init__(self, cfg: HookedTransformerConfig):
-        super().__init__()
-        self.cfg = cfg
-        H, Hkv, D, dh, dt = cfg.n_heads, cfg.n_key_value_heads, cfg.d_model, cfg.d_head, cfg.torch_dtype
-        self.W_Q = nn.Parameter(torch.empty(H, D, dh, dtype=dt))
-        self.W_K = nn.Parameter(torch.empty(Hkv, D, dh, dtype=dt))
-        self.W_V = nn.Parameter(torch.empty(Hkv, D, dh, dtype=dt))
-        self.W_O = nn.Parameter(torch.empty(H, dh, D, dtype=dt))
-        for name, shape in (("b_Q", (H, dh)), ("b_K", (Hkv, dh)), ("b_V", (Hkv, dh)), ("b_O", (D,))):
-            _param_or_buffer(self, name, torch.zeros(shape, dtype=dt), cfg.use_bias)
-        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
-        self.hook_k = HookPoint()  # [batch, key, kv_head, d_head]
-        self.hook_v = HookPoint()  # [batch, key, kv_head, d_head]
-        self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head], rotary positions only
-        self.hook_rot_k = HookPoint()  # [batch, key, kv_head, d_head], rotary positions only
-        self.hook_attn_scores = HookPoint()  # [batch, head, pos, key], −inf where masked
-        self.hook_pattern = HookPoint()  # [batch, head, pos, key]
-        self.hook_z = HookPoint()  # [batch, pos, head, d_head]
-        self.hook_result = HookPoint()  # [batch, pos, head, d_model]
-
-    def forward(self, x_q: torch.Tensor, x_k: torch.Tensor, x_v: torch.Tensor, score_bias: ScoreBias,
-                rotation: Rotation | None = None) -> torch.Tensor:
-        """Queries read `x_q [batch, pos, d_model]`, keys and values `x_k`, `x_v [batch, key, d_model]`; pass the same
-        tensor for inputs that are the same (self-attention: all three, one fused matmul; Shortformer: queries and
-        keys). `score_bias` is added to the scores (`models.score_bias`); `rotation` rotates queries and keys."""
-        cfg = self.cfg
-        B, P, _ = x_q.shape
-        K = x_k.shape[1]
-        H, Hkv, dh = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
-        W = torch.cat([self.W_Q, self.W_K, self.W_V]).permute(1, 0, 2).reshape(cfg.d_model, -1)
-        b = torch.cat([self.b_Q, self.b_K, self.b_V]).reshape(-1)
-        widths = (H * dh, Hkv * dh, Hkv * dh)
-        if x_q is x_k is x_v:  # self-attention: one fused QKV matmul
-            q, k, v = affine(b, x_q.reshape(B * P, -1), W).split(widths, -1)
-        else:
-            q, k, v = _project((x_q, x_k, x_v), W, b, widths)
-        q = self.hook_q(q.view(B, P, H, dh))  # [batch, pos, head, d_head]
-        k = self.hook_k(k.view(B, K, Hkv, dh))  # [batch, key, kv_head, d_head]
-        v = self.hook_v(v.view(B, K, Hkv, dh))
-        if rotation is not None:
-            q, k = self.hook_rot_q(rotation(q)), self.hook_rot_k(rotation(k))
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
-        if hooked(self.hook_attn_scores, self.hook_pattern):
-            if Hkv != H:  # query head h reads kv head h // (H / Hkv)
-                k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
-            scores = (q @ k.transpose(-1, -2)).mul_(1 / math.sqrt(dh))  # in place: the [pos, key] square once
-            bias = score_bias.dense(P, K, q.dtype, q.device)  # [(head,) pos, key], −inf where masked
-            if bias is not None:
-                scores.add_(bias)
-            pattern = self.hook_pattern(self.hook_attn_scores(scores).softmax(-1))  # [batch, head, pos, key]
-            z = pattern @ v
-        else:
-            mask, is_causal = score_bias.sdpa_args(P, K, q.dtype, q.device)
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=Hkv != H)
-        z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
-        if cfg.use_attn_result and hooked(self.hook_result):
-            result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))  # [batch, pos, head, d_model]
-            return result.sum(-2) + self.b_O
-        return affine(self.b_O, z.reshape(B * P, H * dh), self.W_O.reshape(H * dh, -1)).view(B, P, -1)
+def final_norm(cfg: HookedTransformerConfig) -> Norm:
+    """`ln_final`: the blocks' norm, or RMSNorm with `final_rms` (when the model has norms at all)."""
+    return Norm(cfg, kind="RMS" if cfg.final_rms and cfg.normalization_type else "cfg")
 
 
-def _project(xs: tuple[torch.Tensor, ...], W: torch.Tensor, b: torch.Tensor, widths: tuple[int, ...]) -> list:
-    """`x_i @ W_i + b_i` for the inputs `xs` and the column blocks `widths` of `W` / `b`, as one matmul per run of
-    consecutive inputs that are the same tensor (all three at once for plain self-attention). Returns 2-D
-    `[batch·pos, width]` views."""
-    out, i = [], 0
-    while i < len(xs):
-        j = i + 1
-        while j < len(xs) and xs[j] is xs[i]:
-            j += 1
-        lo, hi = sum(widths[:i]), sum(widths[:j])
-        x = xs[i]
-        out += affine(b[lo:hi], x.reshape(-1, x.shape[-1]), W[:, lo:hi]).split(widths[i:j], -1)
-        i = j
-    return out
+def gelu_fast(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation with TransformerLens' (and Hugging Face's) constants:
+    0.5·x·(1 + tanh(0.7978845608·x·(1 + 0.044715·x²)))."""
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
 
 
-def linear(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """`x @ W + b` for `x [..., d_in]`, `W [d_in, d_out]` (see `affine`)."""
-    return affine(b, x.reshape(-1, x.shape[-1]), W).view(*x.shape[:-1], W.shape[-1])
+def solu(x: torch.Tensor) -> torch.Tensor:
+    """SoLU (Elhage et al. 2022, "Softmax Linear Units"): x · softmax(x) over the MLP neurons."""
+    return x * x.softmax(-1)
 
 
-#: GELU (Hendrycks & Gimpel 2016; "gelu_new": its tanh approximation, as GPT-2), ReLU, SiLU (Elfwing et al. 2018).
+#: GELU (Hendrycks & Gimpel 2016; "gelu_new", "gelu_pytorch_tanh", "gelu_fast": its tanh approximation, as GPT-2),
+#: ReLU, SiLU (Elfwing et al. 2018), SoLU ("solu_ln" adds the LayerNorm, `MLP`).
 _ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_fast": gelu_fast,
     "relu": F.relu,
     "silu": F.silu,
+    "solu": solu,
+    "solu_ln": solu,
 }
 
 
 class MLP(nn.Module):
-    """The position-wise feed-forward layer (Vaswani et al. 2017, §3.3): act(x W_in + b_in) W_out + b_out."""
+    """The position-wise feed-forward layer (Vaswani et al. 2017, §3.3): act(x W_in + b_in) W_out + b_out.
+
+    `act_fn="solu_ln"`: SoLU, `hook_mid`, then a LayerNorm over the neurons (`mlp.ln`), as TransformerLens' SoLU
+    models. `gated_mlp` (Shazeer 2020, "GLU variants"): (act(x W_gate) ⊙ (x W_in) + b_in) W_out + b_out, with
+    `hook_pre` = x W_gate and `hook_pre_linear` = x W_in (TransformerLens' GatedMLP; gated with "solu_ln" is
+    ln(solu(x W_gate)) W_out + b_out there, W_in unread, and here too)."""
 
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
         dt = cfg.torch_dtype
+        self.gated = cfg.gated_mlp
         self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=dt))
+        if self.gated:
+            self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=dt))
+            self.hook_pre_linear = HookPoint()  # [batch, pos, d_mlp]
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=dt))
         _param_or_buffer(self, "b_in", torch.zeros(cfg.d_mlp, dtype=dt), cfg.use_bias)
         _param_or_buffer(self, "b_out", torch.zeros(cfg.d_model, dtype=dt), cfg.use_bias)
         self.act = _ACTIVATIONS[cfg.act_fn]
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
+        if cfg.act_fn == "solu_ln":
+            self.hook_mid = HookPoint()  # [batch, pos, d_mlp]
+            self.ln = Norm(cfg, cfg.d_mlp, kind="LN")
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pre = self.hook_pre(linear(x, self.W_in, self.b_in))
-        return linear(self.hook_post(self.act(pre)), self.W_out, self.b_out)
+        if self.gated:
+            act = self.act(self.hook_pre(x @ self.W_gate))
+            if hasattr(self, "ln"):  # TransformerLens 2.18's gated SoLU-LN reads neither W_in nor b_in
+                post = self.ln(self.hook_mid(act))
+            else:
+                post = act * self.hook_pre_linear(x @ self.W_in) + self.b_in
+        else:
+            post = self.act(self.hook_pre(linear(x, self.W_in, self.b_in)))
+            if hasattr(self, "ln"):
+                post = self.ln(self.hook_mid(post))
+        return linear(self.hook_post(post), self.W_out, self.b_out)
 
 
 @dataclass
@@ -232,43 +172,75 @@ class BlockInputs:
 
 class TransformerBlock(nn.Module):
     """A pre-norm residual block: resid + attn(ln1(resid)), then (with MLPs) + mlp(ln2(resid)); Elhage et al. (2021)
-    read the residual stream as the sum of what every layer writes to it."""
+    read the residual stream as the sum of what every layer writes to it. With `parallel_attn_mlp` (GPT-J) both read
+    the block's input: resid + attn(ln1(resid)) + mlp(ln2(resid)), and there is no `hook_resid_mid`.
+
+    Shortformer positions are added after the norm, to the query and key inputs: ln1(resid) + pos (TransformerLens);
+    ln1 runs once. TransformerLens 2.x's opt-in hooks (`cfg.use_*`, switched by `model.set_use_*`): `hook_attn_in`
+    (the block input, one copy per head) and `hook_q_input` / `hook_k_input` / `hook_v_input` (one per input, then
+    normalised separately), `hook_mlp_in` (a copy of the MLP's input, before ln2)."""
 
     #: TransformerLens' marker (its bridge blocks carry it): the block's output `hook_resid_post` is the one residual
     #: stream the model unembeds, so its logit lens and Jacobian lens may read it.
     hook_out_is_single_residual_stream = True
 
-    def __init__(self, cfg: HookedTransformerConfig):
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0):
         super().__init__()
         self.cfg = cfg
         self.ln1 = Norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_in = HookPoint()  # [batch, pos, head, d_model], with cfg.use_attn_in
+        self.hook_q_input = HookPoint()  # [batch, pos, head, d_model], with cfg.use_split_qkv_input
+        self.hook_k_input = HookPoint()  # [batch, pos, kv_head, d_model]
+        self.hook_v_input = HookPoint()  # [batch, pos, kv_head, d_model]
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
         if not cfg.attn_only:
             self.ln2 = Norm(cfg)
             self.mlp = MLP(cfg)
-            self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
+            self.hook_mlp_in = HookPoint()  # [batch, pos, d_model], with cfg.use_hook_mlp_in
+            if not cfg.parallel_attn_mlp:
+                self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
             self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, resid: torch.Tensor, side: BlockInputs) -> torch.Tensor:
+        cfg = self.cfg
         resid = self.hook_resid_pre(resid)
-        x_qk = self.ln1(resid + side.pos_qk) if side.pos_qk is not None else None  # Q/K see positions, V does not
-        x = self.ln1(resid)
-        x_qk = x if x_qk is None else x_qk
-        attn_out = self.hook_attn_out(self.attn(x_qk, x_qk, x, side.score_bias, side.rotation))
-        if self.cfg.attn_only:
+        pos = side.pos_qk
+        if cfg.use_split_qkv_input or cfg.use_attn_in:  # per-head inputs [batch, pos, head, d_model]
+            pos = None if pos is None else pos[:, :, None]
+            if cfg.use_split_qkv_input:
+                hkv = self.attn.kv_heads()
+                x_q = self.ln1(self.hook_q_input(_per_head(resid, cfg.n_heads)))
+                x_k = self.ln1(self.hook_k_input(_per_head(resid, hkv)))
+                x_v = self.ln1(self.hook_v_input(_per_head(resid, hkv)))
+            else:
+                x_q = x_k = x_v = self.ln1(self.hook_attn_in(_per_head(resid, cfg.n_heads)))
+            if pos is not None:
+                x_q, x_k = x_q + pos, (x_q + pos if x_k is x_q else x_k + pos)
+        else:
+            x_v = self.ln1(resid)
+            x_q = x_k = x_v if pos is None else x_v + pos  # Q/K see positions, V does not
+        attn_out = self.hook_attn_out(self.attn(x_q, x_k, x_v, side.score_bias, side.rotation))
+        if cfg.attn_only:
             return self.hook_resid_post(resid + attn_out)
-        resid = self.hook_resid_mid(resid + attn_out)
-        return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
+        mid = resid if cfg.parallel_attn_mlp else self.hook_resid_mid(resid + attn_out)
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.hook_mlp_in(mid.clone()) if cfg.use_hook_mlp_in else mid)))
+        return self.hook_resid_post((resid + attn_out if cfg.parallel_attn_mlp else mid) + mlp_out)
+
+
+def _per_head(x: torch.Tensor, n: int) -> torch.Tensor:
+    """`x [batch, pos, d_model]` repeated to `[batch, pos, n, d_model]`, a copy (an in-place edit of one head's
+    input must not reach the others, nor `x`)."""
+    return x[:, :, None].expand(-1, -1, n, -1).clone()
 
 
 class Unembed(nn.Module):
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
-        self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab, dtype=cfg.torch_dtype))
-        _param_or_buffer(self, "b_U", torch.zeros(cfg.d_vocab, dtype=cfg.torch_dtype), cfg.use_bias)
+        self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab_out, dtype=cfg.torch_dtype))
+        _param_or_buffer(self, "b_U", torch.zeros(cfg.d_vocab_out, dtype=cfg.torch_dtype), cfg.use_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_model] -> [batch, pos, d_vocab]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_model] -> [batch, pos, d_vocab_out]
         return linear(x, self.W_U, self.b_U)

@@ -17,10 +17,15 @@ from .errors import ConfigError
 from .positions import SCHEMES, PositionalScheme, scheme
 from .score_bias import MASKS
 
-ACT_FNS = ("gelu", "gelu_new", "relu", "silu")
+#: TransformerLens 2.18's activations (models.components._ACTIVATIONS); "solu_ln" is SoLU followed by a LayerNorm.
+ACT_FNS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "solu", "solu_ln")
 NORMALIZATION_TYPES = (None, "LN", "RMS")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 RUNTIME_FIELDS = ("device",)  # chosen when a model is built or loaded; never written to config.json
+BOOL_FIELDS = ("attn_only", "rotary_adjacent_pairs", "use_bias", "default_prepend_bos", "gated_mlp",
+               "parallel_attn_mlp", "final_rms", "use_attn_scale", "scale_attn_by_inverse_layer_idx", "alibi_symmetric",
+               "ungroup_grouped_query_attention", "use_attn_result", "use_split_qkv_input", "use_attn_in",
+               "use_hook_mlp_in", "use_hook_tokens")
 
 
 def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
@@ -67,7 +72,28 @@ class HookedTransformerConfig:
     attention_dir: str = "causal"
     n_key_value_heads: int | None = None  # grouped-query attention; None = n_heads
     use_bias: bool = True  # biases on Q/K/V/O, MLP and unembed; False keeps them as zero buffers
-    use_attn_result: bool = True  # per-head `hook_result` is computed whenever something hooks it
+    d_vocab_out: int | None = None  # unembedding width; None = d_vocab
+    gated_mlp: bool = False  # MLP out = (act(x W_gate) * (x W_in) + b_in) W_out + b_out (Shazeer 2020)
+    parallel_attn_mlp: bool = False  # resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre)) (GPT-J)
+    final_rms: bool = False  # ln_final is RMSNorm even when the blocks use LN
+    # attention scores: q·k / (attn_scale or √d_head if use_attn_scale else 1) / (layer + 1 if scale_attn_by_inverse_
+    # layer_idx), then cap·tanh(s / cap) with attn_scores_soft_cap; logits likewise with output_logits_soft_cap
+    use_attn_scale: bool = True
+    attn_scale: float | None = None
+    scale_attn_by_inverse_layer_idx: bool = False
+    attn_scores_soft_cap: float | None = None
+    output_logits_soft_cap: float | None = None
+    alibi_symmetric: bool = True  # bidirectional ALiBi: −slope·|i−j|; False: future keys unbiased (TransformerLens)
+    ungroup_grouped_query_attention: bool = False  # hook_k / hook_v (and hook_k_input, ...) with n_heads heads
+    # opt-in hooks, as TransformerLens 2.x (`model.set_use_*`): per-head `attn.hook_result`; per-head query/key/value
+    # inputs `hook_q_input` / `hook_k_input` / `hook_v_input`; `hook_attn_in`; `hook_mlp_in`; `hook_tokens`
+    use_attn_result: bool = False
+    use_split_qkv_input: bool = False
+    use_attn_in: bool = False
+    use_hook_mlp_in: bool = False
+    use_hook_tokens: bool = False
+    original_architecture: str | None = None  # metadata (TransformerLens' field)
+    tokenizer_name: str | None = None  # metadata: stored, never fetched
     init_range: float = 0.02
     seed: int | None = None
     dtype: str = "float32"
@@ -101,6 +127,13 @@ class HookedTransformerConfig:
             self.attn_only = True
         elif not isinstance(self.d_mlp, int) or isinstance(self.d_mlp, bool) or self.d_mlp < 1:
             raise ConfigError(f"d_mlp must be a positive int or None (attention-only), got {self.d_mlp!r}")
+        for name in ("d_vocab_out", "attn_scale", "attn_scores_soft_cap", "output_logits_soft_cap"):
+            if getattr(self, name) == -1 and not isinstance(getattr(self, name), bool):  # TransformerLens' "unset"
+                setattr(self, name, None)
+        if self.d_vocab_out is None:
+            self.d_vocab_out = self.d_vocab
+        if not isinstance(self.d_vocab_out, int) or isinstance(self.d_vocab_out, bool) or self.d_vocab_out < 1:
+            raise ConfigError(f"d_vocab_out must be a positive int or None (= d_vocab), got {self.d_vocab_out!r}")
         self._check_choice("act_fn", ACT_FNS)
         self._check_choice("normalization_type", NORMALIZATION_TYPES)
         self._check_choice("positional_embedding_type", tuple(SCHEMES))  # models.positions
@@ -115,6 +148,11 @@ class HookedTransformerConfig:
                 f"n_key_value_heads={self.n_key_value_heads!r} must be a positive divisor of "
                 f"n_heads={self.n_heads}"
             )
+        if self.use_attn_in and self.n_key_value_heads != self.n_heads:
+            raise ConfigError("use_attn_in needs n_key_value_heads == n_heads (its input has one copy per query "
+                              "head); use use_split_qkv_input with grouped-query attention")
+        if self.parallel_attn_mlp and self.attn_only:
+            raise ConfigError("parallel_attn_mlp needs an MLP: set d_mlp (and attn_only=False) or drop it")
         if self.rotary_dim is None:
             self.rotary_dim = self.d_head
         if not isinstance(self.rotary_dim, int) or isinstance(self.rotary_dim, bool):
@@ -124,7 +162,14 @@ class HookedTransformerConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:  # `not >` also rejects NaN
                 raise ConfigError(f"{name} must be a number > 0, got {v!r}")
-        for name in ("attn_only", "rotary_adjacent_pairs", "use_bias", "use_attn_result", "default_prepend_bos"):
+        for name in ("attn_scale", "attn_scores_soft_cap", "output_logits_soft_cap"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
+                raise ConfigError(f"{name} must be a number > 0, or None or -1 (off), got {v!r}")
+        for name in ("original_architecture", "tokenizer_name"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name} must be a string or None, got {getattr(self, name)!r}")
+        for name in BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
@@ -156,6 +201,15 @@ class HookedTransformerConfig:
     def positions(self) -> PositionalScheme:
         """The positional scheme object of `positional_embedding_type` (`models.positions`)."""
         return scheme(self)
+
+    def is_layer_norm_activation(self) -> bool:
+        """True when the MLP activation carries its own LayerNorm (`act_fn="solu_ln"`), as TransformerLens."""
+        return self.act_fn == "solu_ln"
+
+    @classmethod
+    def unwrap(cls, config: HookedTransformerConfig | dict) -> HookedTransformerConfig:
+        """A config as it is, or built from a dict (TransformerLens' `HookedTransformerConfig.unwrap`)."""
+        return cls.from_dict(config) if isinstance(config, dict) else config
 
     # --- (de)serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:

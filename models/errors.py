@@ -30,3 +30,8 @@ class TrainConfigError(ToyCircuitsError, ValueError):
 
 class UnsupportedByTransformerLens(ToyCircuitsError, NotImplementedError):
     """The configuration has no exact TransformerLens 4.x counterpart."""
+
+
+class HookSwitchError(ConfigError, AssertionError):
+    """An opt-in hook point used while its switch is off, or a switch this model cannot turn on. Also an
+    `AssertionError`, the type TransformerLens 2.x raises there, so code written for it keeps working."""

@@ -3,6 +3,10 @@ TransformerLens 4.x `TransformerBridge`s (`boot_native`), for side-by-side check
 
 Legacy state dicts (`from_transformer_lens_state_dict`): TransformerLens 2.x's former `HookedTransformer` layout is
 ours, so its keys load as they are; `.pth` files are read with `torch.load(weights_only=True)`, never unpickling code.
+The `pos_embed.W_pos` TransformerLens 2.x keeps, unused, in ALiBi models is accepted and dropped. A TransformerLens
+config dict is translated field by field (`config_from_transformer_lens`): every field of its 2.18
+`HookedTransformerConfig` is computed the same way, kept as metadata, or refused by name; ALiBi from such a config
+gives keys after the query a zero bias in bidirectional models, as TransformerLens does.
 
 To TransformerLens 4.x (`to_transformer_lens`): its native model has learned ("standard") or adjacent-pair rotary
 positions, pre-norm LN / RMS / none, and always-present biases. What maps exactly (each positional scheme names its
@@ -17,7 +21,8 @@ What does not: shortformer positions (removed in TransformerLens 4.0) and ALiBi.
 
 Two hook names mean something else on the 4.3 bridge than on the former `HookedTransformer` and here:
 `attn.hook_attn_scores` fires with the post-softmax weights (ours: pre-softmax scores, −inf where masked),
-and `ln*.hook_normalized` is x / scale before the norm's weight and bias (ours: the norm's output).
+and `ln*.hook_normalized` is x / scale before the norm's weight and bias (ours: LayerNorm's output, and RMSNorm's
+x / scale, as TransformerLens 2.x).
 tests/models/test_model_parity_tl.py checks both relations.
 """
 
@@ -44,6 +49,14 @@ def _half_to_adjacent(rotary_dim: int, d_head: int) -> torch.Tensor:
     return perm
 
 
+#: settings the native model of TransformerLens 4.x does not read: only their defaults convert
+_NATIVE_DEFAULTS = {"gated_mlp": False, "parallel_attn_mlp": False, "final_rms": False, "use_attn_scale": True,
+                    "attn_scale": None, "scale_attn_by_inverse_layer_idx": False, "attn_scores_soft_cap": None,
+                    "output_logits_soft_cap": None}
+#: activations it names differently: GELU's tanh approximation (gelu_fast's constant 0.7978845608 is √(2/π) to 1e-11)
+_NATIVE_ACT = {"gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
+
+
 def to_transformer_lens(model):
     """A `TransformerBridge.boot_native(...)` carrying `model`'s weights (same logits, same hook names)."""
     from transformer_lens import TransformerBridge
@@ -58,9 +71,17 @@ def to_transformer_lens(model):
             f"positional_embedding_type={kind!r} has no TransformerLens 4.x equivalent (its native model "
             "supports 'standard' and 'rotary'; shortformer was removed in 4.0); analyse it with this toolkit"
         )
+    unmapped = [name for name, default in _NATIVE_DEFAULTS.items() if getattr(cfg, name) != default
+                and not (name == "final_rms" and cfg.normalization_type != "LN")]  # RMS or no norm: no change
+    if cfg.d_vocab_out != cfg.d_vocab:
+        unmapped.append("d_vocab_out")
+    if unmapped:
+        raise UnsupportedByTransformerLens(f"{unmapped} have no counterpart in TransformerLens 4.x's native model "
+                                           "(it would compute something else); analyse this model with this toolkit")
     tl_cfg = TransformerBridgeConfig(
         d_model=cfg.d_model, d_head=cfg.d_head, n_layers=cfg.n_layers, n_ctx=cfg.n_ctx, n_heads=cfg.n_heads,
-        d_vocab=cfg.d_vocab, d_mlp=cfg.d_mlp, act_fn=cfg.act_fn, attn_only=cfg.attn_only, eps=cfg.eps,
+        d_vocab=cfg.d_vocab, d_mlp=cfg.d_mlp, act_fn=_NATIVE_ACT.get(cfg.act_fn, cfg.act_fn),
+        attn_only=cfg.attn_only, eps=cfg.eps,
         normalization_type=cfg.normalization_type, attention_dir=cfg.attention_dir,
         positional_embedding_type=tl_kind, rotary_dim=cfg.rotary_dim if tl_kind == "rotary" else None,
         rotary_base=cfg.rotary_base, rotary_adjacent_pairs=True,
@@ -90,33 +111,81 @@ def to_transformer_lens(model):
 
 # --- legacy TransformerLens state dicts in --------------------------------------------------------------
 _DROPPED_SUFFIXES = (".mask", ".IGNORE", ".rotary_sin", ".rotary_cos")
-#: TransformerLens config flags that change the computation in ways this model does not implement.
-_UNSUPPORTED_TL_FLAGS = ("gated_mlp", "parallel_attn_mlp", "final_rms", "use_local_attn", "use_qk_norm")
+
+#: Every field of TransformerLens 2.18's `HookedTransformerConfig`, by how `config_from_transformer_lens` treats it
+#: (tests/models/test_interop_config.py checks the union against the real class). Same meaning, same name here:
+TL_SAME = ("n_layers", "d_model", "n_ctx", "d_head", "model_name", "n_heads", "d_mlp", "act_fn", "d_vocab", "eps",
+           "use_attn_result", "use_attn_scale", "use_split_qkv_input", "use_hook_mlp_in", "use_attn_in",
+           "ungroup_grouped_query_attention", "original_architecture", "tokenizer_name", "attention_dir",
+           "attn_only", "scale_attn_by_inverse_layer_idx", "positional_embedding_type", "final_rms",
+           "parallel_attn_mlp", "rotary_dim", "use_hook_tokens", "gated_mlp", "default_prepend_bos",
+           "n_key_value_heads", "rotary_base", "rotary_adjacent_pairs")
+#: converted: TransformerLens' −1 / None sentinels become our None, LNPre / RMSPre become LN / RMS with unit weights,
+#: initializer_range becomes init_range, dtype its name
+TL_CONVERTED = ("normalization_type", "attn_scale", "d_vocab_out", "attn_scores_soft_cap", "output_logits_soft_cap",
+                "initializer_range", "dtype")
+#: kept in `extra["transformer_lens"]`, computing nothing: the device and seed of the run that made it (weights come
+#: from the state dict), how a fresh model was initialised, checkpoint and hub metadata, n_params (derived), and
+#: tie_word_embeddings and decoder_start_token_id, which TransformerLens 2.18's HookedTransformer does not read either
+TL_METADATA = ("device", "seed", "init_mode", "init_weights", "from_checkpoint", "checkpoint_index",
+               "checkpoint_label_type", "checkpoint_value", "n_params", "tokenizer_prepends_bos", "trust_remote_code",
+               "tie_word_embeddings", "decoder_start_token_id")
+#: not implemented: a value other than this default raises ConfigError naming the field
+TL_REFUSED = {"use_qk_norm": False, "use_local_attn": False, "window_size": None, "attn_types": None,
+              "n_devices": 1, "post_embedding_ln": False, "rotary_base_local": None, "load_in_4bit": False,
+              "num_experts": None, "experts_per_token": None, "relative_attention_max_distance": None,
+              "relative_attention_num_buckets": None, "use_normalization_before_and_after": False,
+              "use_NTK_by_parts_rope": False, "NTK_by_parts_low_freq_factor": 1.0,
+              "NTK_by_parts_high_freq_factor": 4.0, "NTK_by_parts_factor": 8.0, "NTK_original_ctx_len": 8192}
+
+
+def _off(v):
+    """TransformerLens' "unset" values (−1, −1.0, None, and any value ≤ 0 for the soft caps) → None."""
+    return None if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0) else v
 
 
 def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
-    """Our config from a TransformerLens `HookedTransformerConfig` dict (its JSON / `.to_dict()`).
+    """Our config from a TransformerLens 2.x `HookedTransformerConfig` dict (its JSON / `.to_dict()`).
 
-    Parameter-free norms `LNPre` / `RMSPre` become `LN` / `RMS` with unit weights (the same function).
-    Flags we do not implement raise `ConfigError` naming them; other TransformerLens-only fields are kept
-    in `extra["transformer_lens"]`."""
+    Every field is either computed the same way (`TL_SAME`, `TL_CONVERTED`), kept as metadata in
+    `extra["transformer_lens"]` (`TL_METADATA`), or refused with `ConfigError` naming it when it is set to anything
+    but its default (`TL_REFUSED`); unknown fields are refused too. Parameter-free norms `LNPre` / `RMSPre` become
+    `LN` / `RMS` with unit weights (the same function). Bidirectional ALiBi gives future keys a zero bias, as
+    TransformerLens (`alibi_symmetric=False`)."""
     d = dict(d)
-    bad = [k for k in _UNSUPPORTED_TL_FLAGS if d.get(k)]
-    if bad:
-        raise ConfigError(f"TransformerLens config uses {bad}, which this toolkit does not implement")
-    if d.get("shortformer_pos"):
+    if d.pop("shortformer_pos", False):  # TransformerLens < 1.0
         d["positional_embedding_type"] = "shortformer"
-    norm = d.get("normalization_type")
-    if norm in ("LNPre", "RMSPre"):
-        d["normalization_type"] = norm[: -len("Pre")]
-
-    names = {f.name for f in dataclasses.fields(HookedTransformerConfig)}
-    ours = {k: v for k, v in d.items() if k in names and k not in ("dtype", "device", "seed", "extra")}
+    bad = sorted(k for k, default in TL_REFUSED.items() if k in d and d[k] != default)
+    own = {f.name for f in dataclasses.fields(HookedTransformerConfig)} - {"dtype", "device", "seed", "extra"}
+    unknown = sorted(set(d) - set(TL_SAME) - set(TL_CONVERTED) - set(TL_METADATA) - set(TL_REFUSED) - own - {"extra"})
+    if bad or unknown:
+        raise ConfigError(f"TransformerLens config sets {bad + unknown}, which this toolkit does not implement "
+                          f"(fields it refuses unless at their default: {sorted(TL_REFUSED)})")
+    for name in ("d_vocab", "n_heads"):
+        if d.get(name, 1) == -1:
+            raise ConfigError(f"TransformerLens config has {name}=-1 (inferred from a hub tokenizer or model); "
+                              f"set {name} explicitly")
+    ours = {k: d[k] for k in own if k in d}  # TL_SAME, and our own fields where a dict mixes both
+    norm = d.get("normalization_type", "LN")
+    ours["normalization_type"] = norm[: -len("Pre")] if norm in ("LNPre", "RMSPre") else norm
+    d_head = d.get("d_head")
+    scale = _off(d.get("attn_scale"))
+    if scale is not None and isinstance(d_head, int) and abs(scale - d_head ** 0.5) <= 1e-12 * scale:
+        scale = None  # TransformerLens writes its default √d_head out
+    ours["attn_scale"] = scale
+    for name in ("d_vocab_out", "attn_scores_soft_cap", "output_logits_soft_cap"):
+        ours[name] = _off(d.get(name))
+    if _off(d.get("initializer_range")) is not None:
+        ours["init_range"] = d["initializer_range"]
+    if isinstance(d.get("dtype"), (str, torch.dtype)):
+        ours["dtype"] = str(d["dtype"]).replace("torch.", "")
     if not isinstance(ours.get("n_key_value_heads"), int):
         ours.pop("n_key_value_heads", None)
     if ours.get("act_fn") is None:  # TransformerLens writes act_fn=None for attention-only models
         ours.pop("act_fn", None)
-    ours["extra"] = {"transformer_lens": {k: str(v) for k, v in d.items() if k not in names}}
+    ours.setdefault("alibi_symmetric", False)
+    extra = d.get("extra") if isinstance(d.get("extra"), dict) else {}
+    ours["extra"] = {**extra, "transformer_lens": {k: str(v) for k, v in d.items() if k in TL_METADATA}}
     return HookedTransformerConfig.from_dict(ours)  # ConfigError (not TypeError) for missing fields
 
 
@@ -126,8 +195,10 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
     `state_dict_or_path`: a dict of tensors, or a `.pth`/`.pt` file (read with `weights_only=True`, never
     unpickling code) or a `.safetensors` file. `cfg`: our config (object or dict) or a TransformerLens
     config dict. Missing norm weights of `LNPre` models are filled with ones/zeros; missing zero biases
-    of bias-free checkpoints are filled with zeros. Raises `CheckpointError` for unreadable or mismatched
-    weights, `ConfigError` for an invalid config and `TypeError` when `cfg` is neither a config nor a dict."""
+    of bias-free checkpoints are filled with zeros. TransformerLens 2.x keeps a `pos_embed.W_pos` in every
+    non-rotary model, ALiBi included, where nothing reads it: a model without a positional table drops it.
+    Raises `CheckpointError` for unreadable or mismatched weights, `ConfigError` for an invalid config and
+    `TypeError` when `cfg` is neither a config nor a dict."""
     if not isinstance(cfg, (HookedTransformerConfig, dict)):
         raise TypeError(f"cfg must be a HookedTransformerConfig or a config dict, got {type(cfg).__name__}")
     source = "state dict"
@@ -164,8 +235,8 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
     if bad_keys:
         raise CheckpointError(f"{source}: tensor names must be strings, got {bad_keys[:4]!r}")
     for k, v in state.items():
-        if k.endswith(_DROPPED_SUFFIXES):
-            continue
+        if k.endswith(_DROPPED_SUFFIXES) or (k == "pos_embed.W_pos" and "pos_embed.W_pos" not in expected):
+            continue  # buffers TransformerLens recomputes; the W_pos TL 2.x keeps, unused, in ALiBi models
         k = k.replace("attn._W_K", "attn.W_K").replace("attn._W_V", "attn.W_V")
         k = k.replace("attn._b_K", "attn.b_K").replace("attn._b_V", "attn.b_V")
         fixed[k] = v

@@ -12,8 +12,10 @@ from torch import nn
 from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from .components import BlockInputs, Embed, Norm, PosEmbed, TransformerBlock, Unembed
+from .attention import hooked, soft_cap
+from .components import BlockInputs, Embed, PosEmbed, TransformerBlock, Unembed, final_norm
 from .config import HookedTransformerConfig
+from .hook_switches import HookSwitches
 from .score_bias import attention_mask, combine
 
 RETURN_TYPES = ("logits", "loss", "both", None)
@@ -24,7 +26,7 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-class HookedTransformer(HookedRootModule):
+class HookedTransformer(HookSwitches, HookedRootModule):
     """A transformer whose every activation is a named `HookPoint` (names as in TransformerLens).
 
     `forward(tokens)` takes int64 `[batch, pos]` (or `[pos]`) token ids, or text when a tokenizer is
@@ -39,13 +41,15 @@ class HookedTransformer(HookedRootModule):
             cfg = HookedTransformerConfig.from_dict(cfg)
         self.cfg = cfg
         self.tokenizer = tokenizer
+        if cfg.use_hook_tokens:
+            self.hook_tokens = HookPoint()  # [batch, pos], int64 ids
         self.embed = Embed(cfg)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         if cfg.positions.table:
             self.pos_embed = PosEmbed(cfg)
             self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
-        self.ln_final = Norm(cfg)
+        self.blocks = nn.ModuleList([TransformerBlock(cfg, l) for l in range(cfg.n_layers)])
+        self.ln_final = final_norm(cfg)
         self.unembed = Unembed(cfg)
         self.init_weights()
         self.to(cfg.device)
@@ -75,12 +79,16 @@ class HookedTransformer(HookedRootModule):
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type={return_type!r} is not supported; allowed: {RETURN_TYPES}")
         tokens = self.validate_tokens(tokens)  # [batch, pos]
+        if self.cfg.use_hook_tokens:
+            tokens = self.hook_tokens(tokens)
         B, P = tokens.shape
         positions = self.cfg.positions  # the positional scheme (models.positions)
         resid = self.hook_embed(self.embed(tokens))  # [batch, pos, d_model]
         pos_qk = None
         if positions.table:
-            pos = self.hook_pos_embed(self.pos_embed(P).expand(B, P, -1))  # [batch, pos, d_model]
+            pos = self.pos_embed(P).expand(B, P, -1)  # [batch, pos, d_model], a view of W_pos
+            if hooked(self.hook_pos_embed):  # a hook gets a copy: an in-place edit must not reach W_pos
+                pos = self.hook_pos_embed(pos.clone())
             if positions.adds_to == "residual":
                 resid = resid + pos
             else:  # "query_key": the query/key inputs only, the residual stream carries no position
@@ -89,7 +97,8 @@ class HookedTransformer(HookedRootModule):
                            positions.rotation(P, resid.dtype, resid.device))
         for block in self.blocks:
             resid = block(resid, side)
-        logits = self.unembed(self.ln_final(resid))  # [batch, pos, d_vocab]
+        logits = self.unembed(self.ln_final(resid))  # [batch, pos, d_vocab_out]
+        logits = soft_cap(logits, self.cfg.output_logits_soft_cap)
         if return_type == "logits":
             return logits
         if return_type is None:

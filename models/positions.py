@@ -75,16 +75,19 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor([2.0 ** (-8.0 * i / n_heads) for i in range(1, n_heads + 1)], dtype=torch.float64)
 
 
-def alibi_bias(n_heads: int, q_len: int, k_len: int, dtype=torch.float32, device=None) -> torch.Tensor:
-    """ALiBi bias added to attention scores: −slope_h · |i − j|, shape `[n_heads, q_len, k_len]`.
+def alibi_bias(n_heads: int, q_len: int, k_len: int, dtype=torch.float32, device=None,
+               symmetric: bool = True) -> torch.Tensor:
+    """ALiBi bias added to attention scores: −slope_h · |i − j|, shape `[n_heads, q_len, k_len]`; with
+    `symmetric=False`, −slope_h · max(i − j, 0) (keys after the query unbiased, as TransformerLens 2.x).
 
-    For causal attention only j ≤ i survives the mask, so this is the paper's m·[−(i−1), …, −1, 0].
+    For causal attention only j ≤ i survives the mask, so both are the paper's m·[−(i−1), …, −1, 0].
     Query positions are the last `q_len` of `k_len` (generation with a prefix).
     """
     i = torch.arange(k_len - q_len, k_len, dtype=torch.float64, device=device)[:, None]
     j = torch.arange(k_len, dtype=torch.float64, device=device)[None, :]
     slopes = alibi_slopes(n_heads).to(device)
-    return (-slopes[:, None, None] * (i - j).abs()).to(dtype)
+    distance = (i - j).abs() if symmetric else (i - j).clamp(min=0)
+    return (-slopes[:, None, None] * distance).to(dtype)
 
 
 # --- the pieces a scheme hands to the model ---------------------------------------------------------------
@@ -106,14 +109,14 @@ class Rotation:
 class ALiBiBias(ScoreBias):
     """ALiBi's −slope_h·|i − j| on every head's scores (`alibi_bias`); computed once per size (one per forward)."""
 
-    def __init__(self, n_heads: int):
-        self.n_heads = n_heads
+    def __init__(self, n_heads: int, symmetric: bool = True):
+        self.n_heads, self.symmetric = n_heads, symmetric
         self._memo: dict = {}
 
     def additive(self, n_q, n_k, dtype, device=None):
         key = (n_q, n_k, dtype, str(device))
         if key not in self._memo:
-            self._memo[key] = alibi_bias(self.n_heads, n_q, n_k, dtype, device)  # [head, q, k]
+            self._memo[key] = alibi_bias(self.n_heads, n_q, n_k, dtype, device, self.symmetric)  # [head, q, k]
         return self._memo[key]
 
 
@@ -221,13 +224,14 @@ class Rotary(PositionalScheme):
 
 
 class ALiBi(PositionalScheme):
-    """Attention with linear biases (Press et al. 2021): no table, −slope_h·|i − j| added to every head's scores."""
+    """Attention with linear biases (Press et al. 2021): no table, −slope_h·|i − j| added to every head's scores
+    (keys after the query unbiased with `alibi_symmetric=False`, as TransformerLens 2.x; bidirectional only)."""
 
     name = "alibi"
     biases_scores = True
 
     def score_bias(self) -> ALiBiBias:
-        return ALiBiBias(self.cfg.n_heads)
+        return ALiBiBias(self.cfg.n_heads, bool(getattr(self.cfg, "alibi_symmetric", True)))
 
 
 class NoPositions(PositionalScheme):

@@ -51,7 +51,7 @@ def run_info(args) -> int:
     loaded = load_model(args, device)
     model, cfg = loaded.model, loaded.model.cfg
     counts = parameter_counts(model)
-    hooks = list(model.hook_dict)
+    hooks = model.firing_hook_names()  # not the opt-in points that are switched off
     tok = model.tokenizer
     tok_desc = None if tok is None else f"{getattr(tok, 'kind', type(tok).__name__)}, {tok.vocab_size} ids"
     card = summary = None

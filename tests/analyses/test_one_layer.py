@@ -119,6 +119,7 @@ def test_head_ablation_matches_removing_the_head_term():
             p.normal_(0, 0.5)
     tokens = torch.randint(1, V, (3, 24), generator=torch.Generator().manual_seed(0))
     res = head_ablation_losses(m, tokens)
+    m.set_use_attn_result(True)  # per-head outputs in the cache
     with torch.no_grad():
         logits, cache = m.run_with_cache(tokens)
         clean = float(m(tokens, return_type="loss"))
@@ -163,6 +164,7 @@ def test_joint_ablation_per_position_matches_the_head_term():
             p.normal_(0, 0.5)
     tokens = torch.randint(1, V, (5, 24), generator=torch.Generator().manual_seed(0))
     clean, ablated = ablated_position_losses(m, tokens, [(0, 0), (0, 2)], chunk=2)
+    m.set_use_attn_result(True)  # per-head outputs in the cache
     with torch.no_grad():
         logits, cache = m.run_with_cache(tokens)
         removed = logits - (cache["blocks.0.attn.hook_result"][:, :, 0] + cache["blocks.0.attn.hook_result"][:, :, 2]

@@ -71,11 +71,31 @@ def test_k_composition_circuit_matches_dense(model):
         circuits.k_composition_circuit(model, (0, 0), (1, 0))
 
 
+@pytest.mark.parametrize("norm,kw", [("RMS", dict(gated_mlp=True, act_fn="silu")), ("LN", dict(parallel_attn_mlp=True)),
+                                     ("LN", dict(final_rms=True)), ("LN", dict(act_fn="solu_ln"))])
+def test_fold_layer_norm_keeps_log_probs_of_tl2_blocks(norm, kw):
+    """Gated (W_gate reads ln2), parallel, final RMSNorm after LN blocks (no centring then) and SoLU-LN MLPs."""
+    m = random_model(n_layers=2, normalization=norm, attn_only=False, seed=5)
+    m = type(m)(m.cfg.replace(**kw))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2), dtype=p.dtype) * 0.3)
+    tokens = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(0))
+    folded = circuits.fold_layer_norm(m)
+    assert torch.allclose(m(tokens).log_softmax(-1), folded(tokens).log_softmax(-1), atol=1e-10, rtol=0)
+    with pytest.raises(ValueError, match="gated"):
+        circuits.fold_layer_norm(type(m)(m.cfg.replace(normalization_type="LN", gated_mlp=True)))
+
+
 @pytest.mark.parametrize("norm", ["LN", "RMS"])
 @pytest.mark.parametrize("positional", ["standard", "shortformer"])
 @pytest.mark.parametrize("attn_only", [True, False])
 def test_fold_layer_norm_keeps_log_probs(norm, positional, attn_only):
     m = random_model(n_layers=2, positional=positional, normalization=norm, attn_only=attn_only, seed=5)
+    if positional == "shortformer":  # positions join after ln1: its weight cannot be folded into W_Q / W_K
+        with pytest.raises(ValueError, match="shortformer"):
+            circuits.fold_layer_norm(m)
+        return
     tokens = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(0))
     folded = circuits.fold_layer_norm(m, center_unembed=True)
     lp, lp_f = m(tokens).log_softmax(-1), folded(tokens).log_softmax(-1)

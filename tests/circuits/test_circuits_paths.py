@@ -204,3 +204,17 @@ def test_rotary_bridge_score_decomposition():
     assert circuits.path_expansion(bridge, _tokens()).reconstruction_error < 1e-6
     assert circuits.attention_score_decomposition(m, _tokens(), 1, 0).reconstruction_error < 1e-10
     assert circuits.path_expansion(m, _tokens()).reconstruction_error < 1e-10
+
+
+@pytest.mark.parametrize("kw", [dict(scale_attn_by_inverse_layer_idx=True), dict(use_attn_scale=False),
+                                dict(attn_scale=1.5)])
+def test_score_terms_sum_to_scores_with_attention_scale_options(kw):
+    m = random_model(n_layers=2, n_heads=2, positional="rotary", normalization="LN", seed=3)
+    m = type(m)(m.cfg.replace(**kw))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2), dtype=p.dtype) * 0.3)
+    dec = circuits.attention_score_decomposition(m, _tokens(seed=1), 1, 1)
+    assert dec.reconstruction_error < 1e-10 and dec.pattern_error < 1e-10
+    with pytest.raises(ValueError, match="soft"):
+        circuits.attention_score_decomposition(type(m)(m.cfg.replace(attn_scores_soft_cap=1.0)), _tokens(), 1, 1)

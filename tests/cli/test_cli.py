@@ -138,6 +138,9 @@ def test_info(models_dir):
     assert out["config"]["n_layers"] == 2 and out["tokenizer"].startswith("bytes")
     assert out["parameters"]["total"] == sum(v for k, v in out["parameters"].items() if k != "total")
     assert "blocks.0.attn.hook_z" in out["hooks"]
+    # only hook points that fire: TransformerLens' opt-in points are listed while switched on
+    assert not any(h.endswith(("hook_attn_in", "hook_q_input", "hook_mlp_in")) for h in out["hooks"])
+    assert ("blocks.0.attn.hook_result" in out["hooks"]) == out["config"]["use_attn_result"]
 
 
 def test_legacy_state_dict_with_config(models_dir):

@@ -340,8 +340,8 @@ def test_legacy_state_dict_errors(tmp_path):
     sd["blocks.0.attn.W_O"] = sd["blocks.0.attn.W_O"][:1]
     with pytest.raises(CheckpointError, match="blocks.0.attn.W_O"):
         models.from_transformer_lens_state_dict(sd, model.cfg)
-    with pytest.raises(models.ConfigError, match="gated_mlp"):
-        models.from_transformer_lens_state_dict(legacy_state_dict(model), tl_config_dict(model.cfg, gated_mlp=True))
+    with pytest.raises(models.ConfigError, match="use_qk_norm"):
+        models.from_transformer_lens_state_dict(legacy_state_dict(model), tl_config_dict(model.cfg, use_qk_norm=True))
     with pytest.raises(CheckpointError, match="not a state-dict file"):
         models.from_transformer_lens_state_dict(tmp_path / "nope.pth", model.cfg)
     (tmp_path / "trunc.pth").write_bytes(b"PK\x03\x04 truncated")

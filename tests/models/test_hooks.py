@@ -14,6 +14,7 @@ TOKENS = torch.tensor([[3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 8, 9, 7]])
 
 
 def make(kind="standard", mlp=False, norm="LN", n_layers=2, **kw):
+    kw.setdefault("use_attn_result", True)  # these tests read the per-head hook_result (TransformerLens' opt-in)
     cfg = HookedTransformerConfig(n_layers=n_layers, d_model=16, n_ctx=8, d_vocab=10, n_heads=4,
                                   d_mlp=32 if mlp else None, normalization_type=norm, positional_embedding_type=kind,
                                   dtype="float64", seed=0, **kw)
@@ -223,7 +224,8 @@ def test_hooked_norm_path_matches_fused_norm(norm):
     assert len(scales) == 5 and scales[0].shape == (2, 7, 1)
     x = model.run_with_cache(TOKENS, names_filter="hook_embed")[1]["hook_embed"] + model.W_pos[:7]
     ln = model.blocks[0].ln1
-    expected = F.layer_norm(x, (16,), ln.w, ln.b) if norm == "LN" else F.rms_norm(x, (16,), ln.w, 1e-5)
+    # LN hooks its output, RMS x / scale before the weight (both as TransformerLens 2.x)
+    expected = F.layer_norm(x, (16,), ln.w, ln.b) if norm == "LN" else F.rms_norm(x, (16,), None, 1e-5)
     _, cache = model.run_with_cache(TOKENS, names_filter="blocks.0.ln1.hook_normalized")
     torch.testing.assert_close(cache["blocks.0.ln1.hook_normalized"], expected)
 

@@ -84,9 +84,9 @@ def assert_parity(model, n_pos=7):
             else:
                 assert finite.all()
             a = a.softmax(-1)
-        elif leaf == "hook_normalized":
+        elif leaf == "hook_normalized" and model.cfg.normalization_type == "LN":  # ours: LN's output; RMS: x/scale
             norm = model.get_submodule(name.rsplit(".", 1)[0])
-            b = b * norm.w + (norm.b if model.cfg.normalization_type == "LN" else 0)
+            b = b * norm.w + norm.b
         assert rel(a, b) < 1e-5, name
         compared += 1
     assert compared >= len(expected_common)

@@ -97,7 +97,7 @@ def reference_forward(model: HookedTransformer, tokens: torch.Tensor) -> torch.T
         ln = lambda x, name, p=p: ref_norm(x, cfg.normalization_type, sd.get(p + name + ".w"),
                                            sd.get(p + name + ".b"), cfg.eps)
         x_v = ln(resid, "ln1")
-        x_qk = ln(resid + pos, "ln1") if kind == "shortformer" else x_v
+        x_qk = x_v + pos if kind == "shortformer" else x_v  # positions after the norm (TransformerLens 2.x)
         attn_out = sd[p + "attn.b_O"].clone()
         for h in range(H):
             g = h // group  # the key/value head this query head reads
@@ -205,7 +205,7 @@ def test_matches_reference_zero_layers(pos):
 @pytest.mark.parametrize("pos", ["rotary-half", "alibi", "shortformer"])
 def test_per_head_result_path_matches_reference(pos):
     """Hooking only `hook_result` takes the per-head einsum path with the fused attention."""
-    model = make(pos, "LN", True, gqa=True)
+    model = make(pos, "LN", True, gqa=True, use_attn_result=True)
     tokens = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(3))
     seen = []
     out = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_result", lambda t, hook: seen.append(t))])

@@ -192,7 +192,7 @@ def test_bad_state_dicts(sd, edit, exc, match):
     ("config.json", TypeError, "cfg must be"),
     ({}, ConfigError, "missing required field"),
     ({"n_layers": "x"}, ConfigError, "missing required field"),
-    (dict(CFG.to_dict(), gated_mlp=True), ConfigError, r"\['gated_mlp'\], which this toolkit does not implement"),
+    (dict(CFG.to_dict(), use_qk_norm=True), ConfigError, r"\['use_qk_norm'\], which this toolkit does not implement"),
     (dict(CFG.to_dict(), d_model=10**8), CheckpointError, "the config describes at least"),
 ])
 def test_bad_configs_for_state_dicts(sd, cfg, exc, match):

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from tl2_port import CONFIG, OPT_IN, gap, tl_model
+from tl2_port import CONFIG, gap, tl_model
 
 from models import HookedTransformerConfig
 
@@ -71,7 +71,6 @@ GQA = dict(d_model=64, d_head=8, n_heads=8, n_ctx=16, n_key_value_heads=2, n_lay
            attn_only=True)
 
 
-@gap(OPT_IN)
 def test_grouped_query_attention_output_is_correct():
     """test_grouped_query_attention.py::test_grouped_query_attention_output_is_correct: GQA equals attention with
     each K/V head repeated n_heads / n_key_value_heads times, also with use_split_qkv_input."""
@@ -95,7 +94,6 @@ def test_grouped_query_attention_output_is_correct():
     torch.testing.assert_close(gqa(x), regular, rtol=1e-6, atol=1e-6)
 
 
-@gap(CONFIG + " (ungroup_grouped_query_attention)")
 def test_ungroup_grouped_query_attention_flag_produces_same_result():
     """test_grouped_query_attention.py::test_ungroup_grouped_query_attention_flag_produces_same_result"""
     off = tl_model(**GQA, ungroup_grouped_query_attention=False)
@@ -105,7 +103,6 @@ def test_ungroup_grouped_query_attention_flag_produces_same_result():
     torch.testing.assert_close(off(x), on(x), rtol=0, atol=0)
 
 
-@gap(CONFIG + " (ungroup_grouped_query_attention); " + OPT_IN)
 def test_ungroup_grouped_query_attention_flag_changes_k_v_hooks_shape():
     """test_grouped_query_attention.py::test_ungroup_grouped_query_attention_flag_changes_k_v_hooks_shape"""
     model = tl_model(**GQA, use_split_qkv_input=True, ungroup_grouped_query_attention=False)
@@ -124,7 +121,6 @@ ONE_LAYER = dict(d_model=128, d_head=8, n_heads=16, n_ctx=128, n_layers=1, attn_
 
 
 @pytest.mark.parametrize("kv_heads", [None, 2], ids=["normal", "grouped"])
-@gap(OPT_IN + " (set_use_split_qkv_input; use_split_qkv_input defaults to False)")
 def test_split_qkv_correct(kv_heads):
     """test_split_qkv.py::test_split_qkv_normal_attn_correct and ::test_split_qkv_grouped_query_attn_correct"""
     model = tl_model(**ONE_LAYER, n_key_value_heads=kv_heads)
@@ -137,7 +133,6 @@ def test_split_qkv_correct(kv_heads):
 
 
 @pytest.mark.parametrize("kv_heads", [None, 2], ids=["normal", "grouped"])
-@gap(OPT_IN + " (set_use_attn_result; use_split_qkv_input missing from the config)")
 def test_attn_result_correct(kv_heads):
     """test_use_attn_result.py::test_atten_result_normal_attn_correct and
     ::test_atten_result_grouped_query_attn_correct"""
@@ -151,7 +146,6 @@ def test_attn_result_correct(kv_heads):
 
 
 # --- tests/integration/test_d_vocab.py ---------------------------------------------------------------------------
-@gap("issue 14 bug 6: d_vocab_out missing from our config")
 def test_d_vocab_out_set():
     """test_d_vocab.py::test_d_vocab_out_set"""
     model = tl_model(n_layers=1, d_mlp=10, d_model=10, d_head=5, n_heads=2, n_ctx=20, act_fn="relu", d_vocab=100,
@@ -163,26 +157,22 @@ def test_d_vocab_out_set():
 SMALL = {"n_layers": 2, "d_vocab": 100, "d_model": 6, "n_ctx": 5, "d_head": 2, "attn_only": True}
 
 
-@gap(CONFIG + " (HookedTransformerConfig.unwrap)")
 def test_hooked_transformer_config_object():
     """test_hooked_transformer_config.py::test_hooked_transformer_config_object"""
     cfg = HookedTransformerConfig(**SMALL)
     assert HookedTransformerConfig.unwrap(cfg) is cfg
 
 
-@gap(CONFIG + " (HookedTransformerConfig.unwrap)")
 def test_hooked_transformer_config_dict():
     """test_hooked_transformer_config.py::test_hooked_transformer_config_dict"""
     assert isinstance(HookedTransformerConfig.unwrap(dict(SMALL)), HookedTransformerConfig)
 
 
-@gap(CONFIG + " (unwrap, is_layer_norm_activation, act_fn='solu_ln')")
 def test_is_layer_norm_activation_passes():
     """test_hooked_transformer_config.py::test_is_layer_norm_activation_passes"""
     assert HookedTransformerConfig.unwrap({**SMALL, "act_fn": "solu_ln"}).is_layer_norm_activation()
 
 
-@gap(CONFIG + " (unwrap, is_layer_norm_activation)")
 def test_is_layer_norm_activation_fails():
     """test_hooked_transformer_config.py::test_is_layer_norm_activation_fails"""
     assert not HookedTransformerConfig.unwrap({**SMALL, "act_fn": "relu"}).is_layer_norm_activation()
@@ -213,20 +203,17 @@ SOLU_LN = "issue 14 bug 6: act_fn='solu_ln' / 'solu' unsupported (SoLU MLP with 
 GATED = "issue 14 bug 6: gated_mlp unsupported (W_gate)"
 
 
-@gap(SOLU_LN)
 def test_mlp_initialization():
     """test_mlp.py::test_initialization"""
     tl_model(**MLP_CFG)
 
 
-@gap(SOLU_LN)
 def test_mlp_forward_without_layer_norm():
     """test_mlp.py::test_forward_without_layer_norm (act_fn='solu')"""
     mlp = tl_model(**{**MLP_CFG, "act_fn": "solu"}).blocks[0].mlp
     assert mlp(torch.full((1, 1, 128), 0.085)).shape == (1, 1, 128)
 
 
-@gap(SOLU_LN)
 def test_mlp_forward_with_layer_norm():
     """test_mlp.py::test_forward_with_layer_norm: a SoLU-LN MLP has hook_mid and its own LayerNorm `ln`."""
     from transformer_lens.hook_points import HookPoint
@@ -237,7 +224,6 @@ def test_mlp_forward_with_layer_norm():
     assert mlp(torch.full((1, 1, 128), 0.85)).shape == (1, 1, 128)
 
 
-@gap(GATED + "; " + SOLU_LN)
 def test_gated_mlp_initialization():
     """test_gated_mlp.py::test_initialization: W_in, W_gate, W_out, b_in, b_out parameters, an `ln`."""
     mlp = tl_model(**MLP_CFG, gated_mlp=True).blocks[0].mlp
@@ -246,7 +232,6 @@ def test_gated_mlp_initialization():
     assert hasattr(mlp, "ln")
 
 
-@gap(GATED + "; " + SOLU_LN)
 def test_gated_mlp_forward():
     """test_gated_mlp.py::test_forward"""
     mlp = tl_model(**MLP_CFG, gated_mlp=True).blocks[0].mlp

@@ -1,0 +1,173 @@
+"""Multi-head attention with per-head hooks, and `linear`, the affine map the layers share (its kernel: `models.gemm.affine`).
+
+Parameter names and layouts follow TransformerLens' former `HookedTransformer`: `W_Q [n_heads, d_model, d_head]`,
+`W_K`, `W_V [n_key_value_heads, d_model, d_head]`, `W_O [n_heads, d_head, d_model]`, biases `b_Q`, `b_K`, `b_V`,
+`b_O`. Axis vocabulary in shape comments as in `models.components`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+
+from .config import HookedTransformerConfig
+from .gemm import affine
+from .positions import Rotation
+from .score_bias import ScoreBias
+
+
+def hooked(*points: HookPoint) -> bool:
+    """True when any of the hook points has a forward or backward hook attached (so the explicit path that computes
+    them is needed: a backward hook only fires on a tensor that passed through its hook point)."""
+    return any(p.fwd_hooks or p.bwd_hooks for p in points)
+
+
+def param_or_buffer(module: nn.Module, name: str, tensor: torch.Tensor, trainable: bool) -> None:
+    if trainable:
+        module.register_parameter(name, nn.Parameter(tensor))
+    else:
+        module.register_buffer(name, tensor)
+
+
+def linear(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`x @ W + b` for `x [..., d_in]`, `W [d_in, d_out]` (see `affine`)."""
+    return affine(b, x.reshape(-1, x.shape[-1]), W).view(*x.shape[:-1], W.shape[-1])
+
+
+def score_scale(cfg: HookedTransformerConfig, layer: int) -> float:
+    """The factor multiplying q·kᵀ: 1/√d_head (Vaswani et al. 2017, §3.2.1), or 1/attn_scale, or 1 without
+    `use_attn_scale`; divided further by layer + 1 with `scale_attn_by_inverse_layer_idx` (Mistral's stanford-gpt2
+    models, as TransformerLens)."""
+    if cfg.use_attn_scale and cfg.attn_scale is None and not cfg.scale_attn_by_inverse_layer_idx:
+        return 1 / math.sqrt(cfg.d_head)
+    divisor = (cfg.attn_scale or math.sqrt(cfg.d_head)) if cfg.use_attn_scale else 1.0
+    if cfg.scale_attn_by_inverse_layer_idx:
+        divisor *= layer + 1
+    return 1 / divisor
+
+
+def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Gemma 2's soft cap (Gemma Team 2024, §2): cap · tanh(x / cap), or x unchanged when `cap` is None."""
+    return x if cap is None else cap * torch.tanh(x / cap)
+
+
+class Attention(nn.Module):
+    """Multi-head attention (Vaswani et al. 2017, §3.2: softmax(q·kᵀ·scale) v per head, outputs summed through
+    W_O), optionally grouped-query (Ainslie et al. 2023: query head h reads key/value head h // (H / H_kv)), with
+    per-head hooks. The scale is `score_scale` (1/√d_head by default), the scores optionally soft-capped
+    (`soft_cap`, before the score bias, as TransformerLens).
+
+    Two paths compute the same function:
+    - explicit: scores = q·kᵀ·scale (soft-capped) + the score bias (−inf where masked), `hook_attn_scores`, softmax,
+      `hook_pattern`, z = pattern·v. Taken whenever `hook_attn_scores` or `hook_pattern` is hooked (e.g.
+      `run_with_cache`, or a backward hook) or the scores are soft-capped.
+    - fused: `F.scaled_dot_product_attention`, taken otherwise (plain forward, training, generation).
+    The per-head output `hook_result [batch, pos, head, d_model]` is formed only with `cfg.use_attn_result` and when
+    hooked; otherwise z is multiplied by the flattened W_O in one matmul.
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig, layer: int = 0):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        H, Hkv, D, dh, dt = cfg.n_heads, cfg.n_key_value_heads, cfg.d_model, cfg.d_head, cfg.torch_dtype
+        self.W_Q = nn.Parameter(torch.empty(H, D, dh, dtype=dt))
+        self.W_K = nn.Parameter(torch.empty(Hkv, D, dh, dtype=dt))
+        self.W_V = nn.Parameter(torch.empty(Hkv, D, dh, dtype=dt))
+        self.W_O = nn.Parameter(torch.empty(H, dh, D, dtype=dt))
+        for name, shape in (("b_Q", (H, dh)), ("b_K", (Hkv, dh)), ("b_V", (Hkv, dh)), ("b_O", (D,))):
+            param_or_buffer(self, name, torch.zeros(shape, dtype=dt), cfg.use_bias)
+        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_k = HookPoint()  # [batch, key, kv_head, d_head]
+        self.hook_v = HookPoint()  # [batch, key, kv_head, d_head]
+        if cfg.positions.rotates_qk:
+            self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head]
+            self.hook_rot_k = HookPoint()  # [batch, key, kv_head, d_head]
+        self.hook_attn_scores = HookPoint()  # [batch, head, pos, key], −inf where masked
+        self.hook_pattern = HookPoint()  # [batch, head, pos, key]
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_result = HookPoint()  # [batch, pos, head, d_model], with cfg.use_attn_result
+
+    def kv_heads(self) -> int:
+        """Key/value heads as computed and hooked: n_key_value_heads, or n_heads with
+        `ungroup_grouped_query_attention` (W_K, W_V expanded to every query head first, as TransformerLens)."""
+        return self.cfg.n_heads if self.cfg.ungroup_grouped_query_attention else self.cfg.n_key_value_heads
+
+    def forward(self, x_q: torch.Tensor, x_k: torch.Tensor, x_v: torch.Tensor, score_bias: ScoreBias,
+                rotation: Rotation | None = None) -> torch.Tensor:
+        """Queries read `x_q [batch, pos, d_model]`, keys and values `x_k`, `x_v [batch, key, d_model]`; pass the same
+        tensor for inputs that are the same (self-attention: all three, one fused matmul; Shortformer: queries and
+        keys). Per-head inputs `[batch, pos, heads, d_model]` (TransformerLens' split QKV input) are read head by
+        head. `score_bias` is added to the scores (`models.score_bias`); `rotation` rotates queries and keys."""
+        cfg = self.cfg
+        B, P = x_q.shape[:2]
+        K = x_k.shape[1]
+        H, Hkv, dh = cfg.n_heads, self.kv_heads(), cfg.d_head
+        W_K, W_V, b_K, b_V = self.W_K, self.W_V, self.b_K, self.b_V
+        if Hkv != cfg.n_key_value_heads:  # ungrouped: every query head gets its own copy of its kv head
+            W_K, W_V, b_K, b_V = (t.repeat_interleave(H // cfg.n_key_value_heads, 0) for t in (W_K, W_V, b_K, b_V))
+        if x_q.ndim == 4:  # per-head inputs
+            q, k, v = (torch.einsum("bphd,hde->bphe", x, W) + b
+                       for x, W, b in ((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
+        else:
+            W = torch.cat([self.W_Q, W_K, W_V]).permute(1, 0, 2).reshape(cfg.d_model, -1)
+            b = torch.cat([self.b_Q, b_K, b_V]).reshape(-1)
+            widths = (H * dh, Hkv * dh, Hkv * dh)
+            if x_q is x_k is x_v:  # self-attention: one fused QKV matmul
+                q, k, v = affine(b, x_q.reshape(B * P, -1), W).split(widths, -1)
+            else:
+                q, k, v = _project((x_q, x_k, x_v), W, b, widths)
+        q = _own(self.hook_q, q.view(B, P, H, dh))  # [batch, pos, head, d_head]
+        k = _own(self.hook_k, k.view(B, K, Hkv, dh))  # [batch, key, kv_head, d_head]
+        v = _own(self.hook_v, v.view(B, K, Hkv, dh))
+        if rotation is not None:
+            q, k = self.hook_rot_q(rotation(q)), self.hook_rot_k(rotation(k))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
+        scale = score_scale(cfg, self.layer)
+        if hooked(self.hook_attn_scores, self.hook_pattern) or cfg.attn_scores_soft_cap is not None:
+            if Hkv != H:  # query head h reads kv head h // (H / Hkv)
+                k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+            scores = (q @ k.transpose(-1, -2)).mul_(scale)  # in place: the [pos, key] square once
+            scores = soft_cap(scores, cfg.attn_scores_soft_cap)
+            bias = score_bias.dense(P, K, q.dtype, q.device)  # [(head,) pos, key], −inf where masked
+            if bias is not None:
+                scores.add_(bias)
+            pattern = self.hook_pattern(self.hook_attn_scores(scores).softmax(-1))  # [batch, head, pos, key]
+            z = pattern @ v
+        else:
+            mask, is_causal = score_bias.sdpa_args(P, K, q.dtype, q.device)
+            default = cfg.use_attn_scale and cfg.attn_scale is None and not cfg.scale_attn_by_inverse_layer_idx
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=Hkv != H,
+                                               scale=None if default else scale)
+        z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
+        if cfg.use_attn_result and hooked(self.hook_result):
+            result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))  # [batch, pos, head, d_model]
+            return result.sum(-2) + self.b_O
+        return affine(self.b_O, z.reshape(B * P, H * dh), self.W_O.reshape(H * dh, -1)).view(B, P, -1)
+
+
+def _own(point: HookPoint, x: torch.Tensor) -> torch.Tensor:
+    """`point(x)`; under autograd a hooked point gets a copy: q, k and v are views into one fused matmul's output,
+    which autograd forbids editing in place (TransformerLens hands its hooks separate tensors)."""
+    if not hooked(point):
+        return x
+    return point(x.clone() if x.requires_grad else x)
+
+
+def _project(xs: tuple[torch.Tensor, ...], W: torch.Tensor, b: torch.Tensor, widths: tuple[int, ...]) -> list:
+    """`x_i @ W_i + b_i` for the inputs `xs` and the column blocks `widths` of `W` / `b`, as one matmul per run of
+    consecutive inputs that are the same tensor (all three at once for plain self-attention). Returns 2-D
+    `[batch·pos, width]` views."""
+    out, i = [], 0
+    while i < len(xs):
+        j = i + 1
+        while j < len(xs) and xs[j] is xs[i]:
+            j += 1
+        lo, hi = sum(widths[:i]), sum(widths[:j])
+        x = xs[i]
+        out += affine(b[lo:hi], x.reshape(-1, x.shape[-1]), W[:, lo:hi]).split(widths[i:j], -1)
+        i = j
+    return out

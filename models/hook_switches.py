@@ -1,0 +1,65 @@
+"""TransformerLens 2.x's opt-in hook points and their switches (`set_use_*`), mixed into `HookedTransformer`.
+
+Every block always has the hook points `hook_attn_in`, `hook_q_input`, `hook_k_input`, `hook_v_input` (and, with an
+MLP, `hook_mlp_in`), and every attention layer `hook_result`, as TransformerLens; they fire only while their switch
+in the config is on. `firing_hook_names()` lists the hook points that fire on a forward pass as configured now.
+"""
+
+from __future__ import annotations
+
+from .errors import ConfigError, HookSwitchError
+
+#: hook-name suffix → the config switch without which it never fires
+OPT_IN = {".hook_attn_in": "use_attn_in", ".hook_q_input": "use_split_qkv_input",
+          ".hook_k_input": "use_split_qkv_input", ".hook_v_input": "use_split_qkv_input",
+          ".hook_mlp_in": "use_hook_mlp_in", "attn.hook_result": "use_attn_result"}
+
+
+class HookSwitches:
+    """The `set_use_*` switches of TransformerLens 2.x's `HookedTransformer` (same names, arguments and checks)."""
+
+    def _switch(self, name: str, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+        setattr(self.cfg, name, value)
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Compute and hook each head's output `blocks.{l}.attn.hook_result [batch, pos, head, d_model]`."""
+        self._switch("use_attn_result", use_attn_result)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Give each head its own copy of the query, key and value inputs (`hook_q_input`, `hook_k_input`,
+        `hook_v_input`, `[batch, pos, head, d_model]`), so that they can be patched separately."""
+        self._switch("use_split_qkv_input", use_split_qkv_input)
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """Hook a copy of each MLP's input (`blocks.{l}.hook_mlp_in`, before ln2)."""
+        if use_hook_mlp_in and self.cfg.attn_only:
+            raise HookSwitchError("use_hook_mlp_in needs MLP layers; this model is attention-only")
+        self._switch("use_hook_mlp_in", use_hook_mlp_in)
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """Hook the attention input once per head (`blocks.{l}.hook_attn_in [batch, pos, head, d_model]`)."""
+        if use_attn_in and self.cfg.n_key_value_heads != self.cfg.n_heads:
+            raise HookSwitchError("use_attn_in cannot be used with grouped-query attention; use "
+                              "set_use_split_qkv_input instead")
+        self._switch("use_attn_in", use_attn_in)
+
+    def set_ungroup_grouped_query_attention(self, ungroup_grouped_query_attention: bool) -> None:
+        """Expand the key/value heads to one per query head before `hook_k` / `hook_v` (grouped-query attention)."""
+        self._switch("ungroup_grouped_query_attention", ungroup_grouped_query_attention)
+
+    def check_hooks_to_add(self, hook_point, hook_point_name: str, hook, dir="fwd", is_permanent=False,
+                           prepend=False) -> None:
+        """`add_hook` on an opt-in hook point whose switch is off raises `HookSwitchError` (as TransformerLens 2.x's
+        assertion); `run_with_cache` and `run_with_hooks` with a filter skip the check, as there."""
+        for suffix, switch in OPT_IN.items():
+            if hook_point_name.endswith(suffix) and not getattr(self.cfg, switch):
+                raise HookSwitchError(f"cannot add a hook to {hook_point_name} while {switch} is False; call "
+                                      f"model.set_{switch}(True) first")
+
+    def firing_hook_names(self) -> list[str]:
+        """The hook points that fire on a forward pass with the current switches (`hook_dict` also holds the opt-in
+        points that are switched off, as TransformerLens)."""
+        return [name for name in self.hook_dict if not any(
+            name.endswith(suffix) and not getattr(self.cfg, switch) for suffix, switch in OPT_IN.items())]
