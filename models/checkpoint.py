@@ -217,6 +217,11 @@ def config_from_json(text: str):
         d = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
         raise ConfigError(f"config is not valid JSON: {type(e).__name__}: {e}") from None
+    return config_from_dict(d)
+
+
+def config_from_dict(d: dict):
+    """The config object of a config dict, by its `model_type` (`model_types`)."""
     kind = d.get("model_type", "decoder") if isinstance(d, dict) else "decoder"
     types = model_types()
     if kind not in types:
