@@ -3,8 +3,8 @@ enc-dec-reverse`): exact match on held-out sources, each cross-attention head's 
 its OV circuit, and the training curve.
 
 - alignment score of a cross-attention head: the mean, over held-out target tokens, of the attention that the decoder
-  position predicting the token pays to the source position the token comes from (`Task.alignment`: the anti-diagonal
-  for reversal, the sorting permutation for sorting);
+  position predicting the token pays to the source positions the token comes from (`Task.alignment`: the
+  anti-diagonal for reversal; for sorting, the positions holding the symbol);
 - copying score of a cross-attention head: `circuits.eigen.copying_score` of its full OV circuit
   `W_E_src W_V W_O W_U` (Elhage et al. 2021), meaningful where source and target share their ids (copy, reverse, sort).
 """
@@ -29,13 +29,15 @@ def cross_alignment_scores(model, batches, rows) -> torch.Tensor | None:
         return None
     _, cache = model.run_with_cache(src, tgt, src_mask, tgt_mask,
                                     names_filter=lambda n: n.endswith("cross_attn.hook_pattern"))
-    b = torch.cat([torch.full((len(a),), i) for i, a in enumerate(aligned)])
-    j = torch.cat([torch.arange(len(a)) for a in aligned])  # decoder position j predicts target token j
-    s = torch.as_tensor(np.concatenate(aligned), dtype=torch.long)
+    target = torch.zeros(src.shape[0], tgt.shape[1], src.shape[1], dtype=torch.float32)  # [batch, target, source]
+    for i, a in enumerate(aligned):  # decoder position j predicts target token j
+        target[i, : a.shape[0], : a.shape[1]] = torch.as_tensor(a)
+    counted = target.sum(-1) > 0  # [batch, target]
     rows_out = []
     for layer in range(model.cfg.n_decoder_layers):
-        pattern = cache[f"decoder.{layer}.cross_attn.hook_pattern"]  # [batch, head, target, source]
-        rows_out.append(pattern[b, :, j, s].mean(0))
+        pattern = cache[f"decoder.{layer}.cross_attn.hook_pattern"].float().cpu()  # [batch, head, target, source]
+        mass = (pattern * target[:, None]).sum(-1)  # [batch, head, target]
+        rows_out.append(mass.transpose(0, 1)[:, counted].mean(-1))
     return torch.stack(rows_out).float().cpu()
 
 

@@ -216,6 +216,44 @@ class HookedEncoderDecoder(HookedRootModule):
             cache = ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
         return out, cache
 
+    # --- text (a `models.seq2seq_data.Seq2SeqTokenizer`: source and target characters) -------------------------------
+    def _vocab(self, which: str):
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer attached; pass token ids, or set model.tokenizer")
+        return self.tokenizer.source if which == "src" else self.tokenizer.target
+
+    def to_tokens_src(self, text) -> torch.Tensor:
+        """Source text (or a list of texts, right-padded with the pad id) to `[batch, src_pos]` ids; see
+        `padding_mask` for the mask."""
+        return self._ids([self._vocab("src").encode(t) for t in ([text] if isinstance(text, str) else text)])
+
+    def to_tokens_tgt(self, text, prepend_bos: bool = True) -> torch.Tensor:
+        """Target text (or a list, right-padded) to `[batch, tgt_pos]` decoder-input ids, BOS first by default."""
+        bos = [self.cfg.bos_token_id] if prepend_bos else []
+        return self._ids([bos + self._vocab("tgt").encode(t) for t in ([text] if isinstance(text, str) else text)])
+
+    def _ids(self, rows: list[list[int]]) -> torch.Tensor:
+        out = torch.full((len(rows), max(len(r) for r in rows)), self.cfg.pad_token_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        return out.to(self.device)
+
+    def padding_mask(self, tokens: torch.Tensor) -> torch.Tensor:
+        """`tokens != pad_token_id` (a source mask; a target's first token, BOS, always counts)."""
+        return torch.as_tensor(tokens) != self.cfg.pad_token_id
+
+    def to_string_src(self, tokens):
+        return self._strings(tokens, "src")
+
+    def to_string_tgt(self, tokens):
+        """Target ids (`[pos]` or `[batch, pos]`) to text (or a list of texts), specials written as `<bos>` etc."""
+        return self._strings(tokens, "tgt")
+
+    def _strings(self, tokens, which: str):
+        t = torch.as_tensor(tokens)
+        vocab = self._vocab(which)
+        return [vocab.decode(row.tolist()) for row in t] if t.ndim == 2 else vocab.decode(t.reshape(-1).tolist())
+
     # --- generation, persistence ----------------------------------------------------------------------------------
     def generate(self, src, max_new_tokens: int = 20, method: str = "greedy", **kw):
         """Decode target sequences for `src` (`models.encoder_decoder_generate.generate`)."""

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from .batches import step_rng
-from .errors import TrainConfigError
+from .errors import TokenizerError, TrainConfigError
 
 PAD, BOS, EOS = 0, 1, 2
 SPECIALS = ("<pad>", "<bos>", "<eos>")
@@ -45,7 +45,7 @@ class CharVocab:
     def encode(self, text: str) -> list[int]:
         unknown = sorted(set(text) - set(self.tokens[len(SPECIALS):]))
         if unknown:
-            raise TrainConfigError(f"characters {unknown} are not in this vocabulary: {''.join(self.tokens[3:])!r}")
+            raise TokenizerError(f"characters {unknown} are not in this vocabulary: {''.join(self.tokens[3:])!r}")
         return [self.index[c] for c in text]
 
     def decode(self, ids) -> str:
@@ -104,8 +104,8 @@ class Task:
         raise NotImplementedError
 
     def alignment(self, src: np.ndarray) -> np.ndarray | None:
-        """For each target token, the source position it comes from (`[len(target)]`), or None when the target is
-        not a rearrangement of the source."""
+        """`[len(target), len(src)]` bool: True where target token j may come from source position i (the same symbol
+        at the place the task moves it to), or None when the target is not a rearrangement of the source."""
         return None
 
     def sample(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -122,7 +122,7 @@ class Copy(Task):
         return src
 
     def alignment(self, src):
-        return np.arange(len(src))
+        return np.eye(len(src), dtype=bool)
 
 
 class Reverse(Task):
@@ -133,8 +133,8 @@ class Reverse(Task):
     def target(self, src):
         return src[::-1]
 
-    def alignment(self, src):
-        return np.arange(len(src))[::-1]
+    def alignment(self, src):  # the anti-diagonal
+        return np.eye(len(src), dtype=bool)[::-1].copy()
 
 
 class Sort(Task):
@@ -145,8 +145,8 @@ class Sort(Task):
     def target(self, src):
         return np.sort(src)
 
-    def alignment(self, src):  # equal symbols in source order
-        return np.argsort(src, kind="stable")
+    def alignment(self, src):  # any source position holding the symbol (repeated symbols are interchangeable)
+        return np.sort(src)[:, None] == src[None, :]
 
 
 class Date(Task):

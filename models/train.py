@@ -279,7 +279,7 @@ class _Run:
             g["lr"] = lr * g["lr_scale"]
         rows = torch.as_tensor(self.task.batches.batch(cfg.seed, step, cfg.batch_size, self.rank, self.world))
         rows = rows.to(self.device)
-        loss = self.task.loss(self.ddp or self.model, rows, cfg, step, autocast, self.model)
+        loss = self.task.loss(self.ddp or self.model, rows, cfg, step, autocast, self.model, (self.rank, self.world))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip is not None:

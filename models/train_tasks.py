@@ -8,7 +8,8 @@ and asks its task for the loss of a batch, the validation loss and the checkpoin
 - `MaskedLM` (`HookedEncoder`): BERT's masked-language-model loss (`mask_tokens`).
 
 A batch is an int64 array whose rows data-parallel ranks split (`models.batches`, `models.seq2seq_data`); every
-random choice a task makes is drawn from `step_rng(seed, step, stream)`, so runs stay deterministic and resumable.
+random choice a task makes is drawn from `step_rng(seed, step, stream)` for the whole global batch and split the same
+way (`rank_rows`), so runs stay deterministic, resumable and the same on any number of ranks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ from .model import lm_cross_entropy
 from .seq2seq_data import Seq2SeqBatches, exact_match
 
 SAMPLING_STREAM, MLM_STREAM = 2, 3
+
+
+def rank_rows(draw: np.ndarray, rank: int, world: int) -> np.ndarray:
+    """The rows of `draw` (drawn for the global batch) that belong to data-parallel rank `rank` of `world`."""
+    per = draw.shape[0] // world
+    return draw[rank * per : (rank + 1) * per]
 
 
 def sampling_probability(cfg, step: int) -> float:
@@ -46,17 +53,20 @@ def sampling_probability(cfg, step: int) -> float:
 
 
 def mask_tokens(rows: np.ndarray, rng: np.random.Generator, probability: float, mask_id: int,
-                pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                pool: np.ndarray, part: tuple[int, int] = (0, 1)) -> tuple[np.ndarray, np.ndarray]:
     """BERT's masking (Devlin et al. 2019, §3.1): each position but the first (BOS) is chosen with `probability`;
     a chosen token becomes `mask_id` (80 %), a random id from `pool` (10 %) or stays (10 %). Returns `(inputs,
-    labels)`, labels the original ids at chosen positions and −100 elsewhere."""
-    chosen = rng.random(rows.shape) < probability
+    labels)`, labels the original ids at chosen positions and −100 elsewhere. `rows` are rank `part[0]`'s of
+    `part[1]` ranks; the choices are drawn for all of them (`rank_rows`)."""
+    shape = (rows.shape[0] * part[1], rows.shape[1])
+    chosen = rank_rows(rng.random(shape) < probability, *part)
     chosen[:, 0] = False
-    how = rng.random(rows.shape)
+    how = rank_rows(rng.random(shape), *part)
+    replacement = rank_rows(pool[rng.integers(0, pool.size, shape)], *part)
     inputs = rows.copy()
     inputs[chosen & (how < 0.8)] = mask_id
     randomised = chosen & (how >= 0.8) & (how < 0.9)
-    inputs[randomised] = pool[rng.integers(0, pool.size, int(randomised.sum()))]
+    inputs[randomised] = replacement[randomised]
     return inputs, np.where(chosen, rows, -100)
 
 
@@ -66,7 +76,7 @@ class LanguageModelling:
     def __init__(self, batches):
         self.batches = batches
 
-    def loss(self, module, rows: torch.Tensor, cfg, step: int, autocast, model=None) -> torch.Tensor:
+    def loss(self, module, rows: torch.Tensor, cfg, step: int, autocast, model=None, part=(0, 1)) -> torch.Tensor:
         with autocast:
             logits = module(rows)
         return lm_cross_entropy(logits, rows, label_smoothing=cfg.label_smoothing)
@@ -100,15 +110,15 @@ class Seq2Seq:
     def inputs(self, rows: torch.Tensor) -> tuple:
         return tuple(t.to(rows.device) for t in self.batches.split(rows))
 
-    def loss(self, module, rows: torch.Tensor, cfg, step: int, autocast, model=None) -> torch.Tensor:
+    def loss(self, module, rows: torch.Tensor, cfg, step: int, autocast, model=None, part=(0, 1)) -> torch.Tensor:
         src, tgt, src_mask, tgt_mask = self.inputs(rows)
         feed = tgt
         p = sampling_probability(cfg, step)
         if p > 0:  # the decoder reads its own greedy predictions at a fraction p of the positions after BOS
             with torch.no_grad(), autocast:
                 pred = (model or module)(src, tgt, src_mask, tgt_mask).argmax(-1)  # [batch, pos]: token i + 1
-            own = torch.as_tensor(step_rng(cfg.seed, step, SAMPLING_STREAM).random(tuple(tgt.shape)) < p,
-                                  device=tgt.device)
+            draw = step_rng(cfg.seed, step, SAMPLING_STREAM).random((tgt.shape[0] * part[1], tgt.shape[1]))
+            own = torch.as_tensor(rank_rows(draw, *part) < p, device=tgt.device)
             own[:, 0] = False
             own &= tgt_mask
             feed = torch.where(own, torch.cat([tgt[:, :1], pred[:, :-1]], 1), tgt)
@@ -132,12 +142,12 @@ class MaskedLM:
         self.batches, self.mask_id, self.probability = batches, mask_id, probability
         self.pool = np.asarray(pool, dtype=np.int64)
 
-    def masked(self, rows: torch.Tensor, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, labels = mask_tokens(rows.cpu().numpy(), rng, self.probability, self.mask_id, self.pool)
+    def masked(self, rows: torch.Tensor, rng: np.random.Generator, part=(0, 1)) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, labels = mask_tokens(rows.cpu().numpy(), rng, self.probability, self.mask_id, self.pool, part)
         return torch.as_tensor(inputs, device=rows.device), torch.as_tensor(labels, device=rows.device)
 
-    def loss(self, module, rows: torch.Tensor, cfg, step: int, autocast, model=None) -> torch.Tensor:
-        inputs, labels = self.masked(rows, step_rng(cfg.seed, step, MLM_STREAM))
+    def loss(self, module, rows: torch.Tensor, cfg, step: int, autocast, model=None, part=(0, 1)) -> torch.Tensor:
+        inputs, labels = self.masked(rows, step_rng(cfg.seed, step, MLM_STREAM), part)
         with autocast:
             logits = module(inputs)
         return mlm_cross_entropy(logits, labels, cfg.label_smoothing)

@@ -57,7 +57,8 @@ def test_tasks_targets_and_held_out_split(name):
         else:
             expected = {"copy": s, "reverse": s[::-1], "sort": np.sort(s)}[name]
             assert np.array_equal(body, expected)
-            assert np.array_equal(s[task.alignment(s)], body)  # alignment: the source position of each target token
+            a = task.alignment(s)  # [target, source]: where each target token may come from
+            assert a.any(1).all() and all(set(s[row]) == {x} for row, x in zip(a, body))
 
 
 def test_task_settings_are_checked():
@@ -167,6 +168,43 @@ def test_zoo_enc_dec_reverse_meets_its_card():
     align, copying = cross_alignment_scores(model, batches, rows), cross_copying_scores(model)
     best = align.flatten().argmax()
     assert align.flatten()[best] >= 0.9 and copying.flatten()[best] >= 0.9
+    src = model.to_tokens_src(["abcdefgh", "jjaaebcd"])
+    assert model.to_string_tgt(model.generate(src, 9)) == ["<bos>hgfedcba<eos>", "<bos>dcbeaajj<eos>"]
+    with pytest.raises(models.TokenizerError, match=r"characters \['z'\]"):
+        model.to_tokens_src("abz")
     card = json.loads((models.checkpoint.ZOO_DIR / "enc-dec-reverse" / "measured.json").read_text())
     assert card["exact_match_held_out"] >= 0.99
     assert np.allclose(card["cross_copying_scores"], copying.numpy(), atol=1e-3)
+
+
+DDP_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from tests.models.test_encdec_train import TINY, tiny_train
+from models import EncoderDecoderConfig
+from models.train import train
+train(EncoderDecoderConfig(**TINY), tiny_train({out!r}, steps=16, log_every=1, eval_every=8, lr=1e-2,
+                                              sampling_schedule="linear", sampling_max=0.5))
+"""
+
+
+@pytest.mark.slow
+def test_two_process_gloo_seq2seq_matches_single_process(tmp_path):
+    """The seq2seq task under torchrun (2 CPU processes, gloo) follows the single-process trajectory, scheduled
+    sampling included (fixed-length targets: every rank's mean is over the same number of tokens)."""
+    import sys
+
+    from models.train_state import read_metrics
+    from tests.models.test_train_ddp import ROOT, _free_port, _run
+
+    for name in ("one", "two"):
+        (tmp_path / f"{name}.py").write_text(DDP_SCRIPT.format(root=str(ROOT), out=str(tmp_path / name)))
+    _run([sys.executable, "one.py"], tmp_path)
+    _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+          "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "two.py"], tmp_path)
+    a, b = ([r["train_loss"] for r in read_metrics(tmp_path / n / "metrics.jsonl") if "train_loss" in r]
+            for n in ("one", "two"))
+    assert len(a) == len(b) == 16 and a[-1] < a[0] - 0.5
+    assert torch.allclose(torch.tensor(a), torch.tensor(b), rtol=0, atol=1e-3), (a, b)
+    assert (models.load(tmp_path / "one").W_U - models.load(tmp_path / "two").W_U).abs().max() < 1e-3
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size"] == 2
