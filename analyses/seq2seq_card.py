@@ -18,6 +18,8 @@ import torch
 
 from .train_metrics import hardware, png_bytes
 
+ALIGNED = {"reverse": "the anti-diagonal", "copy": "the diagonal", "sort": "any position holding the symbol"}
+
 
 @torch.no_grad()
 def cross_alignment_scores(model, batches, rows) -> torch.Tensor | None:
@@ -102,8 +104,9 @@ def make_seq2seq_report_fn(name: str, about: str, command: str, cfg, n_check: in
                  f"- held-out loss (teacher forcing): {summary.get('final_val_loss', float('nan')):.2e} nats/token"]
         if align is not None:
             numbers["cross_alignment_scores"] = [[round(float(v), 4) for v in r] for r in align]
-            lines.append(f"- cross-attention alignment scores (attention on the source position the predicted token "
-                         f"comes from), per head: {_heads(align)} (max **{float(align.max()):.3f}**)")
+            lines.append(f"- cross-attention alignment scores (attention on the source positions the predicted token "
+                         f"comes from: {ALIGNED[batches.task.name]}), per head: {_heads(align)} (max "
+                         f"**{float(align.max()):.3f}**)")
         if c.d_vocab_src == c.d_vocab_tgt and batches.task.name != "date":
             cs = cross_copying_scores(model)
             numbers["cross_copying_scores"] = [[round(float(v), 4) for v in r] for r in cs]
