@@ -187,3 +187,19 @@ def test_encoder_mlm_head_and_checkpoint(tmp_path):
     loaded = models.load(tmp_path / "e")
     assert type(loaded) is HookedEncoder
     torch.testing.assert_close(loaded(tokens), logits)
+
+
+def test_checkpoint_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path):
+    from models.seq2seq_data import CharVocab, Seq2SeqTokenizer
+
+    m = make()  # d_vocab_src 11, d_vocab_tgt 13
+    m.tokenizer = Seq2SeqTokenizer(CharVocab("abcdefgh"), CharVocab("abcdefghij"))  # 11 and 13 ids: fits
+    m.save(tmp_path / "m")
+    assert models.load(tmp_path / "m").tokenizer.target.decode([1, 3, 2]) == "<bos>a<eos>"
+    m.tokenizer = Seq2SeqTokenizer(CharVocab("abcdefghi"), CharVocab("abc"))
+    m.save(tmp_path / "m")
+    with pytest.raises(CheckpointError, match="src tokenizer has 12 ids but the model's d_vocab_src is 11"):
+        models.load(tmp_path / "m")
+    (tmp_path / "m" / "tokenizer.json").write_text('{"toy_circuits_tokenizer": "seq2seq", "source": 3}')
+    with pytest.raises(models.TokenizerError, match="not a valid seq2seq tokenizer"):
+        models.load(tmp_path / "m")
