@@ -103,6 +103,9 @@ def test_cross_attention_reads_the_encoder_output():
                  src_mask=torch.full((1, 4), 2)), "booleans or 0/1 values"),
     (lambda m: m(torch.zeros(1, 4), torch.zeros(1, 3, dtype=torch.long)), "integer token ids"),
     (lambda m: m.generate(torch.zeros(1, 4, dtype=torch.long), 3, method="sample"), "method='sample'"),
+    (lambda m: m.generate(torch.zeros(1, 4, dtype=torch.long), -1), "max_new_tokens must be an int >= 0"),
+    (lambda m: m.generate(torch.zeros(1, 4, dtype=torch.long), 3, method="beam", beams=0), "beams"),
+    (lambda m: m.generate(torch.zeros(1, 4, dtype=torch.long), 3, method="top_p", top_p=1.5), "top_p"),
 ])
 def test_bad_input_gets_a_named_error(call, match):
     with pytest.raises(InputError, match=match):
@@ -183,6 +186,8 @@ def test_encoder_mlm_head_and_checkpoint(tmp_path):
     _, cache = enc.run_with_cache(tokens)
     assert bool((cache["blocks.0.attn.hook_pattern"][..., 0, 1:] > 0).all())  # bidirectional: sees later tokens
     assert "mlm_head.hook_post" in cache
+    with pytest.raises(InputError, match="needs labels"):
+        enc(tokens, "loss")
     enc.save(tmp_path / "e")
     loaded = models.load(tmp_path / "e")
     assert type(loaded) is HookedEncoder
