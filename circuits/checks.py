@@ -99,9 +99,15 @@ def check_matrix(fm, what: str):
 
 
 def check_finite(tensors: dict, what: str) -> None:
-    """Raise `NonFiniteError` naming the first tensor of `{name: tensor}` that holds NaN or ±inf."""
+    """Raise `NonFiniteError` naming the first tensor of `{name: tensor}` that holds NaN or ±inf.
+
+    Each tensor is first summed (one read, no mask): a NaN or ±inf entry makes the sum NaN or ±inf (IEEE
+    arithmetic), so a finite sum clears the tensor; a non-finite sum (also possible by overflow of finite
+    entries) is settled by testing every entry."""
     for name, t in tensors.items():
         if t is None or not isinstance(t, torch.Tensor) or not (t.dtype.is_floating_point or t.dtype.is_complex):
+            continue
+        if bool(torch.isfinite(t.sum())):
             continue
         if not bool(torch.isfinite(t).all()):
             n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())

@@ -17,6 +17,7 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from .config import HookedTransformerConfig
+from .gemm import affine
 from .positions import Rotation
 from .score_bias import ScoreBias
 
@@ -187,16 +188,6 @@ def _project(xs: tuple[torch.Tensor, ...], W: torch.Tensor, b: torch.Tensor, wid
         out += affine(b[lo:hi], x.reshape(-1, x.shape[-1]), W[:, lo:hi]).split(widths[i:j], -1)
         i = j
     return out
-
-
-def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """`x @ W + b` for a 2-D `x`, as one fused addmm (no separate bias pass). A bias that is zero and needs no
-    gradient (the buffers of `use_bias=False`) is skipped on the CPU, saving addmm's copy of the broadcast bias
-    into the output; the zero test reads the values, so a bias written later (`circuits.fold_layer_norm`) still
-    counts. On a GPU the test would synchronise, so the add stays."""
-    if not b.requires_grad and b.device.type == "cpu" and not b.any():
-        return x @ W
-    return torch.addmm(b, x, W)
 
 
 def linear(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

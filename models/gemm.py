@@ -1,0 +1,181 @@
+"""The layers' dense products `x @ W + b`, and the one place that chooses the GEMM kernel running them.
+
+torch sends float32 CPU matmuls to MKL. On CPUs with AVX-512 where MKL runs its AVX2 kernels (AMD Zen 4/5), the
+oneDNN library inside torch runs the same products about twice as fast (benchmarks/README.md). torch offers
+oneDNN for dense float32 tensors only through a private operator, `torch.ops.mkldnn._linear_pointwise` (the
+kernel of its compiler's CPU linear), so it is used only where all of these hold, and `x @ W + b` otherwise:
+
+- capability: torch was built with oneDNN, has the operator, reports AVX-512 (`torch.backends.cpu`), and a
+  probe product through the operator matches the plain one (`kernel()` decides once, at first use);
+- measured: on that probe oneDNN beat the plain kernel by at least `MIN_GAIN` (so MKL keeps the CPUs where it is
+  fastest, such as Intel's with AVX-512);
+- the call fits: a float32 CPU tensor (float64 keeps torch's kernel; so do CUDA and MPS), at least `MIN_ROWS`
+  rows (oneDNN's fixed cost loses below), contiguous `x` and `W` (a column-sliced weight falls into oneDNN's slow
+  reference kernel), no functorch transform and no `torch.compile` tracing.
+
+Forward and backward both run on oneDNN (`_OneDNNAffine`; its double backward uses plain differentiable ops, and
+forward-mode AD has a `jvp`). Switch: the environment variable `TOY_CIRCUITS_GEMM` = `auto` (the default),
+`plain` (never oneDNN) or `onednn` (skip the measurement, keep the capability check); `use(kernel)` sets it in
+code. Results agree with the plain kernel to rounding (float32), not bitwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import torch
+
+from .errors import ConfigError
+
+KERNELS = ("auto", "plain", "onednn")
+ENV = "TOY_CIRCUITS_GEMM"
+MIN_ROWS = 32
+MIN_GAIN = 1.25
+
+_decided: dict[str, str] = {}  # requested setting -> "plain" or "onednn", filled at first use
+_forced: str | None = None  # set by `use`
+
+
+def _requested() -> str:
+    req = _forced or os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if req not in KERNELS:
+        raise ConfigError(f"{ENV}={req!r} is not a GEMM kernel setting; allowed: {', '.join(KERNELS)}")
+    return req
+
+
+def _onednn(x: torch.Tensor, Wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """`x @ Wtᵀ + b` through oneDNN (`Wt` is `[d_out, d_in]`, as `F.linear`'s weight)."""
+    return torch.ops.mkldnn._linear_pointwise(x, Wt, b, "none", [], "")
+
+
+def _capable() -> bool:
+    """oneDNN can run float32 products here and agrees with the plain kernel on a probe."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX512",):
+        return False
+    try:
+        x, W, b = _probe(64, 48, 40)
+        got = _onednn(x, W.t(), b)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return bool(torch.allclose(got, torch.addmm(b, x, W), rtol=1e-4, atol=1e-4))
+
+
+def _probe(m: int, k: int, n: int):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(m, k, generator=g), torch.randn(k, n, generator=g), torch.randn(n, generator=g)
+
+
+def _faster(repeats: int = 7) -> bool:
+    """oneDNN beats `x @ W` by `MIN_GAIN` on a 256 × 256 @ 256 × 512 product (best of `repeats`, alternated)."""
+    x, W, _ = _probe(256, 256, 512)
+    plain, fast = [], []
+    for i in range(repeats + 1):
+        for f, out in ((lambda: x @ W, plain), (lambda: _onednn(x, W.t(), None), fast)):
+            t0 = time.perf_counter()
+            f()
+            if i:  # the first round warms up (oneDNN builds its primitive)
+                out.append(time.perf_counter() - t0)
+    return min(plain) >= MIN_GAIN * min(fast)
+
+
+def kernel() -> str:
+    """The kernel float32 CPU products use in this process: "onednn" or "plain" (decided once, at first use)."""
+    req = _requested()
+    if req not in _decided:
+        if req == "plain" or not _capable():
+            _decided[req] = "plain"
+        else:
+            _decided[req] = "onednn" if req == "onednn" or _faster() else "plain"
+    return _decided[req]
+
+
+@contextlib.contextmanager
+def use(setting: str):
+    """Within the block, products use `setting` ("auto", "plain" or "onednn"), as `TOY_CIRCUITS_GEMM` would."""
+    global _forced
+    if setting not in KERNELS:
+        raise ConfigError(f"GEMM kernel {setting!r} is unknown; allowed: {', '.join(KERNELS)}")
+    before, _forced = _forced, setting
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def _fits(x: torch.Tensor, W: torch.Tensor) -> bool:
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and W.dtype == torch.float32
+            and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.is_contiguous() and W.is_contiguous()
+            and not torch.compiler.is_compiling()
+            and not getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()
+            and kernel() == "onednn")
+
+
+def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """`x @ W + b` for a 2-D `x [rows, d_in]`, `W [d_in, d_out]`, `b [d_out]`, as one fused product (no separate
+    bias pass), on the kernel `kernel()` chose where the call fits (module docstring). A bias that is zero and
+    needs no gradient (the buffers of `use_bias=False`) is skipped on the CPU; the zero test reads the values, so a
+    bias written later (`circuits.fold_layer_norm`) still counts. On a GPU the test would synchronise, so the add
+    stays."""
+    skip_b = not b.requires_grad and b.device.type == "cpu" and not b.any()
+    if not _fits(x, W):
+        return x @ W if skip_b else torch.addmm(b, x, W)
+    bias = None if skip_b else b
+    if (torch.is_grad_enabled() and (x.requires_grad or W.requires_grad or b.requires_grad)) or _dual_level():
+        return _OneDNNAffine.apply(x, W, bias)
+    return _onednn(x, W.t(), bias)
+
+
+def matmul(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """`x @ W` for 2-D `x` and `W`, on the kernel `kernel()` chose where the call fits (see `affine`)."""
+    if not _fits(x, W):
+        return x @ W
+    if (torch.is_grad_enabled() and (x.requires_grad or W.requires_grad)) or _dual_level():
+        return _OneDNNAffine.apply(x, W, None)
+    return _onednn(x, W.t(), None)
+
+
+def _dual_level() -> bool:
+    """Inside `torch.autograd.forward_ad.dual_level` (tangents must flow through `_OneDNNAffine.jvp`)."""
+    return getattr(torch.autograd.forward_ad, "_current_level", 0) >= 0
+
+
+class _OneDNNAffine(torch.autograd.Function):
+    """`x @ W + b` with oneDNN forward and backward: dx = g Wᵀ, dW = xᵀ g, db = Σ_rows g."""
+
+    @staticmethod
+    def forward(x, W, b):
+        return _onednn(x, W.t(), b)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, W, b = inputs
+        ctx.save_for_backward(x, W)
+        ctx.save_for_forward(x, W)
+        ctx.has_bias = b is not None
+
+    @staticmethod
+    def backward(ctx, g):
+        x, W = ctx.saved_tensors
+        need_x, need_W, need_b = ctx.needs_input_grad
+        fast = not torch.is_grad_enabled() and g.is_contiguous() and g.dtype == torch.float32  # else: double backward
+        dx = dW = db = None
+        if need_x:
+            dx = _onednn(g, W, None) if fast else g @ W.t()
+        if need_W:
+            dW = _onednn(x.t(), g.t(), None) if fast and W.shape[0] >= MIN_ROWS else x.t() @ g
+        if need_b and ctx.has_bias:
+            db = g.sum(0)
+        return dx, dW, db
+
+    @staticmethod
+    def jvp(ctx, dx, dW, db):
+        x, W = ctx.saved_tensors
+        out = None
+        for term in (dx @ W if dx is not None else None, x @ dW if dW is not None else None, db):
+            if term is not None:
+                out = term if out is None else out + term
+        return out

@@ -1,0 +1,123 @@
+"""`models.gemm`: the oneDNN fast path agrees with the plain `x @ W + b` (values and every kind of gradient), and the
+calls it must not take (strided weights, few rows, float64, functorch, the `plain` switch) run the plain kernel.
+Comparisons use tolerances: the kernels round differently."""
+
+import pytest
+import torch
+
+from models import ConfigError, HookedTransformer, HookedTransformerConfig, gemm
+
+
+@pytest.fixture
+def onednn():
+    with gemm.use("onednn"):
+        if gemm.kernel() != "onednn":
+            pytest.skip("oneDNN's float32 linear is not available (or not AVX-512) on this machine")
+        yield
+
+
+@pytest.fixture
+def no_onednn(monkeypatch):
+    """Calls that must take the plain kernel fail loudly if they reach oneDNN."""
+    def refuse(*args):
+        raise AssertionError("oneDNN was called")
+    monkeypatch.setattr(gemm, "_onednn", refuse)
+
+
+def _data(m=64, k=48, n=40, grad=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, W, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g), torch.randn(n, generator=g)
+    return [t.requires_grad_(grad) for t in (x, W, b)]
+
+
+def _plain_and_fast(fn):
+    with gemm.use("plain"):
+        ref = fn()
+    return ref, fn()
+
+
+@pytest.mark.parametrize("zero_bias", [False, True])
+def test_forward_matches_plain(onednn, zero_bias):
+    x, W, b = _data()
+    if zero_bias:
+        b = torch.zeros_like(b)
+    ref, got = _plain_and_fast(lambda: gemm.affine(b, x, W))
+    torch.testing.assert_close(got, x @ W + b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_backward_matches_plain(onednn):
+    def grads():
+        x, W, b = _data(grad=True)
+        (gemm.affine(b, x, W).sin().sum()).backward()
+        return x.grad, W.grad, b.grad
+    for r, g in zip(*_plain_and_fast(grads)):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch's forward_ad import
+def test_double_backward_and_forward_ad_match_plain(onednn):
+    def second():
+        x, W, b = _data(grad=True)
+        gx, = torch.autograd.grad(gemm.affine(b, x, W).pow(2).sum(), x, create_graph=True)
+        return torch.autograd.grad(gx.sum(), (W, b))
+
+    def tangent():
+        import torch.autograd.forward_ad as fwad
+        x, W, b = _data()
+        tx, tW, _ = _data(seed=1)
+        with fwad.dual_level():
+            out = gemm.affine(b, fwad.make_dual(x, tx), fwad.make_dual(W, tW))
+            return (fwad.unpack_dual(out).tangent,)
+    for fn in (second, tangent):
+        for r, g in zip(*_plain_and_fast(fn)):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_vmap_and_jacobian_take_the_plain_kernel(onednn, no_onednn):
+    x, W, b = _data()
+    out = torch.func.vmap(lambda row: gemm.affine(b, row, W))(x[:, None].expand(-1, 40, -1).contiguous())
+    torch.testing.assert_close(out[:, 0], x @ W + b)
+    jac = torch.func.jacrev(lambda W_: gemm.affine(b, x, W_))(W)
+    assert jac.shape == (64, 40, 48, 40)
+
+
+@pytest.mark.parametrize("case", ["column-sliced weight", "few rows", "float64", "plain switch"])
+def test_calls_that_must_not_use_onednn(onednn, no_onednn, case):
+    x, W, b = _data(k=48, n=80)
+    if case == "column-sliced weight":
+        W, b = W[:, 10:50], b[10:50]
+    elif case == "few rows":
+        x = x[: gemm.MIN_ROWS - 1]
+    elif case == "float64":
+        x, W, b = x.double(), W.double(), b.double()
+    ctx = gemm.use("plain") if case == "plain switch" else torch.no_grad()
+    with ctx:
+        torch.testing.assert_close(gemm.affine(b, x, W), torch.addmm(b, x, W))
+
+
+def test_bad_setting_is_a_config_error(monkeypatch):
+    with pytest.raises(ConfigError, match="allowed: auto, plain, onednn"):
+        with gemm.use("mkl"):
+            pass
+    monkeypatch.setenv(gemm.ENV, "fastest")
+    with pytest.raises(ConfigError, match=gemm.ENV):
+        gemm.kernel()
+
+
+def test_model_loss_and_gradients_match_plain(onednn):
+    """A model with an MLP, LayerNorm and biases, over 2 × 24 tokens (≥ MIN_ROWS rows in every product)."""
+    cfg = HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=24, d_vocab=50, n_heads=4, d_mlp=64, seed=0,
+                                  normalization_type="LN", positional_embedding_type="standard")
+    model = HookedTransformer(cfg)
+    tokens = torch.randint(0, 50, (2, 24), generator=torch.Generator().manual_seed(0))
+
+    def run():
+        model.zero_grad()
+        loss = model(tokens, return_type="loss")
+        loss.backward()
+        return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+    ref, got = _plain_and_fast(run)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
