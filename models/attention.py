@@ -1,4 +1,4 @@
-"""Multi-head attention with per-head hooks, and `linear`, the affine map the layers share (its kernel: `models.gemm.affine`).
+"""Multi-head attention with per-head hooks, and `linear`, the affine map the layers share (`models.gemm.affine`).
 
 Parameter names and layouts follow TransformerLens' former `HookedTransformer`: `W_Q [n_heads, d_model, d_head]`,
 `W_K`, `W_V [n_key_value_heads, d_model, d_head]`, `W_O [n_heads, d_head, d_model]`, biases `b_Q`, `b_K`, `b_V`,
@@ -97,11 +97,14 @@ class Attention(nn.Module):
         return self.cfg.n_heads if self.cfg.ungroup_grouped_query_attention else self.cfg.n_key_value_heads
 
     def forward(self, x_q: torch.Tensor, x_k: torch.Tensor, x_v: torch.Tensor, score_bias: ScoreBias,
-                rotation: Rotation | None = None) -> torch.Tensor:
+                rotation: Rotation | None = None, cache=None) -> torch.Tensor:
         """Queries read `x_q [batch, pos, d_model]`, keys and values `x_k`, `x_v [batch, key, d_model]`; pass the same
         tensor for inputs that are the same (self-attention: all three, one fused matmul; Shortformer: queries and
         keys). Per-head inputs `[batch, pos, heads, d_model]` (TransformerLens' split QKV input) are read head by
-        head. `score_bias` is added to the scores (`models.score_bias`); `rotation` rotates queries and keys."""
+        head. `score_bias` is added to the scores (`models.score_bias`); `rotation` rotates queries and keys.
+        `cache` (incremental decoding, e.g. `models.encoder_decoder_generate.KVCache`): `cache.append(k, v)` returns
+        the keys and values of the earlier positions followed by these (`[batch, key, kv_head, d_head]`, hooked and
+        rotated), which the queries, the last positions, then attend to."""
         cfg = self.cfg
         B, P = x_q.shape[:2]
         K = x_k.shape[1]
@@ -125,6 +128,9 @@ class Attention(nn.Module):
         v = _own(self.hook_v, v.view(B, K, Hkv, dh))
         if rotation is not None:
             q, k = self.hook_rot_q(rotation(q)), self.hook_rot_k(rotation(k))
+        if cache is not None:
+            k, v = cache.append(k, v)
+            K = k.shape[1]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
         scale = score_scale(cfg, self.layer)
         if hooked(self.hook_attn_scores, self.hook_pattern) or cfg.attn_scores_soft_cap is not None:

@@ -18,7 +18,6 @@ from transformer_lens.hook_points import HookPoint
 from .attention import Attention, hooked, linear
 from .attention import param_or_buffer as _param_or_buffer
 from .config import HookedTransformerConfig
-from .gemm import affine
 from .positions import Rotation
 from .score_bias import ScoreBias
 
@@ -88,7 +87,10 @@ class Norm(nn.Module):
 
 
 def final_norm(cfg: HookedTransformerConfig) -> Norm:
-    """`ln_final`: the blocks' norm, or RMSNorm with `final_rms` (when the model has norms at all)."""
+    """`ln_final`: the blocks' norm, or RMSNorm with `final_rms` (when the model has norms at all); none with post-norm
+    blocks, whose output is normalised already (Vaswani et al. 2017)."""
+    if cfg.normalization_position == "post":
+        return Norm(cfg, kind=None)
     return Norm(cfg, kind="RMS" if cfg.final_rms and cfg.normalization_type else "cfg")
 
 
@@ -170,10 +172,27 @@ class BlockInputs:
     rotation: Rotation | None = None
 
 
+def norm_inputs(norm: Norm, resid: torch.Tensor, pos_qk: torch.Tensor | None, position: str) -> tuple:
+    """`(x_qk, x)`: what a sublayer's queries/keys and its values read. Pre-norm (Xiong et al. 2020): `norm(resid)`;
+    post-norm (Vaswani et al. 2017): `resid` itself. With `pos_qk` (Shortformer) the query/key input is that plus the
+    positions, added after the norm as TransformerLens does; otherwise `x_qk is x` (one fused projection)."""
+    x = norm(resid) if position == "pre" else resid
+    return (x if pos_qk is None else x + pos_qk), x
+
+
+def add_output(norm: Norm, resid: torch.Tensor, out: torch.Tensor, position: str, hook_out: HookPoint) -> torch.Tensor:
+    """The residual addition of a sublayer's output `out` (seen by `hook_out`): `resid + out` (pre-norm) or
+    `norm(resid + out)` (post-norm, Vaswani et al. 2017, §3.1: LayerNorm(x + Sublayer(x)))."""
+    out = hook_out(out)
+    return resid + out if position == "pre" else norm(resid + out)
+
+
 class TransformerBlock(nn.Module):
-    """A pre-norm residual block: resid + attn(ln1(resid)), then (with MLPs) + mlp(ln2(resid)); Elhage et al. (2021)
-    read the residual stream as the sum of what every layer writes to it. With `parallel_attn_mlp` (GPT-J) both read
-    the block's input: resid + attn(ln1(resid)) + mlp(ln2(resid)), and there is no `hook_resid_mid`.
+    """A residual block: attention, then (with MLPs) an MLP, each normalised before ("pre": resid + attn(ln1(resid)))
+    or after ("post": ln1(resid + attn(resid))) its residual addition (`cfg.normalization_position`, `norm_inputs`,
+    `add_output`); Elhage et al. (2021) read the pre-norm residual stream as the sum of what every layer writes to it.
+    With `parallel_attn_mlp` (GPT-J) both read the block's input: resid + attn(ln1(resid)) + mlp(ln2(resid)), and
+    there is no `hook_resid_mid`.
 
     Shortformer positions are added after the norm, to the query and key inputs: ln1(resid) + pos (TransformerLens);
     ln1 runs once. TransformerLens 2.x's opt-in hooks (`cfg.use_*`, switched by `model.set_use_*`): `hook_attn_in`
@@ -206,28 +225,40 @@ class TransformerBlock(nn.Module):
 
     def forward(self, resid: torch.Tensor, side: BlockInputs) -> torch.Tensor:
         cfg = self.cfg
+        position = cfg.normalization_position
+        ln1 = self.ln1 if position == "pre" else _identity
         resid = self.hook_resid_pre(resid)
         pos = side.pos_qk
         if cfg.use_split_qkv_input or cfg.use_attn_in:  # per-head inputs [batch, pos, head, d_model]
             pos = None if pos is None else pos[:, :, None]
             if cfg.use_split_qkv_input:
                 hkv = self.attn.kv_heads()
-                x_q = self.ln1(self.hook_q_input(_per_head(resid, cfg.n_heads)))
-                x_k = self.ln1(self.hook_k_input(_per_head(resid, hkv)))
-                x_v = self.ln1(self.hook_v_input(_per_head(resid, hkv)))
+                x_q = ln1(self.hook_q_input(_per_head(resid, cfg.n_heads)))
+                x_k = ln1(self.hook_k_input(_per_head(resid, hkv)))
+                x_v = ln1(self.hook_v_input(_per_head(resid, hkv)))
             else:
-                x_q = x_k = x_v = self.ln1(self.hook_attn_in(_per_head(resid, cfg.n_heads)))
+                x_q = x_k = x_v = ln1(self.hook_attn_in(_per_head(resid, cfg.n_heads)))
             if pos is not None:
                 x_q, x_k = x_q + pos, (x_q + pos if x_k is x_q else x_k + pos)
         else:
-            x_v = self.ln1(resid)
-            x_q = x_k = x_v if pos is None else x_v + pos  # Q/K see positions, V does not
-        attn_out = self.hook_attn_out(self.attn(x_q, x_k, x_v, side.score_bias, side.rotation))
+            x_q, x_v = norm_inputs(self.ln1, resid, side.pos_qk, position)
+            x_k = x_q
+        attn_out = self.attn(x_q, x_k, x_v, side.score_bias, side.rotation)
+        if cfg.parallel_attn_mlp:  # pre-norm only (the config refuses "post" with it)
+            attn_out = self.hook_attn_out(attn_out)
+            mlp_in = self.hook_mlp_in(resid.clone()) if cfg.use_hook_mlp_in else resid
+            return self.hook_resid_post(resid + attn_out + self.hook_mlp_out(self.mlp(self.ln2(mlp_in))))
+        resid = add_output(self.ln1, resid, attn_out, position, self.hook_attn_out)
         if cfg.attn_only:
-            return self.hook_resid_post(resid + attn_out)
-        mid = resid if cfg.parallel_attn_mlp else self.hook_resid_mid(resid + attn_out)
-        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.hook_mlp_in(mid.clone()) if cfg.use_hook_mlp_in else mid)))
-        return self.hook_resid_post((resid + attn_out if cfg.parallel_attn_mlp else mid) + mlp_out)
+            return self.hook_resid_post(resid)
+        resid = self.hook_resid_mid(resid)
+        mlp_in = self.hook_mlp_in(resid.clone()) if cfg.use_hook_mlp_in else resid
+        x, _ = norm_inputs(self.ln2, mlp_in, None, position)
+        return self.hook_resid_post(add_output(self.ln2, resid, self.mlp(x), position, self.hook_mlp_out))
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def _per_head(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ from .score_bias import MASKS
 #: TransformerLens 2.18's activations (models.components._ACTIVATIONS); "solu_ln" is SoLU followed by a LayerNorm.
 ACT_FNS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "solu", "solu_ln")
 NORMALIZATION_TYPES = (None, "LN", "RMS")
+NORMALIZATION_POSITIONS = ("pre", "post")  # Xiong et al. 2020 / Vaswani et al. 2017
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 RUNTIME_FIELDS = ("device",)  # chosen when a model is built or loaded; never written to config.json
 BOOL_FIELDS = ("attn_only", "rotary_adjacent_pairs", "use_bias", "default_prepend_bos", "gated_mlp",
@@ -64,6 +65,7 @@ class HookedTransformerConfig:
     attn_only: bool = False
     act_fn: str = "gelu"
     normalization_type: str | None = "LN"
+    normalization_position: str = "pre"  # "pre": norm each sublayer's input; "post": after each residual addition
     eps: float = 1e-5
     positional_embedding_type: str = "standard"
     rotary_dim: int | None = None  # features rotated per head; default d_head
@@ -136,6 +138,7 @@ class HookedTransformerConfig:
             raise ConfigError(f"d_vocab_out must be a positive int or None (= d_vocab), got {self.d_vocab_out!r}")
         self._check_choice("act_fn", ACT_FNS)
         self._check_choice("normalization_type", NORMALIZATION_TYPES)
+        self._check_choice("normalization_position", NORMALIZATION_POSITIONS)
         self._check_choice("positional_embedding_type", tuple(SCHEMES))  # models.positions
         self._check_choice("attention_dir", tuple(MASKS))  # models.score_bias
         if self.n_key_value_heads is None:

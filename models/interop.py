@@ -71,6 +71,9 @@ def to_transformer_lens(model):
             f"positional_embedding_type={kind!r} has no TransformerLens 4.x equivalent (its native model "
             "supports 'standard' and 'rotary'; shortformer was removed in 4.0); analyse it with this toolkit"
         )
+    if cfg.normalization_position != "pre":
+        raise UnsupportedByTransformerLens(f"normalization_position={cfg.normalization_position!r}: TransformerLens' "
+                                           "native model normalises before each sublayer ('pre') only")
     unmapped = [name for name, default in _NATIVE_DEFAULTS.items() if getattr(cfg, name) != default
                 and not (name == "final_rms" and cfg.normalization_type != "LN")]  # RMS or no norm: no change
     if cfg.d_vocab_out != cfg.d_vocab:
