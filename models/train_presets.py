@@ -100,7 +100,7 @@ PRESETS: dict[str, dict] = {
         "about": "encoder–decoder sorting 8-letter strings: content-based cross-attention (2 layers each side, MLPs)",
         "model": dict(_SEQ2SEQ, model_name="enc-dec-sort", n_encoder_layers=2, n_decoder_layers=2, d_mlp=256,
                       normalization_type="LN", use_bias=True, init_range=0.02),
-        "train": dict(_SEQ2SEQ_TRAIN, data="seq2seq:sort", steps=2000, keep_checkpoints=[0, 500, 1000, 2000]),
+        "train": dict(_SEQ2SEQ_TRAIN, data="seq2seq:sort", steps=2000, keep_checkpoints=[0, 200, 400, 1000, 2000]),
     },
 }
 
