@@ -20,6 +20,7 @@ from transformer_lens import FactoredMatrix
 from circuits.diagonal import diagonal_rank_stats
 from circuits.eigen import copying_score
 from circuits.factored import full_qk_circuit
+from circuits.interface import attn_scale
 from models.model import head_label
 
 from .sequences import token_pool
@@ -87,7 +88,7 @@ def _positional_subdiag(model, layer, head, n=64):
     """ARENA's check on the previous-token head: softmax of the position-position QK term (causal), mean
     attention on the sub-diagonal."""
     parts = full_qk_circuit(model, layer, head, positional=True)
-    pp = (parts.pos_pos.A[:n] @ parts.pos_pos.B[:, :n]) / model.cfg.d_head**0.5
+    pp = (parts.pos_pos.A[:n] @ parts.pos_pos.B[:, :n]) / attn_scale(model, layer)
     pp = pp.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
     return float(pp.diagonal(-1).mean())
 

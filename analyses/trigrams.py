@@ -8,13 +8,13 @@ blocks of rows and keep running top-k lists, so no `d_vocab²` (let alone `d_voc
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
 from circuits.checks import check_int
 from circuits.factored import full_ov_circuit, full_qk_circuit
+from circuits.interface import attn_scale
 from models.model import head_label
 
 from .sequences import token_pool
@@ -63,8 +63,8 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, n_outs: int = 3, vo
 
     Over the vocabulary subset S (`vocab`: ids, e.g. the corpus's seen ids; default every non-special id):
       OV[s, o] = (W_E W_V W_O W_U)[s, o] centred over o ∈ S: how much attending to s raises o above average;
-      QK[d, s] = (W_E W_Q W_Kᵀ W_Eᵀ)[d, s] / √d_head centred over s ∈ S: how much d prefers s (token parts only;
-      positions are left out);
+      QK[d, s] = (W_E W_Q W_Kᵀ W_Eᵀ)[d, s] / scale centred over s ∈ S (the layer's score divisor, √d_head by
+      default, `circuits.interface.attn_scale`): how much d prefers s (token parts only; positions are left out);
       strength(s, d) = relu(QK[d, s]) · relu(max_o OV[s, o]),
     and the triple is [s] … [d] → [argmax_o OV[s, o]]. Norm weights are folded first (`circuits.fold_layer_norm`).
     Streams over blocks of `block` rows (memory O(block · |S|))."""
@@ -74,7 +74,7 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, n_outs: int = 3, vo
     ov = full_ov_circuit(m, layer, head)
     qk = full_qk_circuit(m, layer, head)
     A_ov, B_ov = ov.A[S].float(), ov.B[:, S].float()
-    A_qk, B_qk = qk.A[S].float(), qk.B[:, S].float() / math.sqrt(m.cfg.d_head)
+    A_qk, B_qk = qk.A[S].float(), qk.B[:, S].float() / attn_scale(m, layer)
     n = S.numel()
     top_out_v = torch.empty(n, min(n_outs, n))
     top_out_i = torch.empty(n, min(n_outs, n), dtype=torch.long)
