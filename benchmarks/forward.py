@@ -6,8 +6,8 @@
 Models: (a) 2-layer attention-only, d_model 128, 4 heads, d_vocab 2048, standard positions, no LayerNorm;
 (b) 2-layer, d_model 512, 8 heads, d_mlp 2048, LayerNorm, d_vocab 2048. Batch 8 x 256 tokens.
 Rows: plain forward (no grad), `run_with_cache` of every hook, of every hook but the per-head `hook_result`
-(a `names_filter`: `hook_result [batch, pos, head, d_model]`, 33 MB a layer for model b, which the bridge does not
-offer; the row that compares the same set of activations), and of the attention patterns only. Every number is the
+(a `names_filter`; since `cfg.use_attn_result` defaults to False, as in TransformerLens, `hook_result` does not fire
+and the two rows measure the same set of activations), and of the attention patterns only. Every number is the
 median of `--repeats` timed runs after warm-up; ours and TransformerLens alternate run by run so that load from other
 processes hits both alike. Both wall time and CPU time (`time.process_time`: this process's user + system time,
 which other processes on a shared machine disturb far less; with one thread it is the quiet machine's wall time)
