@@ -112,6 +112,13 @@ def training_curve_png(metrics: list[dict], title: str) -> bytes:
         ax[1].text(0.5, 0.5, "no checkpoint scores (trained with --no-scores)", ha="center", va="center",
                    transform=ax[1].transAxes)
     ax[1].set_title("checkpoint scores")
+    return png_bytes(fig)
+
+
+def png_bytes(fig) -> bytes:
+    """A matplotlib figure as PNG bytes (tight layout, 90 dpi); closes the figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)

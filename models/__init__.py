@@ -8,10 +8,14 @@ from .lazy import lazy_exports
 if TYPE_CHECKING:
     from .checkpoint import load, save
     from .config import HookedTransformerConfig
+    from .encoder import EncoderConfig, HookedEncoder
+    from .encoder_decoder import HookedEncoderDecoder
+    from .encoder_decoder_config import EncoderDecoderConfig
     from .errors import (
         CheckpointError,
         ConfigError,
         CorpusError,
+        InputError,
         TokenizerError,
         ToyCircuitsError,
         TrainConfigError,

@@ -44,9 +44,16 @@ def zoo_cards() -> list[dict]:
         if (d / "card.md").is_file():
             lines = [ln.strip() for ln in (d / "card.md").read_text().splitlines()]
             about = next((ln for ln in lines if ln and not ln.startswith("#")), "")
-        out.append({"name": name, "about": about, "n_layers": cfg["n_layers"], "n_heads": cfg["n_heads"],
-                    "d_model": cfg["d_model"], "n_ctx": cfg["n_ctx"], "d_vocab": cfg["d_vocab"],
-                    "attn_only": cfg["attn_only"], "positions": cfg["positional_embedding_type"],
+        kind = cfg.get("model_type", "decoder")
+        if kind == "encoder_decoder":  # n_layers "encoder+decoder"; context and vocabulary of the target
+            layers, n_ctx, d_vocab = f"{cfg['n_encoder_layers']}+{cfg['n_decoder_layers']}", cfg["n_ctx_tgt"], \
+                cfg["d_vocab_tgt"]
+        else:
+            layers, n_ctx, d_vocab = cfg["n_layers"], cfg["n_ctx"], cfg["d_vocab"]
+        out.append({"name": name, "about": about, "model_type": kind, "n_layers": layers, "n_heads": cfg["n_heads"],
+                    "d_model": cfg["d_model"], "n_ctx": n_ctx, "d_vocab": d_vocab,
+                    "attn_only": cfg.get("attn_only", cfg.get("d_mlp") is None),
+                    "positions": cfg["positional_embedding_type"],
                     "val_loss": summary.get("final_val_loss"), "path": str(d)})
     return out
 
@@ -183,7 +190,46 @@ def resolve(path_or_name) -> Path:
     )
 
 
-def read_config(path) -> HookedTransformerConfig:
+def model_types() -> dict:
+    """`model_type` in config.json → (config class, model class); a config without the field is a decoder-only
+    `HookedTransformerConfig` (every folder written before the field existed)."""
+    from .encoder import EncoderConfig, HookedEncoder
+    from .encoder_decoder import HookedEncoderDecoder
+    from .encoder_decoder_config import EncoderDecoderConfig
+
+    return {"decoder": (HookedTransformerConfig, HookedTransformer),
+            EncoderDecoderConfig.model_type: (EncoderDecoderConfig, HookedEncoderDecoder),
+            EncoderConfig.model_type: (EncoderConfig, HookedEncoder)}
+
+
+def model_class(cfg) -> type:
+    """The model class of a config object (`HookedTransformer`, `HookedEncoderDecoder`, `HookedEncoder`)."""
+    for cfg_cls, cls in model_types().values():
+        if type(cfg) is cfg_cls:
+            return cls
+    raise ConfigError(f"{type(cfg).__name__} is not a model config; allowed: "
+                      f"{', '.join(c.__name__ for c, _ in model_types().values())}")
+
+
+def config_from_json(text: str):
+    """The config object of a config.json's text, by its `model_type` (`model_types`)."""
+    try:
+        d = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ConfigError(f"config is not valid JSON: {type(e).__name__}: {e}") from None
+    return config_from_dict(d)
+
+
+def config_from_dict(d: dict):
+    """The config object of a config dict, by its `model_type` (`model_types`)."""
+    kind = d.get("model_type", "decoder") if isinstance(d, dict) else "decoder"
+    types = model_types()
+    if kind not in types:
+        raise ConfigError(f"model_type={kind!r} is not supported; allowed: {', '.join(map(repr, types))}")
+    return types[kind][0].from_dict(d)
+
+
+def read_config(path):
     path = Path(path)
     try:
         text = path.read_text()
@@ -192,7 +238,7 @@ def read_config(path) -> HookedTransformerConfig:
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: cannot read: {e}") from None
     try:
-        return HookedTransformerConfig.from_json(text)
+        return config_from_json(text)
     except (ConfigError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid config: {e}") from None
 
@@ -217,7 +263,7 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
         cfg.device = str(device)
     state = read_safetensors(folder / WEIGHTS_FILE)
     check_size(cfg, state, str(folder / CONFIG_FILE))
-    model = HookedTransformer(cfg)
+    model = model_class(cfg)(cfg)
     load_state_dict(model, state, source=str(folder / WEIGHTS_FILE))
     if os.path.lexists(folder / TOKENIZER_FILE) and not (folder / TOKENIZER_FILE).is_file():
         raise CheckpointError(f"{folder / TOKENIZER_FILE}: not a file (a folder or a dangling link)")
@@ -225,24 +271,37 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
         from .tokenizer import load_tokenizer
 
         model.tokenizer = load_tokenizer(folder / TOKENIZER_FILE)
-        if model.tokenizer.vocab_size > cfg.d_vocab:
-            raise CheckpointError(
-                f"{folder / TOKENIZER_FILE}: tokenizer has {model.tokenizer.vocab_size} ids but the model's "
-                f"d_vocab is {cfg.d_vocab}"
-            )
+        for what, tok, d_vocab in _vocabularies(model.tokenizer, cfg):
+            if tok.vocab_size > d_vocab:
+                raise CheckpointError(f"{folder / TOKENIZER_FILE}: {what}tokenizer has {tok.vocab_size} ids but the "
+                                      f"model's d_vocab{'_' + what.strip() if what else ''} is {d_vocab}")
     if dtype is not None:
         model.to(dtype)
         model.cfg.dtype = str(dtype).replace("torch.", "")
     return model
 
 
-def check_size(cfg: HookedTransformerConfig, state: dict, source: str) -> None:
+def _vocabularies(tokenizer, cfg) -> list[tuple]:
+    """`(label, tokenizer, d_vocab)` pairs to check: the source and target tokenizers of an encoder–decoder model,
+    the one tokenizer otherwise."""
+    if hasattr(cfg, "d_vocab_src"):
+        if not hasattr(tokenizer, "source"):
+            raise CheckpointError(f"an encoder–decoder model needs a source and a target tokenizer, got "
+                                  f"{type(tokenizer).__name__}")
+        return [("src ", tokenizer.source, cfg.d_vocab_src), ("tgt ", tokenizer.target, cfg.d_vocab_tgt)]
+    return [("", tokenizer, cfg.d_vocab)]
+
+
+def check_size(cfg, state: dict, source: str) -> None:
     """Refuse a config that needs more weights than the file holds before allocating it (a corrupt or hostile
     config.json could otherwise ask for terabytes). A lower bound: W_E, W_U, W_Q, W_O and the MLP matrices. Small
     mismatches are left to `load_state_dict`, whose message names the tensor."""
-    need = 2 * cfg.d_vocab * cfg.d_model + 2 * cfg.n_layers * cfg.n_heads * cfg.d_head * cfg.d_model
-    if cfg.d_mlp:
-        need += 2 * cfg.n_layers * cfg.d_model * cfg.d_mlp
+    if hasattr(cfg, "weights_lower_bound"):
+        need = cfg.weights_lower_bound()
+    else:
+        need = 2 * cfg.d_vocab * cfg.d_model + 2 * cfg.n_layers * cfg.n_heads * cfg.d_head * cfg.d_model
+        if cfg.d_mlp:
+            need += 2 * cfg.n_layers * cfg.d_model * cfg.d_mlp
     held = sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor))
     if need > held and need > 2**26:  # > 64M weights missing: refuse before allocating them
         raise CheckpointError(f"{source}: the config describes at least {need:,} weights but the checkpoint holds "

@@ -128,10 +128,13 @@ class Attention(nn.Module):
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]
 
     def forward(self, x_q: torch.Tensor, x_k: torch.Tensor, x_v: torch.Tensor, score_bias: ScoreBias,
-                rotation: Rotation | None = None) -> torch.Tensor:
+                rotation: Rotation | None = None, cache=None) -> torch.Tensor:
         """Queries read `x_q [batch, pos, d_model]`, keys and values `x_k`, `x_v [batch, key, d_model]`; pass the same
         tensor for inputs that are the same (self-attention: all three, one fused matmul; Shortformer: queries and
-        keys). `score_bias` is added to the scores (`models.score_bias`); `rotation` rotates queries and keys."""
+        keys). `score_bias` is added to the scores (`models.score_bias`); `rotation` rotates queries and keys.
+        `cache` (incremental decoding, e.g. `models.encoder_decoder_generate.KVCache`): `cache.append(k, v)` returns
+        the keys and values of the earlier positions followed by these (`[batch, key, kv_head, d_head]`, hooked and
+        rotated), which the queries, the last positions, then attend to."""
         cfg = self.cfg
         B, P, _ = x_q.shape
         K = x_k.shape[1]
@@ -148,6 +151,9 @@ class Attention(nn.Module):
         v = self.hook_v(v.view(B, K, Hkv, dh))
         if rotation is not None:
             q, k = self.hook_rot_q(rotation(q)), self.hook_rot_k(rotation(k))
+        if cache is not None:
+            k, v = cache.append(k, v)
+            K = k.shape[1]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
         if hooked(self.hook_attn_scores, self.hook_pattern):
             if Hkv != H:  # query head h reads kv head h // (H / Hkv)
@@ -230,9 +236,27 @@ class BlockInputs:
     rotation: Rotation | None = None
 
 
+def norm_inputs(norm: Norm, resid: torch.Tensor, pos_qk: torch.Tensor | None, position: str) -> tuple:
+    """`(x_qk, x)`: what a sublayer's queries/keys and values read. Pre-norm (Xiong et al. 2020): `norm(resid)`;
+    post-norm (Vaswani et al. 2017): `resid` itself. With `pos_qk` (Shortformer) the query/key input carries the
+    positions too; otherwise `x_qk is x` (one fused projection)."""
+    f = norm if position == "pre" else (lambda t: t)
+    x = f(resid)
+    return (x if pos_qk is None else f(resid + pos_qk)), x
+
+
+def add_output(norm: Norm, resid: torch.Tensor, out: torch.Tensor, position: str, hook_out: HookPoint) -> torch.Tensor:
+    """The residual addition of a sublayer's output `out` (seen by `hook_out`): `resid + out` (pre-norm) or
+    `norm(resid + out)` (post-norm, Vaswani et al. 2017, §3.1: LayerNorm(x + Sublayer(x)))."""
+    out = hook_out(out)
+    return resid + out if position == "pre" else norm(resid + out)
+
+
 class TransformerBlock(nn.Module):
-    """A pre-norm residual block: resid + attn(ln1(resid)), then (with MLPs) + mlp(ln2(resid)); Elhage et al. (2021)
-    read the residual stream as the sum of what every layer writes to it."""
+    """A residual block: attention, then (with MLPs) an MLP, each normalised before ("pre": resid + attn(ln1(resid)))
+    or after ("post": ln1(resid + attn(resid))) its residual addition (`cfg.normalization_position`, `norm_inputs`,
+    `add_output`); Elhage et al. (2021) read the pre-norm residual stream as the sum of what every
+    layer writes to it."""
 
     #: TransformerLens' marker (its bridge blocks carry it): the block's output `hook_resid_post` is the one residual
     #: stream the model unembeds, so its logit lens and Jacobian lens may read it.
@@ -253,15 +277,16 @@ class TransformerBlock(nn.Module):
             self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, resid: torch.Tensor, side: BlockInputs) -> torch.Tensor:
+        pos = self.cfg.normalization_position
         resid = self.hook_resid_pre(resid)
-        x_qk = self.ln1(resid + side.pos_qk) if side.pos_qk is not None else None  # Q/K see positions, V does not
-        x = self.ln1(resid)
-        x_qk = x if x_qk is None else x_qk
-        attn_out = self.hook_attn_out(self.attn(x_qk, x_qk, x, side.score_bias, side.rotation))
+        x_qk, x = norm_inputs(self.ln1, resid, side.pos_qk, pos)  # Q/K see positions (Shortformer), V does not
+        resid = add_output(self.ln1, resid, self.attn(x_qk, x_qk, x, side.score_bias, side.rotation), pos,
+                           self.hook_attn_out)
         if self.cfg.attn_only:
-            return self.hook_resid_post(resid + attn_out)
-        resid = self.hook_resid_mid(resid + attn_out)
-        return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
+            return self.hook_resid_post(resid)
+        resid = self.hook_resid_mid(resid)
+        x, _ = norm_inputs(self.ln2, resid, None, pos)
+        return self.hook_resid_post(add_output(self.ln2, resid, self.mlp(x), pos, self.hook_mlp_out))
 
 
 class Unembed(nn.Module):

@@ -19,6 +19,7 @@ from .score_bias import MASKS
 
 ACT_FNS = ("gelu", "gelu_new", "relu", "silu")
 NORMALIZATION_TYPES = (None, "LN", "RMS")
+NORMALIZATION_POSITIONS = ("pre", "post")  # Xiong et al. 2020 / Vaswani et al. 2017
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
@@ -47,6 +48,7 @@ class HookedTransformerConfig:
     attn_only: bool = False
     act_fn: str = "gelu"
     normalization_type: str | None = "LN"
+    normalization_position: str = "pre"  # "pre": norm each sublayer's input; "post": after each residual addition
     eps: float = 1e-5
     positional_embedding_type: str = "standard"
     rotary_dim: int | None = None  # features rotated per head; default d_head
@@ -91,6 +93,7 @@ class HookedTransformerConfig:
             raise ConfigError(f"d_mlp must be a positive int or None (attention-only), got {self.d_mlp!r}")
         self._check_choice("act_fn", ACT_FNS)
         self._check_choice("normalization_type", NORMALIZATION_TYPES)
+        self._check_choice("normalization_position", NORMALIZATION_POSITIONS)
         self._check_choice("positional_embedding_type", tuple(SCHEMES))  # models.positions
         self._check_choice("attention_dir", tuple(MASKS))  # models.score_bias
         if self.n_key_value_heads is None:

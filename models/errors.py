@@ -28,5 +28,10 @@ class TrainConfigError(ToyCircuitsError, ValueError):
     """A training setting that cannot work; raised before any training starts."""
 
 
+class InputError(ToyCircuitsError, ValueError):
+    """Model input that cannot be used (token ids outside a vocabulary, a sequence longer than the model's positions,
+    a mask of the wrong shape); the message names the argument and what is allowed."""
+
+
 class UnsupportedByTransformerLens(ToyCircuitsError, NotImplementedError):
     """The configuration has no exact TransformerLens 4.x counterpart."""

@@ -58,6 +58,9 @@ def to_transformer_lens(model):
             f"positional_embedding_type={kind!r} has no TransformerLens 4.x equivalent (its native model "
             "supports 'standard' and 'rotary'; shortformer was removed in 4.0); analyse it with this toolkit"
         )
+    if cfg.normalization_position != "pre":
+        raise UnsupportedByTransformerLens(f"normalization_position={cfg.normalization_position!r}: TransformerLens' "
+                                           "native model normalises before each sublayer ('pre') only")
     tl_cfg = TransformerBridgeConfig(
         d_model=cfg.d_model, d_head=cfg.d_head, n_layers=cfg.n_layers, n_ctx=cfg.n_ctx, n_heads=cfg.n_heads,
         d_vocab=cfg.d_vocab, d_mlp=cfg.d_mlp, act_fn=cfg.act_fn, attn_only=cfg.attn_only, eps=cfg.eps,

@@ -19,6 +19,29 @@ from .score_bias import attention_mask, combine
 RETURN_TYPES = ("logits", "loss", "both", None)
 
 
+def init_weights(model: nn.Module, init_range: float, n_layers: int, seed: int | None) -> None:
+    """Normal(0, init_range) for every weight matrix, scaled by 1/√(2·n_layers) on the residual writes (W_O, W_out) as
+    GPT-2 (Radford et al. 2019); norms at w=1, b=0; biases 0. Seeded by `seed` without touching the global RNG."""
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    write_scale = (2 * max(n_layers, 1)) ** -0.5
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf.startswith("W_"):
+                std = init_range * (write_scale if leaf in ("W_O", "W_out") else 1.0)
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * std)
+            elif leaf == "w":
+                p.fill_(1.0)
+            else:
+                p.zero_()
+
+
+def final_norm(cfg: HookedTransformerConfig) -> Norm:
+    """The norm before the unembedding: the config's with pre-norm blocks; none (an identity that still fires
+    `hook_normalized`) with post-norm blocks, whose output is normalised already (Vaswani et al. 2017)."""
+    return Norm(cfg if cfg.normalization_position == "pre" else cfg.replace(normalization_type=None))
+
+
 def head_label(layer: int, head: int) -> str:
     """`"L{layer}H{head}"`, the name of a head everywhere in this toolkit (ARENA writes `layer.head`)."""
     return f"L{layer}H{head}"
@@ -45,7 +68,7 @@ class HookedTransformer(HookedRootModule):
             self.pos_embed = PosEmbed(cfg)
             self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
-        self.ln_final = Norm(cfg)
+        self.ln_final = final_norm(cfg)
         self.unembed = Unembed(cfg)
         self.init_weights()
         self.to(cfg.device)
@@ -53,21 +76,8 @@ class HookedTransformer(HookedRootModule):
 
     # ------------------------------------------------------------------------------------------------
     def init_weights(self) -> None:
-        """Normal(0, init_range) for every weight matrix, scaled by 1/√(2·n_layers) on the residual writes (W_O,
-        W_out) as GPT-2 (Radford et al. 2019); norms at w=1, b=0; biases 0. Seeded by `cfg.seed` without touching
-        the global RNG."""
-        gen = torch.Generator().manual_seed(self.cfg.seed) if self.cfg.seed is not None else None
-        write_scale = (2 * max(self.cfg.n_layers, 1)) ** -0.5
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                leaf = name.rsplit(".", 1)[-1]
-                if leaf.startswith("W_"):
-                    std = self.cfg.init_range * (write_scale if leaf in ("W_O", "W_out") else 1.0)
-                    p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * std)
-                elif leaf == "w":
-                    p.fill_(1.0)
-                else:
-                    p.zero_()
+        """`init_weights(self, cfg.init_range, cfg.n_layers, cfg.seed)`."""
+        init_weights(self, self.cfg.init_range, self.cfg.n_layers, self.cfg.seed)
 
     def forward(self, tokens, return_type: str | None = "logits", loss_per_token: bool = False):
         """Run the model. Returns logits `[batch, pos, d_vocab]`, the mean next-token loss (or per-token
@@ -89,13 +99,17 @@ class HookedTransformer(HookedRootModule):
                            positions.rotation(P, resid.dtype, resid.device))
         for block in self.blocks:
             resid = block(resid, side)
-        logits = self.unembed(self.ln_final(resid))  # [batch, pos, d_vocab]
+        logits = self.head(resid)  # [batch, pos, d_vocab]
         if return_type == "logits":
             return logits
         if return_type is None:
             return None
         loss = lm_cross_entropy(logits, tokens, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
+
+    def head(self, resid: torch.Tensor) -> torch.Tensor:
+        """Logits `[batch, pos, d_vocab]` from the last residual stream: `unembed(ln_final(resid))`."""
+        return self.unembed(self.ln_final(resid))
 
     def validate_tokens(self, tokens) -> torch.Tensor:
         """Coerce input to an int64 `[batch, pos]` tensor on the model's device, or raise `ValueError`."""
@@ -286,19 +300,22 @@ class HookedTransformer(HookedRootModule):
 
 
 def lm_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False,
-                     label_smoothing: float = 0.0) -> torch.Tensor:
+                     label_smoothing: float = 0.0, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Next-token cross-entropy: −log softmax(logits[:, i])[tokens[:, i+1]], in float32 or wider; optionally
     label-smoothed (Szegedy et al. 2016: the target puts 1−ε on the true token and ε spread uniformly over the
     vocabulary).
 
     Returns the mean over the `batch × (pos−1)` predictions, or `[batch, pos-1]` with `per_token`. The last
     position has no target: it is ignored (`ignore_index`) rather than sliced off, so the `[batch, pos, vocab]`
-    logits are read in place, with no copy in the forward pass and no zero-filled gradient in the backward."""
+    logits are read in place, with no copy in the forward pass and no zero-filled gradient in the backward.
+    `mask [batch, pos]` (False at padding) drops the predictions of masked tokens from the mean (per token: 0)."""
     if tokens.shape[1] < 2:
         raise ValueError("a loss needs at least 2 tokens per sequence (it predicts token i+1 from i)")
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     target = F.pad(tokens[:, 1:], (0, 1), value=-100)  # [batch, pos]; −100 = F.cross_entropy's ignore_index
+    if mask is not None:
+        target = target.masked_fill(~F.pad(mask[:, 1:].bool(), (0, 1), value=False), -100)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                            reduction="none" if per_token else "mean", label_smoothing=label_smoothing)
     return loss.view(tokens.shape)[:, :-1] if per_token else loss

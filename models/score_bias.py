@@ -16,6 +16,8 @@ from the config's `attention_dir` (`attention_mask`), a positional bias from the
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -71,7 +73,7 @@ class Sum(ScoreBias):
 
     def keep(self, n_q, n_k, device=None):
         masks = [m for p in self.parts if (m := p.keep(n_q, n_k, device)) is not None]
-        return torch.stack(masks).all(0) if len(masks) > 1 else (masks[0] if masks else None)
+        return functools.reduce(torch.logical_and, masks) if masks else None  # broadcasts a per-batch mask
 
     def sdpa_args(self, n_q, n_k, dtype, device=None):
         args = [p.sdpa_args(n_q, n_k, dtype, device) for p in self.parts]
@@ -79,6 +81,17 @@ class Sum(ScoreBias):
         if len(active) <= 1:  # at most one part does anything: its own (possibly fused-kernel) form
             return active[0] if active else (None, False)
         return self.dense(n_q, n_k, dtype, device), False
+
+
+class KeyPadding(ScoreBias):
+    """Padding: no query attends to a key whose `keys [batch, n_k]` entry is False (a padded position). Its mask is
+    per sequence, `[batch, 1, 1, n_k]`, broadcasting over heads and queries (so `dense` is `[batch, 1, n_q, n_k]`)."""
+
+    def __init__(self, keys: torch.Tensor):
+        self.keys = keys
+
+    def keep(self, n_q: int, n_k: int, device=None) -> torch.Tensor:
+        return self.keys[:, None, None, -n_k:].to(device)
 
 
 def combine(*parts: ScoreBias | None) -> ScoreBias:

@@ -127,6 +127,13 @@ def load_tokenizer(path):
         raise TokenizerError(f"{path}: not a readable tokenizer file ({type(e).__name__}: {e})") from None
     if isinstance(data, dict) and data.get("toy_circuits_tokenizer") == "bytes":
         return ByteTokenizer()
+    if isinstance(data, dict) and data.get("toy_circuits_tokenizer") == "seq2seq":
+        from .seq2seq_data import Seq2SeqTokenizer
+
+        try:
+            return Seq2SeqTokenizer.from_dict(data)
+        except (KeyError, TypeError, ValueError) as e:
+            raise TokenizerError(f"{path}: not a valid seq2seq tokenizer ({type(e).__name__}: {e})") from None
     from tokenizers import Tokenizer
 
     try:

@@ -1,4 +1,6 @@
-"""A resumable, deterministic training loop for toy transformers (single process or DDP under `torchrun`).
+"""A resumable, deterministic training loop for toy transformers (single process or DDP under `torchrun`): decoders
+on text, encoder–decoders on seq2seq tasks (`data="seq2seq:NAME"`), encoders on masked-language modelling; what a step
+computes for each is its task (`models.train_tasks`), the loop is one.
 
 `train(model_cfg, train_cfg, eval_fn=None, resume=False)`: AdamW with linear warm-up and cosine decay,
 gradient clipping, optional label smoothing, the config's initialisation (seeded), bf16 autocast on GPU.
@@ -21,14 +23,17 @@ import torch.distributed as dist
 
 from . import train_state as ts
 from .batches import Curriculum, RepeatBatches, TextBatches
-from .checkpoint import atomic_write_dir, load, save
-from .config import HookedTransformerConfig
+from .checkpoint import atomic_write_dir, config_from_json, load, model_class, save
 from .data import build_token_corpus, get_tokenizer, unigram_baseline_loss
+from .encoder import EncoderConfig
+from .encoder_decoder_config import EncoderDecoderConfig
 from .errors import TrainConfigError
-from .model import HookedTransformer, lm_cross_entropy
+from .model import HookedTransformer
 from .positions import sinusoidal_table
+from .seq2seq_data import Seq2SeqBatches, make_task
 from .tokenizer import load_tokenizer
 from .train_config import TrainConfig, lr_at
+from .train_tasks import LanguageModelling, MaskedLM, Seq2Seq
 
 __all__ = ["train", "TrainConfig", "TrainConfigError", "lr_at", "init_positions", "pick_device",
            "dist_info", "make_optimizer", "build_data", "check_setup", "evaluate_loss", "finalize"]
@@ -44,8 +49,10 @@ def init_positions(model: HookedTransformer, how: str) -> None:
     if model.cfg.positions.table != "learned":
         raise TrainConfigError(f"pos_init={how!r} needs a learned positional table (standard or shortformer), "
                                f"got positional_embedding_type={model.cfg.positional_embedding_type!r}")
-    table = sinusoidal_table(model.cfg.n_ctx, model.cfg.d_model, torch.float64)
-    model.pos_embed.W_pos.copy_(table * (model.cfg.init_range * 2**0.5))
+    for name in ("pos_embed", "pos_embed_src", "pos_embed_tgt"):  # decoder / encoder; encoder–decoder
+        if hasattr(model, name):
+            W_pos = getattr(model, name).W_pos
+            W_pos.copy_(sinusoidal_table(*W_pos.shape, torch.float64) * (model.cfg.init_range * 2**0.5))
 
 
 
@@ -83,8 +90,14 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=tuple(cfg.betas), foreach=True)
 
 
-def build_data(cfg: TrainConfig, model_cfg: HookedTransformerConfig, tokenizer=None):
+def build_data(cfg: TrainConfig, model_cfg, tokenizer=None):
     """(batches, tokenizer, corpus or None) for the configured data; raises `CorpusError` if unusable."""
+    if isinstance(model_cfg, EncoderDecoderConfig) != cfg.data.startswith("seq2seq:"):
+        raise TrainConfigError(f"data={cfg.data!r} does not fit a {type(model_cfg).__name__}: encoder–decoder models "
+                               "train on 'seq2seq:TASK' data (copy, reverse, sort, date), the others on text")
+    if isinstance(model_cfg, EncoderDecoderConfig):
+        task = make_task(cfg.data, cfg.task_symbols, cfg.task_min_len, cfg.task_max_len)
+        return Seq2SeqBatches(task, model_cfg.n_ctx_src, model_cfg.n_ctx_tgt), task.tokenizer, None
     seq_len = cfg.seq_len or model_cfg.n_ctx
     if cfg.data == "synthetic:repeat":
         tok = tokenizer or get_tokenizer("bytes")
@@ -103,29 +116,42 @@ def build_data(cfg: TrainConfig, model_cfg: HookedTransformerConfig, tokenizer=N
     return batches, tok, corpus
 
 
-def check_setup(model_cfg: HookedTransformerConfig, cfg: TrainConfig, tokenizer, world_size: int) -> None:
+def make_task_of(model_cfg, cfg: TrainConfig, batches, tokenizer):
+    """The training task of a model config (`models.train_tasks`)."""
+    if isinstance(model_cfg, EncoderDecoderConfig):
+        return Seq2Seq(batches, cfg)
+    if isinstance(model_cfg, EncoderConfig):
+        specials = {tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id, model_cfg.mask_token_id}
+        pool = [i for i in range(min(model_cfg.d_vocab, tokenizer.vocab_size)) if i not in specials]
+        return MaskedLM(batches, model_cfg.mask_token_id, pool, cfg.mlm_probability)
+    return LanguageModelling(batches)
+
+
+def check_setup(model_cfg, cfg: TrainConfig, tokenizer, world_size: int) -> None:
+    if cfg.batch_size % world_size:
+        raise TrainConfigError(f"batch_size={cfg.batch_size} is not divisible by the {world_size} processes")
+    if isinstance(model_cfg, EncoderDecoderConfig):
+        for what, tok, field in (("source", tokenizer.source, "d_vocab_src"),
+                                 ("target", tokenizer.target, "d_vocab_tgt")):
+            if tok.vocab_size > getattr(model_cfg, field):
+                raise TrainConfigError(f"the task's {what} vocabulary has {tok.vocab_size} ids but the model's "
+                                       f"{field} is {getattr(model_cfg, field)}; set it >= {tok.vocab_size}")
+        return
+    if isinstance(model_cfg, EncoderConfig) and model_cfg.mask_token_id < tokenizer.vocab_size:
+        raise TrainConfigError(f"mask_token_id={model_cfg.mask_token_id} is an id of the tokenizer; set d_vocab >= "
+                               f"{tokenizer.vocab_size + 1} and mask_token_id to an id past the tokenizer's")
     seq_len = cfg.seq_len or model_cfg.n_ctx
     if model_cfg.positions.max_context is not None and seq_len > model_cfg.positions.max_context:
         raise TrainConfigError(f"seq_len={seq_len} exceeds the model's n_ctx={model_cfg.n_ctx}")
     if tokenizer.vocab_size > model_cfg.d_vocab:
         raise TrainConfigError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's d_vocab is "
                                f"{model_cfg.d_vocab}; set d_vocab >= {tokenizer.vocab_size}")
-    if cfg.batch_size % world_size:
-        raise TrainConfigError(f"batch_size={cfg.batch_size} is not divisible by the {world_size} processes")
     cfg.mixture().validate(seq_len)
 
 
-@torch.no_grad()
 def evaluate_loss(model, tokens: torch.Tensor, chunk: int = 16) -> float:
     """Mean next-token loss of `tokens` (float32), in chunks of `chunk` sequences."""
-    was = model.training
-    model.eval()
-    total = 0.0
-    for i in range(0, tokens.shape[0], chunk):
-        t = tokens[i : i + chunk]
-        total += float(lm_cross_entropy(model(t), t)) * t.shape[0]
-    model.train(was)
-    return total / tokens.shape[0]
+    return LanguageModelling(None).evaluate(model, tokens, chunk)
 
 
 def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: bool = False, tokenizer=None):
@@ -136,7 +162,7 @@ def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: 
     folder holds config.json, model.safetensors, tokenizer.json, train_config.json, metrics.jsonl,
     summary.json and checkpoints/. `resume=True` continues from the newest checkpoint in `cfg.out_dir`."""
     if isinstance(model_cfg, dict):
-        model_cfg = HookedTransformerConfig.from_dict(model_cfg)
+        model_cfg = config_from_json(json.dumps(model_cfg))  # by its model_type
     cfg.validate()
     rank, world, local_rank = dist_info()
     out = Path(cfg.out_dir) if cfg.out_dir else None
@@ -151,14 +177,16 @@ def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: 
     if world > 1 and rank == 0:
         dist.barrier()
     check_setup(model_cfg, cfg, tokenizer, world)
+    task = make_task_of(model_cfg, cfg, batches, tokenizer)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     if model_cfg.seed is None:
         model_cfg = model_cfg.replace(seed=cfg.seed)
-    model_cfg = model_cfg.replace(device=str(device), extra=dict(model_cfg.extra, tokenizer=cfg.tokenizer))
-    model = HookedTransformer(model_cfg)
+    data = {"task": cfg.data} if isinstance(task, Seq2Seq) else {"tokenizer": cfg.tokenizer}
+    model_cfg = model_cfg.replace(device=str(device), extra=dict(model_cfg.extra, **data))
+    model = model_class(model_cfg)(model_cfg)
     init_positions(model, cfg.pos_init)
-    run = _Run(cfg, model, make_optimizer(model, cfg), batches, device, rank, world, out, eval_fn)
+    run = _Run(cfg, model, make_optimizer(model, cfg), task, device, rank, world, out, eval_fn)
     if out is not None and rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     found = ts.resumable_checkpoints(out) if (resume and out is not None) else []
@@ -179,7 +207,11 @@ def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: 
     if out is not None and rank == 0:
         metrics = ts.read_metrics(out / ts.METRICS_FILE)
         last_val = [r["val_loss"] for r in metrics if "val_loss" in r]
-        summary["final_val_loss"] = last_val[-1] if last_val else evaluate_loss(model, run.val)
+        summary["final_val_loss"] = last_val[-1] if last_val else task.evaluate(model, run.val)
+        for key in ("exact_match",):
+            found_key = [r[key] for r in metrics if key in r]
+            if found_key:
+                summary[f"final_{key}"] = found_key[-1]
         summary["wall_time"] = max([summary["wall_time"]] + [r.get("wall_time", 0) for r in metrics])
         if corpus is not None:
             summary["unigram_val_loss"] = unigram_baseline_loss(corpus)
@@ -207,12 +239,10 @@ def _device_and_group(cfg: TrainConfig, world: int, local_rank: int) -> torch.de
 class _Run:
     """The loop of one run: its step counter, tokens seen and clock, the optimisation step and the records."""
 
-    def __init__(self, cfg: TrainConfig, model, opt, batches, device, rank: int, world: int, out: Path | None,
-                 eval_fn):
-        self.cfg, self.model, self.opt, self.batches, self.device = cfg, model, opt, batches, device
+    def __init__(self, cfg: TrainConfig, model, opt, task, device, rank: int, world: int, out: Path | None, eval_fn):
+        self.cfg, self.model, self.opt, self.task, self.device = cfg, model, opt, task, device
         self.rank, self.world, self.out, self.eval_fn = rank, world, out, eval_fn
-        self.seq_len = cfg.seq_len or model.cfg.n_ctx
-        self.val = torch.as_tensor(batches.val_batch(cfg.val_sequences)).to(device)
+        self.val = torch.as_tensor(task.batches.val_batch(cfg.val_sequences)).to(device)
         self.schedule = set(ts.checkpoint_steps(cfg.steps, cfg.checkpoint_every, cfg.log_checkpoints))
         self.step, self.tokens_seen, self.wall_before, self.t0 = 0, 0, 0.0, time.perf_counter()
         self.ddp = None  # DistributedDataParallel(model) under torchrun
@@ -232,7 +262,9 @@ class _Run:
             rec["train_loss"] = loss_sum / n
             rec["tokens_per_s"] = tok_interval / max(t_interval, 1e-9)
         if step % cfg.eval_every == 0 or step in self.schedule:
-            rec["val_loss"] = evaluate_loss(model, self.val)
+            rec["val_loss"] = self.task.evaluate(model, self.val)
+        if step in self.schedule:
+            rec.update(self.task.metrics(model))
         if step in self.schedule and self.eval_fn is not None:
             model.eval()
             rec.update(self.eval_fn(model))
@@ -245,17 +277,15 @@ class _Run:
         lr = lr_at(cfg, step)
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_scale"]
-        tokens = torch.as_tensor(self.batches.batch(cfg.seed, step, cfg.batch_size, self.rank, self.world))
-        tokens = tokens.to(self.device)
-        with autocast:
-            logits = (self.ddp or self.model)(tokens)
-        loss = lm_cross_entropy(logits, tokens, label_smoothing=cfg.label_smoothing)
+        rows = torch.as_tensor(self.task.batches.batch(cfg.seed, step, cfg.batch_size, self.rank, self.world))
+        rows = rows.to(self.device)
+        loss = self.task.loss(self.ddp or self.model, rows, cfg, step, autocast, self.model, (self.rank, self.world))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         opt.step()
-        self.tokens_seen += cfg.batch_size * self.seq_len
+        self.tokens_seen += cfg.batch_size * rows.shape[1]
         loss = loss.detach()
         if self.ddp is not None:  # the mean over all ranks
             cuda = self.device.type == "cuda"

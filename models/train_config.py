@@ -36,6 +36,14 @@ class TrainConfig:
     repeat_fill: bool = False  # the segment repeats to the end of the sequence (Mixture.fill)
     synthetic_steps: int = 0  # curriculum: the first N steps train on `[BOS] + R + R + ...` of the corpus's ids
     repeat_until: int | None = None  # repeated segments only before this step; natural text only from it on
+    task_symbols: int = 10  # seq2seq:copy / reverse / sort: the alphabet's size (letters a, b, ...)
+    task_min_len: int = 1  # seq2seq:copy / reverse / sort: source lengths drawn from [task_min_len, task_max_len]
+    task_max_len: int = 8
+    exact_match_sequences: int = 512  # seq2seq: held-out sources decoded greedily at every checkpoint
+    sampling_schedule: str = "none"  # seq2seq: teacher forcing ("none") or scheduled sampling (train_tasks)
+    sampling_max: float = 0.5  # scheduled sampling: the own-prediction probability rises towards this
+    sampling_k: float | None = None  # scheduled sampling: the schedule's constant (train_tasks.sampling_probability)
+    mlm_probability: float = 0.15  # encoder MLM: fraction of positions predicted (BERT's 80/10/10 replacement)
     pos_init: str = "normal"  # learned positions start as Normal(0, init_range) or a scaled sinusoidal table
     checkpoint_every: int = 500
     log_checkpoints: int = 12  # log-spaced early checkpoints
@@ -82,6 +90,17 @@ class TrainConfig:
                                    f"{self.lr_multipliers!r}")
         if self.repeat_until is not None and (not isinstance(self.repeat_until, int) or self.repeat_until < 0):
             raise TrainConfigError(f"repeat_until must be an int >= 0 or None, got {self.repeat_until!r}")
+        for n in ("task_symbols", "task_min_len", "task_max_len", "exact_match_sequences"):
+            positive(n)
+        if self.sampling_schedule not in SAMPLING_SCHEDULES:
+            raise TrainConfigError(f"sampling_schedule must be one of {SAMPLING_SCHEDULES}, got "
+                                   f"{self.sampling_schedule!r}")
+        for n in ("sampling_max", "mlm_probability"):
+            v = getattr(self, n)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
+                raise TrainConfigError(f"{n} must be a number in [0, 1], got {v!r}")
+        if self.sampling_k is not None and (not isinstance(self.sampling_k, (int, float)) or not self.sampling_k > 0):
+            raise TrainConfigError(f"sampling_k must be a number > 0 or None, got {self.sampling_k!r}")
         if self.pos_init not in POS_INITS:
             raise TrainConfigError(f"pos_init must be one of {POS_INITS}, got {self.pos_init!r}")
         if self.num_threads is not None and self.num_threads < 1:
@@ -123,6 +142,7 @@ class TrainConfig:
 
 
 POS_INITS = ("normal", "sinusoidal")
+SAMPLING_SCHEDULES = ("none", "linear", "exponential", "inverse_sigmoid")
 
 
 #: Settings that may differ between a run and its resumption (they do not change the trajectory).

@@ -51,6 +51,15 @@ score):
   here needed the repeated segments. Repeating natural-text segments instead of random ones (bytes, half or
   all of the segments) formed weaker induction heads (0.76 and 0.20 at step 6000) and ICL −0.23."""
 
+#: Encoder–decoder presets (`models.HookedEncoderDecoder`, trained on a `models.seq2seq_data` task): attention-only,
+#: no norms and no biases, as the decoder-only toy models, 1 layer each side; sources of 8 letters out of 10.
+_SEQ2SEQ = dict(model_type="encoder_decoder", d_model=64, n_heads=2, d_mlp=None, n_encoder_layers=1,
+                n_decoder_layers=1, d_vocab_src=13, d_vocab_tgt=13, n_ctx_src=8, n_ctx_tgt=10, normalization_type=None,
+                positional_embedding_type="standard", use_bias=False, init_range=0.1)
+_SEQ2SEQ_TRAIN = dict(batch_size=64, lr=3e-3, warmup_steps=50, weight_decay=0.01, grad_clip=1.0, seed=0,
+                      task_symbols=10, task_min_len=8, task_max_len=8, checkpoint_every=200, log_checkpoints=8,
+                      eval_every=100, log_every=25, val_sequences=256, exact_match_sequences=1024, num_threads=1)
+
 PRESETS: dict[str, dict] = {
     "attn-only-0l": {
         "about": "0-layer model: the direct path W_E W_U only, a low-rank bigram model",
@@ -79,6 +88,13 @@ PRESETS: dict[str, dict] = {
                       model_name="gelu-2l"),
         "train": dict(_BYTES_TRAIN, steps=6000, lr=3e-3),
     },
+    "enc-dec-reverse": {
+        "about": "encoder–decoder reversing 8-letter strings: cross-attention alignment heads on the anti-diagonal "
+                 "with copying OV circuits",
+        "model": dict(_SEQ2SEQ, model_name="enc-dec-reverse"),
+        "train": dict(_SEQ2SEQ_TRAIN, data="seq2seq:reverse", steps=1000,
+                      keep_checkpoints=[0, 10, 19, 37, 72, 139, 200, 400, 1000]),
+    },
 }
 
 
@@ -91,4 +107,6 @@ def get_preset(name: str) -> tuple[HookedTransformerConfig, TrainConfig, str]:
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
     p = PRESETS[name]
-    return HookedTransformerConfig(**p["model"]), TrainConfig(**p["train"]), p["about"]
+    from .checkpoint import config_from_dict
+
+    return config_from_dict(p["model"]), TrainConfig(**p["train"]), p["about"]

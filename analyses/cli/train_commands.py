@@ -13,7 +13,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", help="a zoo preset (see `circuits zoo`): model and training settings in code")
     src.add_argument("--config", help="model config JSON, or {\"model\": {...}, \"train\": {...}}; a file, or "
-                     "inline text starting with {")
+                     "inline text starting with {; \"model_type\": \"encoder_decoder\" or \"encoder\" picks those "
+                     "models")
     p.add_argument("--train-config", help="training settings JSON over the preset's (models.train.TrainConfig "
                    "fields); a file, or inline text starting with {")
     p.add_argument("--out", required=True, help="output folder: model, metrics.jsonl, checkpoints/, card")
@@ -21,10 +22,13 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int)
-    p.add_argument("--data", help="'stdlib' (default), a text folder or file, or 'synthetic:repeat'")
+    p.add_argument("--data", help="'stdlib' (default), a text folder or file, 'synthetic:repeat', or for "
+                   "encoder-decoder models 'seq2seq:copy|reverse|sort|date'")
     p.add_argument("--tokenizer", help="'bpe-2048' (default), 'bytes', or a tokenizer.json")
     p.add_argument("--repeat-fraction", type=float, help="fraction of sequences with a repeated segment")
     p.add_argument("--label-smoothing", type=float)
+    p.add_argument("--sampling-schedule", choices=["none", "linear", "exponential", "inverse_sigmoid"],
+                   help="encoder-decoder: teacher forcing (none) or scheduled sampling with this schedule")
     p.add_argument("--device", help="auto (default), cpu, cuda, mps")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -36,7 +40,7 @@ def train_settings(args) -> tuple:
     """(model config, TrainConfig, description) from the command line."""
     import dataclasses
 
-    from models.config import HookedTransformerConfig
+    from models.checkpoint import config_from_dict
     from models.train import TrainConfig
 
     if args.preset:
@@ -49,13 +53,14 @@ def train_settings(args) -> tuple:
     else:
         d = read_json_object(args.config, "config")
         model_d, train_d = (d["model"], d.get("train", {})) if "model" in d else (d, {})
-        model_cfg, about = HookedTransformerConfig.from_dict(model_d), "custom model"
+        model_cfg, about = config_from_dict(model_d), "custom model"
         cfg = TrainConfig.from_dict(train_d)
     if args.train_config:
         cfg = TrainConfig.from_dict(dict(cfg.to_dict(), **read_json_object(args.train_config, "training config")))
     over = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
             "data": args.data, "tokenizer": args.tokenizer, "repeat_fraction": args.repeat_fraction,
-            "label_smoothing": args.label_smoothing, "device": args.device}
+            "label_smoothing": args.label_smoothing, "device": args.device,
+            "sampling_schedule": args.sampling_schedule}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in over.items() if v is not None}, out_dir=args.out,
                               progress=not (args.no_progress or args.json))
     if args.steps is not None and cfg.keep_checkpoints is not None:
@@ -67,21 +72,28 @@ def train_settings(args) -> tuple:
 def run_train(args) -> int:
     import shlex
 
+    from models.config import HookedTransformerConfig
     from models.train import train
 
     from ..train_metrics import eval_inputs, make_eval_fn, make_report_fn
 
     model_cfg, cfg, about = train_settings(args)
-    eval_fn = report_fn = None
-    tok, val, seen, corpus = eval_inputs(cfg, model_cfg)  # fails early on an unusable corpus
-    if not args.no_scores:
-        eval_fn = make_eval_fn(tok, val, seen, periods=(50, 100))
     command = "circuits " + shlex.join(["train"] + list(args.argv))
-    report_fn = make_report_fn(args.preset or "custom", about, command, cfg, corpus, val, seen)
+    eval_fn, tok, name = None, None, args.preset or "custom"
+    if hasattr(model_cfg, "d_vocab_src"):  # encoder-decoder: exact match is the task's own checkpoint metric
+        from ..seq2seq_card import make_seq2seq_report_fn
+
+        report_fn = make_seq2seq_report_fn(name, about, command, cfg)
+    else:
+        tok, val, seen, corpus = eval_inputs(cfg, model_cfg)  # fails early on an unusable corpus
+        if not args.no_scores and type(model_cfg) is HookedTransformerConfig:  # scores of next-token predictors
+            eval_fn = make_eval_fn(tok, val, seen, periods=(50, 100))
+        report_fn = make_report_fn(name, about, command, cfg, corpus, val, seen)
     model, summary = train(model_cfg, cfg, eval_fn=eval_fn, report_fn=report_fn, resume=args.resume, tokenizer=tok)
+    em = f", held-out exact match {summary['final_exact_match']:.2%}" if "final_exact_match" in summary else ""
     emit(args, dict(summary, out=args.out), f"trained {args.preset or 'model'}: {summary['steps']} steps, "
          f"{summary['tokens_seen']} tokens, {summary['wall_time']:.0f} s, final validation loss "
-         f"{summary.get('final_val_loss', float('nan')):.4f} → {args.out}")
+         f"{summary.get('final_val_loss', float('nan')):.4f}{em} → {args.out}")
     return 0
 
 
