@@ -14,26 +14,28 @@ def _ticks(ax, labels_x, labels_y, fontsize=7):
     ax.set_yticks(range(len(labels_y)), labels_y, fontsize=fontsize)
 
 
-def plot_cross_patterns(patterns: torch.Tensor, aligned: torch.Tensor, src_labels: list[str], tgt_labels: list[str],
-                        scores: torch.Tensor | None = None):
+def plot_cross_patterns(patterns: torch.Tensor, aligned: torch.Tensor | None, src_labels: list[str],
+                        tgt_labels: list[str], scores: torch.Tensor | None = None, ylabel: str = "predicts"):
     """`patterns [layers, heads, tgt_pos, src_pos]` of one sequence (or a mean), 0–1 on one colour scale; the
     cells of `aligned [tgt_pos, src_pos]` (where each predicted token comes from) outlined in red; `scores
     [layers, heads]` (alignment scores) in the titles. Rows are labelled by the token each decoder position
-    predicts."""
+    predicts (`ylabel`); `aligned=None` marks nothing."""
     L, H, T, S = patterns.shape
     fig, axes = _layer_head_grid(L, H, max(2.6, 0.32 * S + 1.2), extra_w=1.0, extra_h=0.8)
-    ys, xs = torch.nonzero(aligned, as_tuple=True)
+    ys, xs = torch.nonzero(aligned, as_tuple=True) if aligned is not None else (None, None)
     for layer in range(L):
         for head in range(H):
             ax = axes[layer, head]
             im = ax.imshow(patterns[layer, head].numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
-            ax.scatter(xs.numpy(), ys.numpy(), marker="s", s=60, facecolors="none", edgecolors="red", linewidths=1)
+            if aligned is not None:
+                ax.scatter(xs.numpy(), ys.numpy(), marker="s", s=60, facecolors="none", edgecolors="red", linewidths=1)
             title = f"C{layer}H{head}" + ("" if scores is None else f": alignment {float(scores[layer, head]):.2f}")
             ax.set_title(title, fontsize=9)
             _ticks(ax, src_labels, tgt_labels)
             ax.set_xlabel("source position (token)", fontsize=8)
-            ax.set_ylabel("predicts", fontsize=8)
-    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="attention (red: aligned source)")
+            ax.set_ylabel(ylabel, fontsize=8)
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8,
+                 label="attention" + (" (red: aligned source)" if aligned is not None else ""))
     return fig
 
 

@@ -19,30 +19,39 @@ def is_encoder_decoder(ctx) -> bool:
     return hasattr(ctx.model, "cross_W_Q")
 
 
-def task_spec(ctx) -> dict | None:
-    """`{data, task_symbols, task_min_len, task_max_len}` of the model's seq2seq task, or None."""
-    tc, extra = ctx.train_config or {}, getattr(ctx.cfg, "extra", {}) or {}
+def seq2seq_task(model, train_config: dict | None = None) -> dict | None:
+    """`{data, task_symbols, task_min_len, task_max_len}` of the model's seq2seq task (from its run's
+    `train_config.json`, else its config's `extra`), or None when neither names one."""
+    tc, extra = train_config or {}, getattr(model.cfg, "extra", {}) or {}
     data = tc.get("data") if str(tc.get("data", "")).startswith("seq2seq:") else extra.get("task")
     if not data:
         return None
-    n = ctx.cfg.n_ctx_src
-    return {"data": data, "task_symbols": tc.get("task_symbols", extra.get("task_symbols", ctx.cfg.d_vocab_src - 3)),
+    n = model.cfg.n_ctx_src
+    return {"data": data, "task_symbols": tc.get("task_symbols", extra.get("task_symbols", model.cfg.d_vocab_src - 3)),
             "task_min_len": tc.get("task_min_len", extra.get("task_min_len", n)),
             "task_max_len": tc.get("task_max_len", extra.get("task_max_len", n))}
 
 
-def probes(ctx):
-    """`(batches, rows, src, tgt, src_mask, tgt_mask, aligned or None)` for `N_PROBES` held-out pairs, cached."""
-    if "encdec_probes" not in ctx.cache:
-        from models.seq2seq_data import Seq2SeqBatches, make_task
+def held_out_probes(model, spec: dict, n: int, seed: int = 0):
+    """`(batches, rows, src, tgt, src_mask, tgt_mask, aligned or None)`: `n` held-out pairs of the task `spec`
+    (`seq2seq_task`), on the model's device, with their alignment (`analyses.alignment.task_alignment`)."""
+    from models.seq2seq_data import Seq2SeqBatches, make_task
 
-        spec = task_spec(ctx)
-        task = make_task(spec["data"], spec["task_symbols"], spec["task_min_len"], spec["task_max_len"])
-        batches = Seq2SeqBatches(task, ctx.cfg.n_ctx_src, ctx.cfg.n_ctx_tgt)
-        rows = batches.val_batch(N_PROBES, seed=ctx.seed + 3)
-        src, tgt, src_mask, tgt_mask = (t.to(ctx.model.device) for t in batches.split(rows))
-        aligned = task_alignment(task, src, src_mask, tgt.shape[1])
-        ctx.cache["encdec_probes"] = (batches, rows, src, tgt, src_mask, tgt_mask, aligned)
+    task = make_task(spec["data"], spec["task_symbols"], spec["task_min_len"], spec["task_max_len"])
+    batches = Seq2SeqBatches(task, model.cfg.n_ctx_src, model.cfg.n_ctx_tgt)
+    rows = batches.val_batch(n, seed=seed)
+    src, tgt, src_mask, tgt_mask = (t.to(model.device) for t in batches.split(rows))
+    return batches, rows, src, tgt, src_mask, tgt_mask, task_alignment(task, src, src_mask, tgt.shape[1])
+
+
+def task_spec(ctx) -> dict | None:
+    return seq2seq_task(ctx.model, ctx.train_config)
+
+
+def probes(ctx):
+    """`held_out_probes` of the report's model (`N_PROBES` pairs), cached."""
+    if "encdec_probes" not in ctx.cache:
+        ctx.cache["encdec_probes"] = held_out_probes(ctx.model, task_spec(ctx), N_PROBES, ctx.seed + 3)
     return ctx.cache["encdec_probes"]
 
 
@@ -170,6 +179,18 @@ def positional_qk(ctx) -> str:
     ])
 
 
+def term_contributions(exp, tgt, tgt_mask) -> dict[str, float]:
+    """Each path term's mean contribution to the logit of the correct next target token minus its mean over the
+    target vocabulary, over every predicted position (`tgt_mask`), largest |value| first."""
+    nxt, keep = tgt[:, 1:], tgt_mask[:, 1:]
+    out = {}
+    for name in exp.terms:
+        logits = exp.terms[name][:, :-1]
+        centred = logits - logits.mean(-1, keepdim=True)
+        out[name] = float(centred.gather(-1, nxt[..., None])[..., 0][keep].mean())
+    return dict(sorted(out.items(), key=lambda kv: -abs(kv[1])))
+
+
 def paths(ctx) -> str:
     """Path expansion of the logits: which terms carry the correct token."""
     from circuits.encdec_paths import encdec_path_expansion
@@ -177,13 +198,7 @@ def paths(ctx) -> str:
     _, _, src, tgt, src_mask, tgt_mask, _ = probes(ctx)
     src, tgt, src_mask, tgt_mask = src[:64], tgt[:64], src_mask[:64], tgt_mask[:64]
     exp = encdec_path_expansion(ctx.model, src, tgt, src_mask, tgt_mask)
-    nxt, keep = tgt[:, 1:], tgt_mask[:, 1:]
-    rows = []
-    for name in exp.terms:
-        logits = exp.terms[name][:, :-1]
-        centred = logits - logits.mean(-1, keepdim=True)
-        rows.append([name, exp.orders[name], float(centred.gather(-1, nxt[..., None])[..., 0][keep].mean())])
-    rows.sort(key=lambda r: -abs(r[2]))
+    rows = [[name, exp.orders[name], v] for name, v in term_contributions(exp, tgt, tgt_mask).items()]
     return "\n".join([
         "With every attention pattern and norm scale frozen from the real forward pass, the logits split exactly "
         "into one term per path (Elhage et al. 2021, path expansion; `circuits.encdec_path_expansion`): source "

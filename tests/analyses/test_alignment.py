@@ -112,3 +112,13 @@ def test_encdec_report_on_the_hand_built_model(tmp_path, monkeypatch):
     assert "Alignment heads (score ≥ 0.9): **C0H0** (1.000)." in md
     assert "Cross-attention copying heads (score ≥ 0.9): **C0H0** (1.000)." in md
     assert "| C0H0[src] | 1 |" in md  # the copying path carries the correct token
+
+
+def test_cross_pattern_figure_without_alignment_passes_checks():
+    """`circuits attention`'s figure for encoder–decoder models: every head, no alignment marked."""
+    from analyses.encdec_plots import plot_cross_patterns
+
+    pats = torch.rand(2, 2, 9, 8).softmax(-1)
+    fig = plot_cross_patterns(pats, None, [f"{j}:x" for j in range(8)], ["<bos>"] + list("hgfedcba"),
+                              ylabel="decoder input (BOS first)")
+    assert figure_problems(fig) == []
