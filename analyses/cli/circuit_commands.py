@@ -254,7 +254,9 @@ def run_paths(args) -> int:
     if encdec_cli.is_encoder_decoder(loaded.model):
         return encdec_cli.paths(args, loaded)
     if args.source is not None or args.target is not None:
-        raise UsageError(f"--source/--target are for encoder-decoder models; {loaded.name} reads --text-file")
+        raise UsageError(f"--source/--target: only for encoder-decoder models; {loaded.name} reads --text-file")
+    encdec_cli.refuse_encoder_only(loaded, "paths", "its logits pass the masked-LM head's dense layer, activation "
+                                   "and norm, so path terms would not sum to them")
     model = loaded.model
     if not (model.cfg.attn_only or model.cfg.d_mlp is None):
         raise UsageError(f"the path expansion is exact for attention-only models; {loaded.name} has MLPs")

@@ -17,6 +17,12 @@ def refuse(loaded, command: str, why: str) -> None:
         raise UsageError(f"{command} does not apply to encoder-decoder models ({loaded.name}): {why}")
 
 
+def refuse_encoder_only(loaded, command: str, why: str) -> None:
+    """For an encoder-only (masked-LM) model, raise `UsageError` (exit 2, one line): `command` does not apply."""
+    if getattr(loaded.model.cfg, "model_type", None) == "encoder":
+        raise UsageError(f"{command} does not apply to encoder-only models ({loaded.name}): {why}")
+
+
 def route(args, loaded, plain: str, encdec: tuple[str, ...], run):
     """Send an encoder–decoder model to `run(args, loaded)` (refusing the decoder-only option `plain`, e.g.
     "--text"); for any other model refuse the encoder–decoder options `encdec` and require `plain`. Returns `run`'s

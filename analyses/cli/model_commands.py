@@ -216,6 +216,8 @@ def run_generate(args) -> int:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     device = setup(args)
     loaded = load_model(args, device)
+    encdec_cli.refuse_encoder_only(loaded, "generate", "a masked-language model fills masked positions; it does not "
+                                   "continue a prompt")
     code = encdec_cli.route(args, loaded, "--prompt", ("--source", "--beams"), encdec_cli.generate)
     if code is not None:
         return code

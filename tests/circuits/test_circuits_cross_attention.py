@@ -156,3 +156,12 @@ def test_encdec_path_refusals():
         encdec_path_expansion(make(d_mlp=8), *batch())
     with pytest.raises(ConfigError, match="pre-norm"):
         encdec_path_expansion(make(norm="LN", normalization_position="post"), *batch())
+
+
+def test_path_expansion_refuses_a_masked_lm_head():
+    from circuits import path_expansion
+    from models.encoder import EncoderConfig, HookedEncoder
+
+    m = HookedEncoder(EncoderConfig(n_layers=1, d_model=16, n_ctx=8, d_vocab=20, n_heads=2, seed=0))
+    with pytest.raises(ValueError, match="masked-LM head"):
+        path_expansion(m, torch.randint(3, 20, (1, 8)))
