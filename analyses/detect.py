@@ -28,7 +28,7 @@ from .scores import (
     previous_token_scores,
 )
 from .sequences import bos_token_id, random_tokens
-from .util import markdown_table, weight_view
+from .util import check_threshold, markdown_table, weight_view
 
 #: ARENA 1.2: a head is called induction / previous-token above 0.4 (its induction heads score > 0.6).
 ARENA_THRESHOLD = 0.4
@@ -110,6 +110,7 @@ def detect_previous_token_heads(model, tokens=None, threshold: float = ARENA_THR
     definition asks; default: seeded random tokens). Reports current- and first-token scores beside it and, for
     layer 0 of attention-only models with a positional table, the share of the QK score variance that the
     position-position term explains (ARENA's previous-token head 0.7 has a positional QK pattern)."""
+    threshold = check_threshold(threshold)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     prev = previous_token_scores(model, tokens, seed)
     cur = current_token_scores(model, tokens, seed)
@@ -145,6 +146,7 @@ def detect_induction_heads(model, seq_len: int = 50, batch: int = 10, seed: int 
     score minus `circuits.composition_baseline`, the same-matching of the K-composition circuit
     (`circuits.copying_score` / `positive_eigenvalue_fraction` of `circuits.k_composition_circuit`), and the OV
     copying score. `mechanism` is True when all three are positive and the partner is a previous-token head."""
+    threshold, prefix_threshold = check_threshold(threshold), check_threshold(prefix_threshold, "prefix_threshold")
     L, H = model.cfg.n_layers, model.cfg.n_heads
     table: list[HeadEvidence] = []
     if L == 0:

@@ -22,7 +22,7 @@ from models.model import head_label
 
 from .scores import attention_patterns, copying_scores_behavioural
 from .sequences import bos_token_id, random_tokens, token_pool
-from .util import device_of, markdown_table, weight_view
+from .util import check_threshold, device_of, markdown_table, weight_view
 
 __all__ = ["CopyingHeads", "copying_heads_table", "PositionalContent", "positional_vs_content", "positional_r2",
            "AblationResult", "head_ablation_losses", "ablated_position_losses"]
@@ -81,6 +81,7 @@ def copying_heads_table(model, vocab=None, threshold: float = COPYING_THRESHOLD,
     also over every non-special id, never-trained ones included, in `top1_all` / `top5_all`), and the
     behavioural copying score (`analyses.scores.copying_scores_behavioural`). A head is judged copying when
     its copying score ≥ `threshold`. Norm weights are folded first."""
+    threshold = check_threshold(threshold)
     m = weight_view(model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
     cs = copying_scores(m).float().cpu()
@@ -167,6 +168,7 @@ def positional_vs_content(model, seq_len: int = 64, batch: int = 8, seed: int = 
     A head with content independence ≥ `threshold` is labelled positional, refined by where it looks
     ("previous token" if it attends ≥ 0.4 to i−1, "first token" if ≥ 0.4 to position 0); others "content".
     For layer 0 with a positional table and no norm, also the R² of the position-position QK term."""
+    threshold = check_threshold(threshold)
     n = min(seq_len, model.cfg.n_ctx) - 1
     bos = torch.full((batch, 1), bos_token_id(model))
     t1 = torch.cat([bos, random_tokens(model, n, batch, seed, vocab)], 1)

@@ -18,6 +18,8 @@ import torch
 
 from .train_metrics import hardware, png_bytes
 
+ALIGNED = {"reverse": "the anti-diagonal", "copy": "the diagonal", "sort": "any position holding the symbol"}
+
 
 @torch.no_grad()
 def cross_alignment_scores(model, batches, rows) -> torch.Tensor | None:
@@ -102,13 +104,17 @@ def make_seq2seq_report_fn(name: str, about: str, command: str, cfg, n_check: in
                  f"- held-out loss (teacher forcing): {summary.get('final_val_loss', float('nan')):.2e} nats/token"]
         if align is not None:
             numbers["cross_alignment_scores"] = [[round(float(v), 4) for v in r] for r in align]
-            lines.append(f"- cross-attention alignment scores (attention on the source position the predicted token "
-                         f"comes from), per head: {_heads(align)} (max **{float(align.max()):.3f}**)")
+            lines.append(f"- cross-attention alignment scores (attention on the source positions the predicted token "
+                         f"comes from: {ALIGNED[batches.task.name]}), per head: {_heads(align)} (max "
+                         f"**{float(align.max()):.3f}**)")
         if c.d_vocab_src == c.d_vocab_tgt and batches.task.name != "date":
             cs = cross_copying_scores(model)
             numbers["cross_copying_scores"] = [[round(float(v), 4) for v in r] for r in cs]
             lines.append(f"- copying scores Σλ/Σ|λ| of the cross-attention OV circuits W_E_src W_V W_O W_U: "
                          f"{_heads(cs)} (min **{float(cs.min()):.3f}**)")
+        from models.train_state import step_dir
+
+        shipped = [s for s in cfg.keep_checkpoints or () if cfg.out_dir and step_dir(cfg.out_dir, s).is_dir()]
         tok_s = [r["tokens_per_s"] for r in metrics if "tokens_per_s" in r]
         numbers.update(wall_time_s=summary["wall_time"], tokens_per_s_median=float(np.median(tok_s)) if tok_s else None)
         arch = (f"encoder {c.n_encoder_layers} × decoder {c.n_decoder_layers} layers × {c.n_heads} heads, d_model "
@@ -132,8 +138,8 @@ def make_seq2seq_report_fn(name: str, about: str, command: str, cfg, n_check: in
                 f"- command: `{command}`", "", "## Measured (final model)", "", *lines, "",
                 "Files: config.json, model.safetensors, tokenizer.json (source and target characters), metrics.jsonl "
                 "(train/held-out loss, exact match at checkpoints), training_curve.png, train_config.json, "
-                "summary.json, measured.json" + (f", checkpoints/ (steps {', '.join(map(str, cfg.keep_checkpoints))})"
-                                                 if cfg.keep_checkpoints else "") + ".", ""]
+                "summary.json, measured.json" + (f", checkpoints/ (steps {', '.join(map(str, shipped))})"
+                                                 if shipped else "") + ".", ""]
         summary["card_numbers"] = numbers
         return {"card.md": "\n".join(text), "training_curve.png": seq2seq_curve_png(metrics, name),
                 "measured.json": json.dumps(numbers, indent=1)}

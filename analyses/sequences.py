@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from circuits.checks import check_int
+from models.model import int_ids
 
 
 def special_token_ids(model) -> list[int]:
@@ -39,7 +40,7 @@ def token_pool(model, tokens_from=None) -> torch.Tensor:
     if tokens_from is None:
         pool = torch.arange(model.cfg.d_vocab)
     else:
-        pool = torch.unique(torch.as_tensor(tokens_from).reshape(-1).long().cpu())
+        pool = torch.unique(int_ids(tokens_from, "tokens_from must be").reshape(-1).cpu())
         pool = pool[(pool >= 0) & (pool < model.cfg.d_vocab)]
     specials = torch.tensor(special_token_ids(model), dtype=torch.long)
     pool = pool[~torch.isin(pool, specials)]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from circuits.checks import check_int
 from circuits.factored import full_ov_circuit, full_qk_circuit
 from models.model import head_label
 
@@ -67,6 +68,7 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, n_outs: int = 3, vo
       strength(s, d) = relu(QK[d, s]) · relu(max_o OV[s, o]),
     and the triple is [s] … [d] → [argmax_o OV[s, o]]. Norm weights are folded first (`circuits.fold_layer_norm`).
     Streams over blocks of `block` rows (memory O(block · |S|))."""
+    k, n_outs, block = check_int(k, "k"), check_int(n_outs, "n_outs"), check_int(block, "block")
     m = weight_view(model)
     S = token_pool(m, vocab).to(m.W_E.device)
     ov = full_ov_circuit(m, layer, head)

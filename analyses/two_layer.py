@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from circuits.checks import as_tokens
 from circuits.composition import composition_baseline, composition_scores
 from circuits.importance import term_importance
 from circuits.paths import path_expansion
@@ -159,10 +160,10 @@ def _loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
 @torch.no_grad()
 def term_importance_by_order(model, tokens) -> OrderImportance:
     """`circuits.term_importance` on `tokens` (validation text) plus the per-layer breakdown from
-    `circuits.path_expansion`. Attention-only models."""
-    imp = term_importance(model, tokens)
-    exp = path_expansion(model, tokens)
-    t = torch.as_tensor(tokens, dtype=torch.long).to(model.W_E.device)
+    `circuits.path_expansion`. Attention-only models. `tokens`: `[batch, pos]` or one sequence `[pos]`."""
+    t = as_tokens(model, tokens)
+    imp = term_importance(model, t)
+    exp = path_expansion(model, t)
     full = _loss(exp.total(), t)
     by_layer = {}
     for l in range(model.cfg.n_layers):
@@ -201,8 +202,8 @@ def virtual_head_importance(model, tokens) -> TermRanking:
     (`circuits.path_expansion`, patterns frozen), token-embedding source only. `ValueError` for models with fewer
     than 2 layers (no virtual heads)."""
     _need_two_layers(model, "virtual_head_importance")
-    exp = path_expansion(model, tokens, max_order=2)
-    t = torch.as_tensor(tokens, dtype=torch.long).to(model.W_E.device)
+    t = as_tokens(model, tokens)
+    exp = path_expansion(model, t, max_order=2)
     full_logits = exp.total()
     full = _loss(full_logits, t)
 

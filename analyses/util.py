@@ -42,6 +42,16 @@ def fmt(x, digits: int = 3) -> str:
     return str(x)
 
 
+def check_threshold(value, name: str = "threshold") -> float:
+    """A finite real number (a NaN threshold would judge every head negative, silently): `TypeError` for other
+    types, `ValueError` for NaN and ±inf."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
 def markdown_table(headers: list[str], rows: list[list]) -> str:
     """A GitHub-flavoured markdown table; cells go through `fmt`."""
     esc = lambda x: x.replace("|", "\\|")

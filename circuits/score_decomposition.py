@@ -15,6 +15,7 @@ import torch
 
 from models.model import head_label
 
+from .checks import check_layer_head
 from .frozen import frozen_forward
 from .interface import attn_scale, norm_params, positional_scheme
 
@@ -99,8 +100,7 @@ def attention_score_decomposition(model, tokens, layer: int, head: int) -> Score
     is `(x_q^s W_Q [+ b_Q]) · (x_k^s' W_K [+ b_K]) / √d_head` (biases with the "bias" source). Rotary positions
     rotate each source's q and k (rotation is linear); ALiBi adds its own term. Attention-only models."""
     cfg = model.cfg
-    if not 0 <= layer < cfg.n_layers or not 0 <= head < cfg.n_heads:
-        raise ValueError(f"no head L{layer}H{head} in a model of {cfg.n_layers} layers × {cfg.n_heads} heads")
+    layer, head = check_layer_head(model, layer, head, "attention_score_decomposition")
     score_hook, pattern_hook = f"blocks.{layer}.attn.hook_attn_scores", f"blocks.{layer}.attn.hook_pattern"
     ff = frozen_forward(model, tokens, n_layers=layer, extra_hooks=(score_hook, pattern_hook))
     B, P = ff.tokens.shape

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .config import HookedTransformerConfig
+from .config import HookedTransformerConfig, dtype_name
 from .errors import CheckpointError, ConfigError
 from .model import HookedTransformer
 
@@ -173,6 +173,9 @@ def resolve(path_or_name) -> Path:
     """A saved-model folder for a zoo name or a path; raises `CheckpointError` listing the zoo names."""
     if not isinstance(path_or_name, (str, os.PathLike)):
         raise TypeError(f"a model is named by a zoo name or a folder path, got {type(path_or_name).__name__}")
+    if not str(path_or_name).strip():  # Path("") is the current folder: never what an empty name meant
+        raise CheckpointError(f"empty model name {str(path_or_name)!r}; give a zoo name or a folder path "
+                              f"(zoo models: {', '.join(zoo_names()) or '(none)'})")
     p = Path(path_or_name)
     _recover(p)
     if p.is_dir():
@@ -212,12 +215,11 @@ def model_class(cfg) -> type:
 
 
 def config_from_json(text: str):
-    """The config object of a config.json's text, by its `model_type` (`model_types`)."""
-    try:
-        d = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise ConfigError(f"config is not valid JSON: {type(e).__name__}: {e}") from None
-    return config_from_dict(d)
+    """The config object of a config.json's text, by its `model_type` (`model_types`), read as
+    `HookedTransformerConfig.from_json` reads it (duplicated keys refused, a stored `device` ignored)."""
+    from .encoder_decoder_config import config_json_dict
+
+    return config_from_dict(config_json_dict(text))
 
 
 def config_from_dict(d: dict):
@@ -256,11 +258,15 @@ def read_safetensors(path) -> dict[str, torch.Tensor]:
 
 
 def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
-    """Load a model folder or a zoo model by name (`models.load("attn-only-2l")`), offline."""
+    """Load a model folder or a zoo model by name (`models.load("attn-only-2l")`), offline. `device` (default the
+    CPU, whatever device the model was trained on) and `dtype` (a `torch.dtype` or its name, e.g. "float16") are
+    checked before anything is read: `ConfigError` names an unknown or absent device or an unsupported dtype."""
+    dtype = None if dtype is None else getattr(torch, dtype_name(dtype))
+    device = None if device is None else available_device(device)
     folder = resolve(path_or_name)
     cfg = read_config(folder / CONFIG_FILE)
     if device is not None:
-        cfg.device = str(device)
+        cfg.device = device
     state = read_safetensors(folder / WEIGHTS_FILE)
     check_size(cfg, state, str(folder / CONFIG_FILE))
     model = model_class(cfg)(cfg)
@@ -290,6 +296,23 @@ def _vocabularies(tokenizer, cfg) -> list[tuple]:
                                   f"{type(tokenizer).__name__}")
         return [("src ", tokenizer.source, cfg.d_vocab_src), ("tgt ", tokenizer.target, cfg.d_vocab_tgt)]
     return [("", tokenizer, cfg.d_vocab)]
+
+
+def available_device(device) -> str:
+    """`device` (a name such as "cpu", "cuda:1", "mps", or a `torch.device`) as a string, checked to exist here;
+    `ConfigError` otherwise."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError(f"device={device!r} is not available here ({torch.cuda.device_count()} CUDA GPU(s)); "
+                          "use 'cpu'")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ConfigError(f"device={device!r} is not available here (no MPS); use 'cpu'")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"device={device!r} is not supported; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+    return str(dev)
 
 
 def check_size(cfg, state: dict, source: str) -> None:

@@ -21,9 +21,21 @@ ACT_FNS = ("gelu", "gelu_new", "relu", "silu")
 NORMALIZATION_TYPES = (None, "LN", "RMS")
 NORMALIZATION_POSITIONS = ("pre", "post")  # Xiong et al. 2020 / Vaswani et al. 2017
 DTYPES = ("float32", "float64", "float16", "bfloat16")
+RUNTIME_FIELDS = ("device",)  # chosen when a model is built or loaded; never written to config.json
 
 
-def _dtype_name(dtype: Any) -> str:
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """`json.loads(..., object_pairs_hook=unique_keys)`: a JSON object, refusing a key given twice."""
+    d: dict = {}
+    for k, v in pairs:
+        if k in d:
+            raise ConfigError(f"key {k!r} appears twice in one JSON object; keep one")
+        d[k] = v
+    return d
+
+
+def dtype_name(dtype: Any) -> str:
+    """A supported dtype (a `torch.dtype` or its name) as its name; `ConfigError` otherwise."""
     name = str(dtype).replace("torch.", "")
     if name not in DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
@@ -122,7 +134,7 @@ class HookedTransformerConfig:
             raise ConfigError(f"seed must be an int or None, got {self.seed!r}")
         if not isinstance(self.extra, dict):
             raise ConfigError(f"extra must be a dict, got {type(self.extra).__name__}")
-        self.dtype = _dtype_name(self.dtype)
+        self.dtype = dtype_name(self.dtype)
         if isinstance(self.device, bool) or not isinstance(self.device, (str, torch.device)):
             raise ConfigError(f"device must be a device name such as 'cpu', 'cuda', 'cuda:1' or 'mps', got "
                               f"{self.device!r}")
@@ -168,14 +180,21 @@ class HookedTransformerConfig:
         return cls(**d)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        """The architecture as JSON: every field but `device`, which is a run-time choice (a model trained on a GPU
+        must load on a CPU), chosen when loading."""
+        return json.dumps({k: v for k, v in self.to_dict().items() if k not in RUNTIME_FIELDS}, indent=2,
+                          sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> HookedTransformerConfig:
+        """Parse `to_json`'s output. A duplicated key is refused (naming it: which value was meant is unknowable);
+        a stored `device` (older folders) is ignored, so the config builds on the CPU until the caller moves it."""
         try:
-            d = json.loads(text)
+            d = json.loads(text, object_pairs_hook=unique_keys)
         except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: '[[[[...' nested too deep
             raise ConfigError(f"config is not valid JSON: {type(e).__name__}: {e}") from None
+        if isinstance(d, dict):
+            d = {k: v for k, v in d.items() if k not in RUNTIME_FIELDS}
         return cls.from_dict(d)
 
     def replace(self, **changes: Any) -> HookedTransformerConfig:

@@ -20,7 +20,7 @@ from transformer_lens.hook_points import HookPoint
 from .components import _ACTIVATIONS, Norm, linear
 from .config import HookedTransformerConfig
 from .encoder_decoder_config import checked_fields, from_json_object
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .model import RETURN_TYPES, HookedTransformer, init_weights
 
 
@@ -97,7 +97,7 @@ class HookedEncoder(HookedTransformer):
         if return_type in ("logits", None):
             return logits if return_type else None
         if labels is None:
-            raise ValueError("an MLM loss needs labels [batch, pos]: the original ids at masked positions, -100 "
+            raise InputError("an MLM loss needs labels [batch, pos]: the original ids at masked positions, -100 "
                              "elsewhere")
         loss = mlm_cross_entropy(logits, torch.as_tensor(labels, device=logits.device))
         return loss if return_type == "loss" else (logits, loss)

@@ -32,6 +32,7 @@ from .components import (
     norm_inputs,
 )
 from .encoder_decoder_config import EncoderDecoderConfig
+from .errors import InputError
 from .model import RETURN_TYPES, final_norm, init_weights, lm_cross_entropy
 from .score_bias import Bidirectional, Causal, KeyPadding, combine
 from .seq2seq_inputs import check_mask, check_tokens
@@ -135,8 +136,6 @@ class HookedEncoderDecoder(HookedRootModule):
         src, src_mask = self.validate_src(src, src_mask)
         tgt, tgt_mask = self.validate_tgt(tgt, tgt_mask)
         if src.shape[0] != tgt.shape[0]:
-            from .errors import InputError
-
             raise InputError(f"src has {src.shape[0]} sequences but tgt has {tgt.shape[0]}; give one target each")
         logits = self._decode(tgt, self._encode(src, src_mask), src_mask, tgt_mask)
         if return_type == "logits":

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import NORMALIZATION_POSITIONS, HookedTransformerConfig
+from .config import NORMALIZATION_POSITIONS, RUNTIME_FIELDS, HookedTransformerConfig, unique_keys
 from .errors import ConfigError
 
 #: Fields that both stacks share, copied into their `HookedTransformerConfig`s.
@@ -28,13 +28,19 @@ _SHARED = ("d_model", "n_heads", "d_head", "d_mlp", "act_fn", "normalization_typ
            "use_attn_result", "init_range", "seed", "dtype", "device")
 
 
-def from_json_object(cls, text: str):
-    """`cls.from_dict(json.loads(text))`, with unreadable JSON reported as a `ConfigError`."""
+def config_json_dict(text: str):
+    """A config.json's text as `HookedTransformerConfig.from_json` reads it: unreadable JSON and duplicated keys are a
+    `ConfigError`, a stored run-time field (`device`) is dropped."""
     try:
-        d = json.loads(text)
+        d = json.loads(text, object_pairs_hook=unique_keys)
     except (json.JSONDecodeError, RecursionError) as e:
         raise ConfigError(f"config is not valid JSON: {type(e).__name__}: {e}") from None
-    return cls.from_dict(d)
+    return {k: v for k, v in d.items() if k not in RUNTIME_FIELDS} if isinstance(d, dict) else d
+
+
+def from_json_object(cls, text: str):
+    """`cls.from_dict(config_json_dict(text))`."""
+    return cls.from_dict(config_json_dict(text))
 
 
 def checked_fields(cls, d: dict, model_type: str) -> dict:
@@ -174,7 +180,9 @@ class EncoderDecoderConfig:
         return cls(**checked_fields(cls, d, cls.model_type))
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        """The architecture as JSON: every field but `device` (a run-time choice, as `HookedTransformerConfig`'s)."""
+        return json.dumps({k: v for k, v in self.to_dict().items() if k not in RUNTIME_FIELDS}, indent=2,
+                          sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> EncoderDecoderConfig:

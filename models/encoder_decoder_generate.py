@@ -68,9 +68,11 @@ def generate(model, src, max_new_tokens: int = 20, method: str = "greedy", src_m
     (the reference the cache is tested against)."""
     if method not in METHODS:
         raise InputError(f"method={method!r} is not supported; allowed: {', '.join(map(repr, METHODS))}")
-    _check_int("max_new_tokens", max_new_tokens, 0)
-    _check_int("beams", beams, 1)
-    _check_int("top_k", top_k, 1)
+    for name, value, lo in (("max_new_tokens", max_new_tokens, 0), ("beams", beams, 1), ("top_k", top_k, 1)):
+        try:
+            _check_int(name, value, lo)
+        except ValueError as e:
+            raise InputError(str(e)) from None
     if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
         raise InputError(f"top_p must be in (0, 1], got {top_p!r}")
     if not isinstance(temperature, (int, float)) or not temperature > 0:

@@ -111,8 +111,9 @@ class HookedTransformer(HookedRootModule):
         """Logits `[batch, pos, d_vocab]` from the last residual stream: `unembed(ln_final(resid))`."""
         return self.unembed(self.ln_final(resid))
 
-    def validate_tokens(self, tokens) -> torch.Tensor:
-        """Coerce input to an int64 `[batch, pos]` tensor on the model's device, or raise `ValueError`."""
+    def validate_tokens(self, tokens, check_length: bool = True) -> torch.Tensor:
+        """Coerce input to an int64 `[batch, pos]` tensor on the model's device, or raise `ValueError`.
+        `check_length=False` lets ids run past a learned positional table (generation slides a window over them)."""
         if isinstance(tokens, (str, list)) and (isinstance(tokens, str) or (tokens and isinstance(tokens[0], str))):
             tokens = self.to_tokens(tokens)  # then validated like ids (the tokenizer may exceed d_vocab)
         if hasattr(tokens, "__array__") and not isinstance(tokens, torch.Tensor):  # numpy arrays and memmaps
@@ -142,7 +143,7 @@ class HookedTransformer(HookedRootModule):
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} is out of range; allowed ids are 0..{self.cfg.d_vocab - 1}")
         limit = self.cfg.positions.max_context
-        if limit is not None and tokens.shape[1] > limit:
+        if check_length and limit is not None and tokens.shape[1] > limit:
             raise ValueError(
                 f"context of {tokens.shape[1]} tokens is longer than n_ctx={limit}, the number of "
                 f"learned positions ({self.cfg.positional_embedding_type}); truncate to at most {limit}"
@@ -266,7 +267,7 @@ class HookedTransformer(HookedRootModule):
     def to_string(self, tokens):
         """Token ids (`[pos]`, `[batch, pos]` or a list) to text (or a list of texts)."""
         tok = self._need_tokenizer()
-        t = torch.as_tensor(tokens)
+        t = int_ids(tokens, "to_string needs token ids:")
         if t.ndim == 2:
             return [tok.decode(row.tolist()) for row in t]
         return tok.decode(t.reshape(-1).tolist())
@@ -297,6 +298,21 @@ class HookedTransformer(HookedRootModule):
     @property
     def device(self) -> torch.device:
         return self.W_E.device
+
+
+def int_ids(ids, what: str) -> torch.Tensor:
+    """`ids` (a tensor, numpy array, list, tuple or range of integers) as an int64 tensor. `TypeError` starting with
+    `what` for anything else: a set, dict or generator has no order to reproduce, None is no ids, and float ids
+    would be truncated silently."""
+    if not (isinstance(ids, (torch.Tensor, list, tuple, range)) or hasattr(ids, "__array__")):
+        raise TypeError(f"{what} a tensor, numpy array, list, tuple or range of integer ids, got {type(ids).__name__}")
+    try:
+        t = torch.as_tensor(ids)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"{what} integer ids ({e})") from None
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{what} integer ids, got dtype {t.dtype}")
+    return t.long()
 
 
 def lm_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False,

@@ -51,8 +51,9 @@ score):
   here needed the repeated segments. Repeating natural-text segments instead of random ones (bytes, half or
   all of the segments) formed weaker induction heads (0.76 and 0.20 at step 6000) and ICL −0.23."""
 
-#: Encoder–decoder presets (`models.HookedEncoderDecoder`, trained on a `models.seq2seq_data` task): attention-only,
-#: no norms and no biases, as the decoder-only toy models, 1 layer each side; sources of 8 letters out of 10.
+#: Encoder–decoder presets (`models.HookedEncoderDecoder`, trained on a `models.seq2seq_data` task; sources of 8
+#: letters out of 10): reversal is attention-only, no norms and no biases, as the decoder-only toy models, 1 layer each
+#: side; sorting compares contents and gets 2 layers each side with MLPs and LayerNorm.
 _SEQ2SEQ = dict(model_type="encoder_decoder", d_model=64, n_heads=2, d_mlp=None, n_encoder_layers=1,
                 n_decoder_layers=1, d_vocab_src=13, d_vocab_tgt=13, n_ctx_src=8, n_ctx_tgt=10, normalization_type=None,
                 positional_embedding_type="standard", use_bias=False, init_range=0.1)
@@ -94,6 +95,12 @@ PRESETS: dict[str, dict] = {
         "model": dict(_SEQ2SEQ, model_name="enc-dec-reverse"),
         "train": dict(_SEQ2SEQ_TRAIN, data="seq2seq:reverse", steps=1000,
                       keep_checkpoints=[0, 10, 19, 37, 72, 139, 200, 400, 1000]),
+    },
+    "enc-dec-sort": {
+        "about": "encoder–decoder sorting 8-letter strings: content-based cross-attention (2 layers each side, MLPs)",
+        "model": dict(_SEQ2SEQ, model_name="enc-dec-sort", n_encoder_layers=2, n_decoder_layers=2, d_mlp=256,
+                      normalization_type="LN", use_bias=True, init_range=0.02),
+        "train": dict(_SEQ2SEQ_TRAIN, data="seq2seq:sort", steps=2000, keep_checkpoints=[0, 200, 400, 1000, 2000]),
     },
 }
 

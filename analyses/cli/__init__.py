@@ -11,16 +11,25 @@ modules import torch and the analyses inside `run`, so `circuits --help` stays f
   `circuit_commands`: `heads`, `eigen`, `compose`, `paths`, `trigrams`; `patch_commands`: `patch`, `lens`.
 
 Exit codes: 0 ok; 2 bad usage or bad input (a one-line message on stderr, no traceback): every
-`models.ToyCircuitsError` (`UsageError` included) and missing or unreadable files; 1 internal failure.
+`models.ToyCircuitsError` (`UsageError` included), missing or unreadable files, a read-only output folder and
+command-line text that is not valid UTF-8; 1 a failure that is not the command line's: a full disk or an I/O error
+(one line) or an internal bug (a traceback); 130 interrupted (Ctrl-C) and 143 terminated (SIGTERM), each with one
+line, handled alike (no half-written outputs, as `KeyboardInterrupt` unwinds); 141 stdout closed early
+(`circuits heads ... | head -3`), quietly, as Unix tools end on SIGPIPE. Under `torchrun` only rank 0 prints
+results and errors (the other ranks exit with the same code), so `--json` stdout holds one document.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import signal
 import sys
 
 from . import circuit_commands, model_commands, patch_commands, train_commands
-from .common import Command, UsageError
+from .common import Command, UsageError, warn
+from .common import rank as _rank
 
 __all__ = ["COMMANDS", "Command", "UsageError", "build_parser", "main"]
 
@@ -29,6 +38,31 @@ COMMANDS: list[Command] = [c for module in COMMAND_MODULES for c in module.COMMA
 
 #: File-system errors that mean bad input rather than a bug.
 _FILE_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+#: `OSError` numbers that are the command line's to fix (exit 2) or the machine's (exit 1), each told in one line.
+_USER_ERRNOS = {errno.EROFS, errno.ENAMETOOLONG, errno.ELOOP}
+_MACHINE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
+#: Options whose text is tokenized: it must be valid UTF-8 (argv bytes that are not arrive surrogate-escaped).
+_TEXT_OPTIONS = ("prompt", "text", "clean", "corrupt", "answer", "wrong")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program stands so that it unwinds as Ctrl-C does."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _check_text_options(args) -> None:
+    for name in _TEXT_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                bad = value[e.start].encode("utf-8", "surrogateescape")
+                raise UsageError(f"--{name} is not valid UTF-8 (byte 0x{bad.hex()} at character {e.start}); give "
+                                 "UTF-8 text") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,7 +80,8 @@ EPILOG = """examples:
   circuits info old.pth --config config.json     a legacy TransformerLens state dict
 
 MODEL is a zoo name, a saved model folder, or a .pth/.safetensors state dict with --config.
-Exit codes: 0 ok, 2 bad usage or input, 1 internal failure. `circuits COMMAND --help` for each command."""
+Exit codes: 0 ok; 2 bad usage or input (one line); 1 a full disk or I/O error (one line) or an internal failure
+(a traceback); 130 Ctrl-C, 143 SIGTERM; 141 stdout closed early. `circuits COMMAND --help` for each command."""
 
 
 def build_parser(commands=None) -> argparse.ArgumentParser:
@@ -69,19 +104,77 @@ def main(argv=None) -> int:
         return 2
     args.argv = argv[1:]
     try:
-        return args._run(args)
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: SIGTERM keeps its handler
+        previous = None
+    try:
+        return _run(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
+    """`args._run(args)` with the exit codes of the module docstring."""
+    try:
+        _check_text_options(args)
+        code = args._run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except (Exception, KeyboardInterrupt) as e:
+        _settle()
+        return _outcome(e, f"circuits {args.command}")
+
+
+def _settle() -> None:
+    """The outcome is decided: a later SIGTERM (torchrun stopping the other ranks) ends the process quietly instead
+    of raising into the report of the first."""
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # not the main thread
+        pass
+
+
+def _outcome(e: BaseException, where: str) -> int:
+    """Report `e` (one line, or a traceback for a bug) and return the exit code."""
+    try:
+        raise e
+    except BrokenPipeError:
+        try:  # stdout is gone: point it at /dev/null so the interpreter's own flush at exit stays quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 128 + signal.SIGPIPE
+    except Terminated:
+        warn(f"{where}: terminated (SIGTERM)")
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print("circuits: interrupted", file=sys.stderr)
+        warn(f"{where}: interrupted")
         return 130
     except Exception as e:
         from models.errors import ToyCircuitsError
 
-        if isinstance(e, (ToyCircuitsError, *_FILE_ERRORS)):
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            print(f"circuits {args.command}: error: {msg}", file=sys.stderr)
+        msg = (str(e).splitlines() or [type(e).__name__])[0]
+        if isinstance(e, (ToyCircuitsError, *_FILE_ERRORS)) or getattr(e, "errno", None) in _USER_ERRNOS:
+            warn(f"{where}: error: {_os_message(e) or msg}")
+            if _rank():  # every rank meets the same bad input: let rank 0 say so before torchrun stops it
+                import time
+
+                time.sleep(1)
             return 2
+        if getattr(e, "errno", None) in _MACHINE_ERRNOS:
+            warn(f"{where}: failed: {_os_message(e) or msg}")
+            return 1
         import traceback
 
-        traceback.print_exc()
-        print(f"circuits {args.command}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        prefix = f"[rank {_rank()}] " if _rank() else ""
+        print(prefix + traceback.format_exc().rstrip(), file=sys.stderr)
+        print(f"{prefix}{where}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+
+
+def _os_message(e: BaseException) -> str | None:
+    """"<strerror>: <file>" for an `OSError` carrying both (its str() starts with "[Errno N]"), else None."""
+    if not isinstance(e, OSError) or isinstance(e, _FILE_ERRORS) or not e.strerror:
+        return None
+    return f"{e.strerror}: {e.filename}" if e.filename else e.strerror

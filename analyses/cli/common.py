@@ -54,8 +54,23 @@ def clean_json(o):
     return o
 
 
+def rank() -> int:
+    """This process's rank under `torchrun` (0 otherwise): only rank 0 prints results and errors."""
+    import os
+
+    return int(os.environ.get("RANK") or 0) if int(os.environ.get("WORLD_SIZE") or 1) > 1 else 0
+
+
+def warn(line: str) -> None:
+    """One line on stderr (rank 0 only under `torchrun`): what the command did that the user may not expect."""
+    if rank() == 0:
+        print(line, file=sys.stderr)
+
+
 def emit(args, obj: dict, text: str) -> None:
-    """Print `obj` as JSON with `--json`, else `text`."""
+    """Print `obj` as JSON with `--json`, else `text` (rank 0 only under `torchrun`)."""
+    if rank() != 0:
+        return
     if getattr(args, "json", False):
         print(json.dumps(clean_json(obj), indent=2, default=_json_default))
     else:

@@ -4,6 +4,7 @@ sampling. Imports of torch and the analyses happen inside the `run_*` functions 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from . import encdec_cli
@@ -22,6 +23,7 @@ from .common import (
     save_figure,
     setup,
     table,
+    warn,
 )
 
 
@@ -116,9 +118,14 @@ def run_report(args) -> int:
     tokens = None
     if args.text_file:
         tokens = read_text_tokens(loaded.model, args.text_file)
-    report = build_report(target, out, tokens=tokens, sections=sections, n_windows=args.windows, seed=args.seed,
-                          progress=not args.no_progress, run_dir=loaded.folder, num_threads=args.threads or 1,
-                          html=args.html)
+    before = set(os.listdir(out)) if out.is_dir() else None
+    try:
+        report = build_report(target, out, tokens=tokens, sections=sections, n_windows=args.windows, seed=args.seed,
+                              progress=not args.no_progress, run_dir=loaded.folder, num_threads=args.threads or 1,
+                              html=args.html)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: no figures without their report.md
+        _remove_new_files(out, before)
+        raise
     figs = [str(f) for f in report.files if f.suffix == ".png"]
     obj = {"model": loaded.name, "report": str(report.path), "sections": report.sections, "failed": report.failed,
            "seconds": report.seconds, "figures": figs}
@@ -133,6 +140,18 @@ def run_report(args) -> int:
             print(f"circuits report: section {k} failed: {v}", file=sys.stderr)
         return 1
     return 0
+
+
+def _remove_new_files(out: Path, before: set | None) -> None:
+    """Remove what an interrupted report wrote into `out`: the names that were not there before it began (and `out`
+    itself when the report created it and it is left empty). Files that were there before are never touched."""
+    if not out.is_dir():
+        return
+    for name in set(os.listdir(out)) - (before or set()):
+        if (out / name).is_file() and not (out / name).is_symlink():
+            (out / name).unlink()
+    if before is None and not any(out.iterdir()):
+        out.rmdir()
 
 
 # --- attention ----------------------------------------------------------------------------------------
@@ -163,7 +182,11 @@ def run_attention(args) -> int:
         raise UsageError(f"{loaded.name} has no tokenizer; pass --tokenizer TOKENIZER.json")
     if not args.text:
         raise UsageError("--text is empty")
-    tokens = model.to_tokens(args.text)  # [1, pos], BOS first, truncated to n_ctx
+    tokens = model.to_tokens(args.text, truncate=False)  # [1, pos], BOS first
+    n_text, n_ctx = tokens.shape[1], cfg.n_ctx
+    if n_text > n_ctx:  # the figure shows the model's view of the text's end
+        tokens = tokens[:, -n_ctx:]
+        warn(f"circuits attention: --text has {n_text} tokens, more than n_ctx={n_ctx}: showing its last {n_ctx}")
     from ..labels import token_labels
 
     labels = token_labels(model, tokens[0].tolist(), max_len=10)
@@ -179,7 +202,8 @@ def run_attention(args) -> int:
     fig = plot_token_patterns([pat[l, h].numpy() for l, h in heads], labels, [head_label(l, h) for l, h in heads])
     save_figure(fig, out)
     lines = [f"wrote {out} ({len(heads)} head(s), {len(labels)} tokens)"]
-    obj = {"out": str(out), "tokens": list(model.to_str_tokens(tokens[0])), "heads": {}}
+    obj = {"out": str(out), "tokens": list(model.to_str_tokens(tokens[0])), "text_tokens": n_text,
+           "dropped_tokens": n_text - tokens.shape[1], "heads": {}}
     for l, h in heads:
         p = pat[l, h]
         top = p.argmax(-1).tolist()
@@ -224,19 +248,31 @@ def run_generate(args) -> int:
     model = loaded.model
     if model.tokenizer is None:
         raise UsageError(f"{loaded.name} has no tokenizer; pass --tokenizer TOKENIZER.json")
-    prompt = model.to_tokens(args.prompt)
-    n_prompt = prompt.shape[1]
+    import warnings
+
+    from models.generate import ContextWindowWarning
+
+    prompt = model.to_tokens(args.prompt, truncate=False)
+    n_prompt, limit = prompt.shape[1], model.cfg.positions.max_context
+    seen = n_prompt if limit is None else min(n_prompt, limit)
+    if seen < n_prompt:
+        warn(f"circuits generate: the prompt has {n_prompt} tokens, more than n_ctx={limit}: the model sees its last "
+             f"{limit} (a window that slides as tokens are generated)")
     samples = []
     bar = progress(args, args.samples, "generate")
     for i in range(args.samples):
-        ids = model.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                             top_k=args.top_k, top_p=args.top_p, seed=args.seed + i)
+        with warnings.catch_warnings():  # said once above
+            warnings.simplefilter("ignore", ContextWindowWarning)
+            ids = model.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed + i)
         bos = model.cfg.default_prepend_bos
         samples.append({"text": model.to_string(ids[0, int(bos):]), "completion": model.to_string(ids[0, n_prompt:]),
                         "tokens": ids[0].tolist()})
         bar.update()
     bar.close()
     obj = {"model": loaded.name, "prompt": args.prompt, "samples": samples,
+           "context": {"prompt_tokens": n_prompt, "prompt_tokens_seen": seen, "first_token_seen": n_prompt - seen,
+                       "n_ctx": limit},
            "settings": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
                         "top_p": args.top_p, "seed": args.seed}}
     text = "\n---\n".join(s["text"] for s in samples)

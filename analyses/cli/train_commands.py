@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import Command, UsageError, add_common, emit, read_json_object
+from .common import Command, UsageError, add_common, emit, read_json_object, resolve_device
 
 
 # --- train --------------------------------------------------------------------------------------------
@@ -29,7 +29,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-smoothing", type=float)
     p.add_argument("--sampling-schedule", choices=["none", "linear", "exponential", "inverse_sigmoid"],
                    help="encoder-decoder: teacher forcing (none) or scheduled sampling with this schedule")
-    p.add_argument("--device", help="auto (default), cpu, cuda, mps")
+    p.add_argument("--device", help="auto (default: cuda, then mps, then cpu), cpu, cuda[:N], mps")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-scores", action="store_true", help="skip the checkpoint head scores")
@@ -77,7 +77,11 @@ def run_train(args) -> int:
 
     from ..train_metrics import eval_inputs, make_eval_fn, make_report_fn
 
+    if args.device is not None:  # checked as the analyses check it (case-insensitive; exit 2 when absent)
+        args.device = "auto" if args.device.lower() == "auto" else str(resolve_device(args.device))
     model_cfg, cfg, about = train_settings(args)
+    if args.device is None and cfg.device != "auto":  # a device from --config / --train-config
+        resolve_device(cfg.device)
     command = "circuits " + shlex.join(["train"] + list(args.argv))
     eval_fn, tok, name = None, None, args.preset or "custom"
     if hasattr(model_cfg, "d_vocab_src"):  # encoder-decoder: exact match is the task's own checkpoint metric

@@ -119,7 +119,7 @@ def test_score_decomposition_bidirectional():
 
 def test_score_decomposition_validates_head():
     m = random_model(n_layers=1)
-    with pytest.raises(ValueError, match="no head"):
+    with pytest.raises(ValueError, match="layer=1 is out of range"):
         circuits.attention_score_decomposition(m, _tokens(), 1, 0)
 
 

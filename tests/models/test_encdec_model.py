@@ -103,6 +103,9 @@ def test_cross_attention_reads_the_encoder_output():
                  src_mask=torch.full((1, 4), 2)), "booleans or 0/1 values"),
     (lambda m: m(torch.zeros(1, 4), torch.zeros(1, 3, dtype=torch.long)), "integer token ids"),
     (lambda m: m.generate(torch.zeros(1, 4, dtype=torch.long), 3, method="sample"), "method='sample'"),
+    (lambda m: m.generate(torch.zeros(1, 4, dtype=torch.long), -1), "max_new_tokens must be an int >= 0"),
+    (lambda m: m.generate(torch.zeros(1, 4, dtype=torch.long), 3, method="beam", beams=0), "beams"),
+    (lambda m: m.generate(torch.zeros(1, 4, dtype=torch.long), 3, method="top_p", top_p=1.5), "top_p"),
 ])
 def test_bad_input_gets_a_named_error(call, match):
     with pytest.raises(InputError, match=match):
@@ -183,7 +186,25 @@ def test_encoder_mlm_head_and_checkpoint(tmp_path):
     _, cache = enc.run_with_cache(tokens)
     assert bool((cache["blocks.0.attn.hook_pattern"][..., 0, 1:] > 0).all())  # bidirectional: sees later tokens
     assert "mlm_head.hook_post" in cache
+    with pytest.raises(InputError, match="needs labels"):
+        enc(tokens, "loss")
     enc.save(tmp_path / "e")
     loaded = models.load(tmp_path / "e")
     assert type(loaded) is HookedEncoder
     torch.testing.assert_close(loaded(tokens), logits)
+
+
+def test_checkpoint_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path):
+    from models.seq2seq_data import CharVocab, Seq2SeqTokenizer
+
+    m = make()  # d_vocab_src 11, d_vocab_tgt 13
+    m.tokenizer = Seq2SeqTokenizer(CharVocab("abcdefgh"), CharVocab("abcdefghij"))  # 11 and 13 ids: fits
+    m.save(tmp_path / "m")
+    assert models.load(tmp_path / "m").tokenizer.target.decode([1, 3, 2]) == "<bos>a<eos>"
+    m.tokenizer = Seq2SeqTokenizer(CharVocab("abcdefghi"), CharVocab("abc"))
+    m.save(tmp_path / "m")
+    with pytest.raises(CheckpointError, match="src tokenizer has 12 ids but the model's d_vocab_src is 11"):
+        models.load(tmp_path / "m")
+    (tmp_path / "m" / "tokenizer.json").write_text('{"toy_circuits_tokenizer": "seq2seq", "source": 3}')
+    with pytest.raises(models.TokenizerError, match="not a valid seq2seq tokenizer"):
+        models.load(tmp_path / "m")

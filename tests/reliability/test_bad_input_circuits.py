@@ -217,7 +217,7 @@ def test_term_importance_needs_two_tokens(m2):
 
 @pytest.mark.parametrize("layer,head", [(9, 0), (1, 9), (-1, 0)])
 def test_attention_score_decomposition_bad_head(m2, layer, head):
-    with pytest.raises(ValueError, match="no head"):
+    with pytest.raises(ValueError, match="is out of range"):
         circuits.attention_score_decomposition(m2, torch.tensor([[1, 2, 3]]), layer, head)
 
 
