@@ -8,6 +8,8 @@ Works on any model exposing the weight properties and `cfg` (see `circuits.inter
 - spectra: `eigenvalues`, `copying_score`, `positive_eigenvalue_fraction`, `copying_scores`, `diagonal_rank_stats`
 - composition: `composition_score`, `composition_scores`, `composition_baseline`
 - tensor products and paths: `TensorProduct`, `path_expansion`, `attention_score_decomposition`, `term_importance`
+- encoder–decoder models: `cross_qk_circuit`, `cross_ov_circuit`, `full_cross_qk_circuit`, `full_cross_ov_circuit`,
+  `cross_copying_scores`, `cross_attention_map` (`A_cross ⊗ W_OV`), `stack_view`, `encdec_path_expansion`
 - argument checks shared with `analyses`: `circuits.checks`; hand-built test model: `circuits.testing`
 
 The names below load on first use (`models.lazy`), so importing `circuits` is cheap until one is used.
@@ -19,8 +21,19 @@ from models.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .composition import composition_baseline, composition_score, composition_scores
+    from .cross_attention import (
+        StackView,
+        cross_attention_map,
+        cross_copying_scores,
+        cross_ov_circuit,
+        cross_qk_circuit,
+        full_cross_ov_circuit,
+        full_cross_qk_circuit,
+        stack_view,
+    )
     from .diagonal import diagonal_rank_stats
     from .eigen import copying_score, copying_scores, eigenvalues, positive_eigenvalue_fraction
+    from .encdec_paths import encdec_path_expansion
     from .factored import (
         PositionalQK,
         full_ov_circuit,

@@ -59,6 +59,9 @@ def frozen_forward(model, tokens, n_layers: int | None = None, extra_hooks: tupl
     cfg = model.cfg
     if not getattr(cfg, "attn_only", False):
         raise ValueError("path expansion and score decomposition need an attention-only model (attn_only=True)")
+    if hasattr(model, "mlm_head"):
+        raise ValueError("path expansion and score decomposition need logits linear in the residual stream; this "
+                         "encoder's masked-LM head (dense, activation, norm) is not")
     tokens = as_tokens(model, tokens)
     L = cfg.n_layers if n_layers is None else n_layers
     names = {f"blocks.{l}.attn.hook_pattern" for l in range(L)} | set(extra_hooks)

@@ -123,6 +123,35 @@ def _has_bias(ff: FrozenForward) -> bool:
     return any(bool(torch.any(t != 0)) for t in tensors)
 
 
+def head_outputs(state: dict, max_order: int, value_input, A: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor,
+                 const: torch.Tensor | None, label) -> dict:
+    """One attention layer of the path expansion: for every term `(path, source)` of `state` with fewer than
+    `max_order` heads, each head h's output `A^h x W_V^h W_O^h` `[batch, q_pos, d_model]` under the key
+    `((*path, label(h)), source)`, where `x = value_input(state[key])` `[batch, k_pos, d_model]` (the frozen norm's
+    linear part). `A [batch, head, q_pos, k_pos]` need not be square (cross-attention). `const [head, d_head]`
+    (b_V and the norm's bias through W_V) joins the values of the empty-path "bias" term. Terms are stacked in
+    chunks of at most `CHUNK_BYTES` of head outputs."""
+    keys = [k for k in state if len(k[0]) < max_order]
+    if not keys:
+        return {}
+    B, H, Q, _ = A.shape
+    dm = W_O.shape[-1]
+    step = max(1, CHUNK_BYTES // max(B * H * Q * dm * A.element_size(), 1))
+    new: dict[tuple, torch.Tensor] = {}
+    for start in range(0, len(keys), step):
+        chunk = keys[start:start + step]
+        X = torch.stack([value_input(state[k]) for k in chunk])  # [n, batch, k_pos, d_model]
+        v = torch.einsum("nbpd,hde->nbhpe", X, W_V)
+        if const is not None and ((), "bias") in chunk:
+            v[chunk.index(((), "bias"))] += const[None, :, None, :]
+        z = torch.einsum("bhqk,nbhke->nbhqe", A, v)
+        out = torch.einsum("nbhqe,hem->nhbqm", z, W_O)  # [n, head, batch, q_pos, d_model]
+        for i, (path, src) in enumerate(chunk):
+            for h in range(out.shape[1]):
+                new[((*path, label(h)), src)] = out[i, h]
+    return new
+
+
 def path_expansion(model, tokens, max_order: int | None = None) -> PathExpansion:
     """Every path term of an attention-only model's logits on `tokens`, attention patterns frozen from the real
     forward pass (Framework, §"Path expansion"; see the module docstring for names and sources).
@@ -146,23 +175,12 @@ def path_expansion(model, tokens, max_order: int | None = None) -> PathExpansion
         if L:
             W_V, W_O, b_V, b_O = (getattr(model, n).detach() for n in ("W_V", "W_O", "b_V", "b_O"))
         for l in range(L):
-            norm, scale, A = ff.norms[l], ff.scales[l], ff.patterns[l]
-            keys = [k for k in state if len(k[0]) < max_order]
-            per_key = B * model.cfg.n_heads * P * dm * ff.embed.element_size()
-            step = max(1, CHUNK_BYTES // max(per_key, 1))
-            new: dict[tuple, torch.Tensor] = {}
-            for start in range(0, len(keys), step):
-                chunk = keys[start:start + step]
-                X = torch.stack([norm.linear(state[k], scale) for k in chunk])  # [n, batch, pos, d_model]
-                v = torch.einsum("nbpd,hde->nbhpe", X, W_V[l])
-                if bias and ((), "bias") in chunk:  # constants entering at this layer: LN bias, b_V
-                    const = b_V[l] if norm.b is None else b_V[l] + torch.einsum("d,hde->he", norm.b, W_V[l])
-                    v[chunk.index(((), "bias"))] += const[None, :, None, :]
-                z = torch.einsum("bhqk,nbhke->nbhqe", A, v)
-                out = torch.einsum("nbhqe,hem->nhbqm", z, W_O[l])  # [n, head, batch, pos, d_model]
-                for i, (path, src) in enumerate(chunk):
-                    for h in range(out.shape[1]):
-                        new[((*path, (l, h)), src)] = out[i, h]
+            const = None
+            if bias:  # constants entering at this layer: LN bias, b_V
+                norm = ff.norms[l]
+                const = b_V[l] if norm.b is None else b_V[l] + torch.einsum("d,hde->he", norm.b, W_V[l])
+            new = head_outputs(state, max_order, lambda x, l=l: ff.norms[l].linear(x, ff.scales[l]), ff.patterns[l],
+                               W_V[l], W_O[l], const, lambda h, l=l: (l, h))
             if bias:
                 state[((), "bias")] = state[((), "bias")] + b_O[l]
             state.update(new)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import encdec_cli
 from .common import (
     Command,
     UsageError,
@@ -48,6 +49,8 @@ def run_heads(args) -> int:
         raise UsageError(f"--threshold must be a finite number, got {args.threshold}")
     device = setup(args)
     loaded = load_model(args, device)
+    if encdec_cli.is_encoder_decoder(loaded.model):
+        return encdec_cli.heads(args, loaded)
     need_layers(loaded, 1, "heads")
     model = loaded.model
     bar = progress(args, 3, f"heads {loaded.name}")
@@ -128,6 +131,8 @@ def run_eigen(args) -> int:
         raise UsageError(f"--eigenvalues must be >= 0, got {args.eigenvalues}")
     device = setup(args)
     loaded = load_model(args, device)
+    if encdec_cli.is_encoder_decoder(loaded.model):
+        return encdec_cli.eigen(args, loaded)
     need_layers(loaded, 1, "eigen")
     m = weight_view(loaded.model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
@@ -198,6 +203,8 @@ def run_compose(args) -> int:
 
     device = setup(args)
     loaded = load_model(args, device)
+    encdec_cli.refuse(loaded, "compose", "composition scores are computed between the layers of one decoder-only "
+                      "stack; read cross-attention with `circuits heads`, `eigen` and `paths`")
     need_layers(loaded, 2, "compose")
     m = weight_view(loaded.model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
@@ -231,6 +238,8 @@ def _paths_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
     p.add_argument("--windows", type=positive_int, default=8, help="text windows of n_ctx tokens (default 8)")
     p.add_argument("--top", type=positive_int, default=10, help="list the N most important single terms")
+    p.add_argument("--source", help="encoder-decoder models: a source text (with --target; default: held-out pairs)")
+    p.add_argument("--target", help="encoder-decoder models: the target text whose tokens are scored")
     _text_arg(p, "the losses")
     add_common(p)
 
@@ -242,6 +251,12 @@ def run_paths(args) -> int:
 
     device = setup(args)
     loaded = load_model(args, device)
+    if encdec_cli.is_encoder_decoder(loaded.model):
+        return encdec_cli.paths(args, loaded)
+    if args.source is not None or args.target is not None:
+        raise UsageError(f"--source/--target: only for encoder-decoder models; {loaded.name} reads --text-file")
+    encdec_cli.refuse_encoder_only(loaded, "paths", "its logits pass the masked-LM head's dense layer, activation "
+                                   "and norm, so path terms would not sum to them")
     model = loaded.model
     if not (model.cfg.attn_only or model.cfg.d_mlp is None):
         raise UsageError(f"the path expansion is exact for attention-only models; {loaded.name} has MLPs")
@@ -290,6 +305,8 @@ def run_trigrams(args) -> int:
 
     device = setup(args)
     loaded = load_model(args, device)
+    encdec_cli.refuse(loaded, "trigrams", "skip-trigrams read one decoder-only layer's tokens attending to earlier "
+                      "tokens of the same text; use `circuits eigen` for the cross-attention OV circuits")
     need_layers(loaded, 1, "trigrams")
     layer, head = parse_head(args.head, loaded.model.cfg)
     bar = progress(args, 1, f"trigrams {loaded.name} {head_label(layer, head)}")

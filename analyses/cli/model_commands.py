@@ -7,6 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
+from . import encdec_cli
 from .common import (
     Command,
     UsageError,
@@ -49,6 +50,8 @@ def run_info(args) -> int:
 
     device = setup(args)
     loaded = load_model(args, device)
+    if encdec_cli.is_encoder_decoder(loaded.model):
+        return encdec_cli.info(args, loaded)
     model, cfg = loaded.model, loaded.model.cfg
     counts = parameter_counts(model)
     hooks = model.firing_hook_names()  # not the opt-in points that are switched off
@@ -97,9 +100,9 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 def run_report(args) -> int:
     import sys
 
-    from ..report import SECTIONS, build_report
+    from ..report import ENCDEC_SECTIONS, SECTIONS, build_report
 
-    keys = [s[0] for s in SECTIONS]
+    keys = [s[0] for s in SECTIONS + ENCDEC_SECTIONS]
     sections = None
     if args.sections:
         sections = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -154,8 +157,10 @@ def _remove_new_files(out: Path, before: set | None) -> None:
 # --- attention ----------------------------------------------------------------------------------------
 def _attention_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
-    p.add_argument("--text", required=True, help="the text to run (tokenized with the model's tokenizer)")
-    p.add_argument("--head", help="LAYER.HEAD (e.g. 1.4) or L1H4; default: every head")
+    p.add_argument("--text", help="the text to run (tokenized with the model's tokenizer)")
+    p.add_argument("--source", help="encoder-decoder models: the source text (cross-attention patterns are drawn)")
+    p.add_argument("--target", help="encoder-decoder models: the target text (default: the greedy decoding)")
+    p.add_argument("--head", help="LAYER.HEAD (e.g. 1.4) or L1H4 (C0H1: a cross-attention head); default: every head")
     p.add_argument("--out", required=True, metavar="FILE.png", help="where to write the figure")
     add_common(p)
 
@@ -166,6 +171,9 @@ def run_attention(args) -> int:
     out = check_png_out(args.out)
     device = setup(args)
     loaded = load_model(args, device)
+    code = encdec_cli.route(args, loaded, "--text", ("--source", "--target"), encdec_cli.attention)
+    if code is not None:
+        return code
     model, cfg = loaded.model, loaded.model.cfg
     heads = [parse_head(args.head, cfg)] if args.head is not None else None  # --head "" is an error too
     if cfg.n_layers == 0:
@@ -212,7 +220,9 @@ def run_attention(args) -> int:
 # --- generate -----------------------------------------------------------------------------------------
 def _generate_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
-    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--prompt", help="text to continue (decoder-only models)")
+    p.add_argument("--source", help="encoder-decoder models: the source text to decode (greedy by default)")
+    p.add_argument("--beams", type=positive_int, help="encoder-decoder models: beam search with N beams")
     p.add_argument("--max-new-tokens", type=int, default=40, help="tokens to sample (default 40)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     p.add_argument("--top-k", type=positive_int, help="sample from the k most likely tokens")
@@ -228,10 +238,13 @@ def run_generate(args) -> int:
         raise UsageError(f"--temperature must be a number >= 0, got {args.temperature}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if not args.prompt:
-        raise UsageError("--prompt is empty")
     device = setup(args)
     loaded = load_model(args, device)
+    encdec_cli.refuse_encoder_only(loaded, "generate", "a masked-language model fills masked positions; it does not "
+                                   "continue a prompt")
+    code = encdec_cli.route(args, loaded, "--prompt", ("--source", "--beams"), encdec_cli.generate)
+    if code is not None:
+        return code
     model = loaded.model
     if model.tokenizer is None:
         raise UsageError(f"{loaded.name} has no tokenizer; pass --tokenizer TOKENIZER.json")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import encdec_cli
 from .common import (
     Command,
     UsageError,
@@ -34,6 +35,9 @@ def _text_model(args):
     matplotlib.use("Agg")
     device = setup(args)
     loaded = load_model(args, device)
+    encdec_cli.refuse(loaded, "patch" if hasattr(args, "what") else "lens", "patching and the logit lens "
+                      "run one decoder-only text (clean and corrupted prompts); read cross-attention with "
+                      "`circuits paths --source ... --target ...`")
     need_layers(loaded, 2 if getattr(args, "what", None) == "paths" else 1, f"{getattr(args, 'what', 'lens')}")
     if loaded.model.tokenizer is None:
         raise UsageError(f"{loaded.name} has no tokenizer; pass --tokenizer TOKENIZER.json")
