@@ -23,34 +23,15 @@ ALIGNED = {"reverse": "the anti-diagonal", "copy": "the diagonal", "sort": "any 
 
 @torch.no_grad()
 def cross_alignment_scores(model, batches, rows) -> torch.Tensor | None:
-    """`[n_decoder_layers, n_heads]` alignment scores (module docstring) on `rows` of `batches`, or None when the
-    task's targets are not a rearrangement of its sources."""
+    """`[n_decoder_layers, n_heads]` alignment scores (`analyses.alignment.alignment_scores`) on `rows` of `batches`,
+    or None when the task's targets are not a rearrangement of its sources."""
+    from .alignment import alignment_scores, task_alignment
+
     src, tgt, src_mask, tgt_mask = (t.to(model.device) for t in batches.split(rows))
-    aligned = [batches.task.alignment(s[m].cpu().numpy()) for s, m in zip(src, src_mask)]
-    if any(a is None for a in aligned):
+    aligned = task_alignment(batches.task, src, src_mask, tgt.shape[1])
+    if aligned is None:
         return None
-    _, cache = model.run_with_cache(src, tgt, src_mask, tgt_mask,
-                                    names_filter=lambda n: n.endswith("cross_attn.hook_pattern"))
-    target = torch.zeros(src.shape[0], tgt.shape[1], src.shape[1], dtype=torch.float32)  # [batch, target, source]
-    for i, a in enumerate(aligned):  # decoder position j predicts target token j
-        target[i, : a.shape[0], : a.shape[1]] = torch.as_tensor(a)
-    counted = target.sum(-1) > 0  # [batch, target]
-    rows_out = []
-    for layer in range(model.cfg.n_decoder_layers):
-        pattern = cache[f"decoder.{layer}.cross_attn.hook_pattern"].float().cpu()  # [batch, head, target, source]
-        mass = (pattern * target[:, None]).sum(-1)  # [batch, head, target]
-        rows_out.append(mass.transpose(0, 1)[:, counted].mean(-1))
-    return torch.stack(rows_out).float().cpu()
-
-
-def cross_copying_scores(model) -> torch.Tensor:
-    """`[n_decoder_layers, n_heads]` copying scores of the cross-attention OV circuits `W_E_src W_V W_O W_U`."""
-    from transformer_lens import FactoredMatrix
-
-    from circuits.eigen import copying_score
-
-    fm = FactoredMatrix(model.W_E_src @ model.cross_W_V, model.cross_W_O @ model.W_U)
-    return copying_score(fm).float().cpu()
+    return alignment_scores(model, src, tgt, aligned, src_mask, tgt_mask).float()
 
 
 def seq2seq_curve_png(metrics: list[dict], title: str) -> bytes:
@@ -108,7 +89,9 @@ def make_seq2seq_report_fn(name: str, about: str, command: str, cfg, n_check: in
                          f"comes from: {ALIGNED[batches.task.name]}), per head: {_heads(align)} (max "
                          f"**{float(align.max()):.3f}**)")
         if c.d_vocab_src == c.d_vocab_tgt and batches.task.name != "date":
-            cs = cross_copying_scores(model)
+            from circuits.cross_attention import cross_copying_scores
+
+            cs = cross_copying_scores(model).float().cpu()
             numbers["cross_copying_scores"] = [[round(float(v), 4) for v in r] for r in cs]
             lines.append(f"- copying scores Σλ/Σ|λ| of the cross-attention OV circuits W_E_src W_V W_O W_U: "
                          f"{_heads(cs)} (min **{float(cs.min()):.3f}**)")

@@ -165,7 +165,8 @@ def test_zoo_enc_dec_sort_meets_its_card():
 def test_zoo_enc_dec_reverse_meets_its_card():
     """The shipped model: ≥ 99 % exact match on held-out sources, an anti-diagonal alignment head (≥ 0.9) whose
     OV circuit copies (≥ 0.9), re-measured here on sequences the card did not use."""
-    from analyses.seq2seq_card import cross_alignment_scores, cross_copying_scores
+    from analyses.seq2seq_card import cross_alignment_scores
+    from circuits.cross_attention import cross_copying_scores
     from models.seq2seq_data import exact_match
 
     model = models.load("enc-dec-reverse")
