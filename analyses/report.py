@@ -70,7 +70,10 @@ def _load(model_or_name_or_path):
 
 def _train_config(folder: Path | None) -> dict:
     if folder is not None and (Path(folder) / "train_config.json").is_file():
-        return json.loads((Path(folder) / "train_config.json").read_text())
+        from models.errors import CheckpointError
+        from models.safe_read import JSON_LIMIT, read_text
+
+        return json.loads(read_text(Path(folder) / "train_config.json", JSON_LIMIT, CheckpointError))
     return {}
 
 

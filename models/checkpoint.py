@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import math
 import os
 import shutil
 import sys
@@ -21,6 +22,7 @@ import torch
 from .config import HookedTransformerConfig
 from .errors import CheckpointError, ConfigError
 from .model import HookedTransformer
+from .safe_read import JSON_LIMIT, open_regular, read_text
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
@@ -186,23 +188,50 @@ def resolve(path_or_name) -> Path:
 def read_config(path) -> HookedTransformerConfig:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_text(path, JSON_LIMIT, CheckpointError, "the config")
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing ({CONFIG_FILE} is required in a model folder)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: cannot read: {e}") from None
     try:
         return HookedTransformerConfig.from_json(text)
     except (ConfigError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid config: {e}") from None
 
 
+WEIGHTS_LIMIT = 1 << 40  # 1 TiB: a bound on a weight file's size, not a memory budget (it is memory-mapped)
+
+
+def safetensors_numel(path) -> int:
+    """The number of weights a safetensors file holds, from its header's tensor table (nothing else read); checks
+    that `path` is a regular file first."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing or not a file")
+    try:
+        with open_regular(path, WEIGHTS_LIMIT, CheckpointError, "the weight file") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < n <= 100 * 2**20:
+                raise CheckpointError(f"{path}: not a readable safetensors file (header length {n})")
+            table = json.loads(f.read(n))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing or not a file") from None
+    except (OSError, ValueError, RecursionError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    total = 0
+    for k, v in (table.items() if isinstance(table, dict) else ()):
+        shape = v.get("shape") if isinstance(v, dict) and k != "__metadata__" else None
+        if isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
+            total += math.prod(shape)
+    return total
+
+
 def read_safetensors(path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing or not a file")
+    safetensors_numel(path)  # a regular file with a readable header, or a CheckpointError naming it
     try:
         return load_file(str(path))
     except Exception as e:  # safetensors raises its own error type for truncated/corrupt headers
@@ -215,8 +244,8 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
     cfg = read_config(folder / CONFIG_FILE)
     if device is not None:
         cfg.device = str(device)
+    check_size(cfg, safetensors_numel(folder / WEIGHTS_FILE), str(folder / CONFIG_FILE))
     state = read_safetensors(folder / WEIGHTS_FILE)
-    check_size(cfg, state, str(folder / CONFIG_FILE))
     model = HookedTransformer(cfg)
     load_state_dict(model, state, source=str(folder / WEIGHTS_FILE))
     if os.path.lexists(folder / TOKENIZER_FILE) and not (folder / TOKENIZER_FILE).is_file():
@@ -236,15 +265,27 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
     return model
 
 
-def check_size(cfg: HookedTransformerConfig, state: dict, source: str) -> None:
-    """Refuse a config that needs more weights than the file holds before allocating it (a corrupt or hostile
-    config.json could otherwise ask for terabytes). A lower bound: W_E, W_U, W_Q, W_O and the MLP matrices. Small
-    mismatches are left to `load_state_dict`, whose message names the tensor."""
-    need = 2 * cfg.d_vocab * cfg.d_model + 2 * cfg.n_layers * cfg.n_heads * cfg.d_head * cfg.d_model
-    if cfg.d_mlp:
+def implied_weights(cfg: HookedTransformerConfig) -> int:
+    """A lower bound on the weights a model of `cfg` holds, from the config alone: W_E, W_U, a learned W_pos, W_Q,
+    W_K, W_V, W_O (grouped key/value heads counted as such) and the MLP matrices."""
+    kv = cfg.n_key_value_heads or cfg.n_heads
+    need = 2 * cfg.d_vocab * cfg.d_model + cfg.n_layers * (cfg.n_heads + kv) * 2 * cfg.d_head * cfg.d_model
+    if cfg.positions.table == "learned":
+        need += cfg.n_ctx * cfg.d_model
+    if cfg.d_mlp and not cfg.attn_only:
         need += 2 * cfg.n_layers * cfg.d_model * cfg.d_mlp
-    held = sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor))
-    if need > held and need > 2**26:  # > 64M weights missing: refuse before allocating them
+    return need
+
+
+def check_size(cfg: HookedTransformerConfig, held, source: str) -> None:
+    """Refuse a config that needs more weights than the file holds (`held`: a count, or the state dict) before
+    building anything (a corrupt or hostile config.json could otherwise ask for terabytes, or spend minutes building
+    20 000 layers). The bound is `implied_weights`; mismatches under a million weights are left to `load_state_dict`,
+    whose message names the tensor."""
+    if isinstance(held, dict):
+        held = sum(t.numel() for t in held.values() if isinstance(t, torch.Tensor))
+    need = implied_weights(cfg)
+    if need > held + 2**20:
         raise CheckpointError(f"{source}: the config describes at least {need:,} weights but the checkpoint holds "
                               f"{held:,}; does the config match the checkpoint?")
 

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from .checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_state_dict, read_safetensors, save
-from .errors import TrainConfigError
+from .errors import CheckpointError, TrainConfigError
+from .safe_read import JSON_LIMIT, read_text
 from .train_config import RESUME_FREE, TrainConfig
 
 CHECKPOINTS = "checkpoints"
@@ -112,7 +113,7 @@ def resumable_checkpoints(out_dir) -> list[Path]:
 
 def load_checkpoint(folder: Path, model, opt) -> dict:
     """Restore model weights, optimizer and RNG states from `folder`; returns the trainer state."""
-    state = json.loads((folder / STATE_FILE).read_text())
+    state = json.loads(read_text(folder / STATE_FILE, JSON_LIMIT, CheckpointError))
     load_state_dict(model, read_safetensors(folder / WEIGHTS_FILE), source=str(folder / WEIGHTS_FILE))
     tensors = read_safetensors(folder / OPTIMIZER_FILE)
     load_optimizer(opt, tensors, state.pop("param_groups"))
@@ -128,7 +129,7 @@ def finished_run(out_dir: Path, steps: int, found: list[Path]) -> dict | None:
     """The summary of a run in `out_dir` that already finished `steps` steps (so resuming it has nothing to do)."""
     if not (out_dir / "summary.json").is_file():
         return None
-    summary = json.loads((out_dir / "summary.json").read_text())
+    summary = json.loads(read_text(out_dir / "summary.json", JSON_LIMIT, CheckpointError))
     if summary.get("steps") == steps and (not found or int(found[-1].name[5:]) >= steps):
         return summary
     return None
@@ -139,7 +140,7 @@ def restore(out_dir: Path | None, cfg: TrainConfig, model, opt, found: list[Path
     optimizer and RNG states loaded, the later metrics records dropped; its settings must match `cfg` except those in
     `RESUME_FREE`), or (0, 0, 0.0) for a fresh run, whose old metrics and checkpoints in `out_dir` are removed."""
     if found:
-        saved = TrainConfig.from_json((out_dir / "train_config.json").read_text())
+        saved = TrainConfig.from_json(read_text(out_dir / "train_config.json", JSON_LIMIT, TrainConfigError))
         diff = [k for k in saved.to_dict() if k not in RESUME_FREE and saved.to_dict()[k] != cfg.to_dict()[k]]
         if diff:
             raise TrainConfigError(f"cannot resume from {out_dir}: setting(s) {diff} differ from the saved run's "

@@ -140,8 +140,9 @@ def read_json_object(spec: str, what: str) -> dict:
         if inline:
             d = json.loads(spec)
         else:
-            with open(spec) as f:
-                d = json.load(f)
+            from models.safe_read import JSON_LIMIT, read_bytes
+
+            d = json.loads(read_bytes(spec, JSON_LIMIT, UsageError, what))
     except OSError as e:
         raise UsageError(f"cannot read {what} {spec}: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
