@@ -106,12 +106,19 @@ def _recover(path: Path) -> None:
         os.replace(max(olds, key=lambda p: p.stat().st_mtime), path)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_dir(path, write_contents) -> Path:
     """Create folder `path` atomically: `write_contents(tmp_dir)` fills a temporary sibling folder, whose
     files are fsynced, then it takes `path`'s place in one atomic swap (`renameat2(RENAME_EXCHANGE)` on Linux;
     elsewhere two renames, and a crash between them is repaired by the next save or load). A crash or error at
     any point leaves either the previous folder or the new one, never a half-written one; what a crash can leave
-    behind are hidden `.{name}.tmp-*` siblings, which nothing loads."""
+    behind are hidden `.{name}.tmp-*` siblings, which nothing loads.
+    Folders and files get the modes the umask gives (0755 / 0644 under umask 022)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _recover(path)
@@ -119,7 +126,11 @@ def atomic_write_dir(path, write_contents) -> Path:
     old = None
     try:
         write_contents(tmp)
-        for f in tmp.rglob("*"):
+        mask = _umask()
+        for f in [tmp, *tmp.rglob("*")]:  # the modes a plain mkdir / open gives (mkdtemp makes 0700, some writers 0600)
+            if f.is_symlink():
+                continue
+            os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
             if f.is_file():
                 with open(f, "rb+") as fh:
                     os.fsync(fh.fileno())
