@@ -4,8 +4,11 @@ the model (depth, attention-only or not, a training run beside it). `circuits re
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +57,9 @@ class Report:
         return f"Report({self.path}: {len(self.sections)} sections, {figs} figures{fail})"
 
 
+_DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
 def _load(model_or_name_or_path):
     """(model, display name, model folder or None)."""
     if isinstance(model_or_name_or_path, (str, Path)):
@@ -71,7 +77,10 @@ def _load(model_or_name_or_path):
 
 def _train_config(folder: Path | None) -> dict:
     if folder is not None and (Path(folder) / "train_config.json").is_file():
-        return json.loads((Path(folder) / "train_config.json").read_text())
+        from models.errors import CheckpointError
+        from models.safe_read import JSON_LIMIT, read_text
+
+        return json.loads(read_text(Path(folder) / "train_config.json", JSON_LIMIT, CheckpointError))
     return {}
 
 
@@ -173,7 +182,17 @@ def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text
     rd = Path(run_dir) if run_dir is not None else folder
     if rd is not None and not (rd / "metrics.jsonl").is_file():
         rd = None
-    ctx = S.Context(model, name, out, text, win, vocab, rd, seed,
+    stage = Path(tempfile.mkdtemp(prefix=".report-tmp-", dir=out))  # published in one go at the end
+    try:
+        return _write(model, name, out, stage, text, win, vocab, rd, seed, corpus, folder, sections, progress, html)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _write(model, name, out, stage, text, win, vocab, rd, seed, corpus, folder, sections, progress, html) -> Report:
+    """Run the sections into the staging folder `stage`, then publish: each figure, then report.md last, moved
+    into `out` by atomic renames. A full disk or any error before that leaves the previous report untouched."""
+    ctx = S.Context(model, name, stage, text, win, vocab, rd, seed,
                     train_text=None if corpus is None else corpus.train, train_config=_train_config(folder))
     encdec = hasattr(model, "cross_W_Q")
     table = ENCDEC_SECTIONS if encdec else SECTIONS  # the section set is picked by model type
@@ -193,15 +212,30 @@ def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text
         try:
             with torch.no_grad():
                 md.append(fn(ctx))
+        except OSError as e:
+            if e.errno in _DISK_ERRORS:  # the disk, not the section: stop, keep the previous report
+                raise
+            report.failed[key] = f"{type(e).__name__}: {e}"
+            md.append(f"*This section failed: {type(e).__name__}: {e}*")
         except Exception as e:  # one broken section must not sink the report
             report.failed[key] = f"{type(e).__name__}: {e}"
             md.append(f"*This section failed: {type(e).__name__}: {e}*")
         md.append("")
         report.seconds[key] = round(time.perf_counter() - t0, 2)
-    report.path.write_text("\n".join(md))
-    report.files = [report.path] + ctx.files
+    (stage / "report.md").write_text("\n".join(md))
+    staged = list(dict.fromkeys(ctx.files))
     if html:
         from .html_report import write_html
 
-        report.files.append(write_html(ctx, "\n".join(md), out / "report.html"))
+        staged.append(write_html(ctx, "\n".join(md), stage / "report.html"))
+    staged.append(stage / "report.md")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for f in staged:
+        os.chmod(f, 0o666 & ~mask)
+        with open(f, "rb+") as fh:
+            os.fsync(fh.fileno())
+    for f in staged:
+        os.replace(f, out / f.name)
+    report.files = [report.path] + [out / f.name for f in staged[:-1]]
     return report

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import math
 import os
 import shutil
 import sys
@@ -21,6 +22,7 @@ import torch
 from .config import HookedTransformerConfig, dtype_name
 from .errors import CheckpointError, ConfigError
 from .model import HookedTransformer
+from .safe_read import JSON_LIMIT, open_regular, read_text
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
@@ -111,12 +113,19 @@ def _recover(path: Path) -> None:
         os.replace(max(olds, key=lambda p: p.stat().st_mtime), path)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_dir(path, write_contents) -> Path:
     """Create folder `path` atomically: `write_contents(tmp_dir)` fills a temporary sibling folder, whose
     files are fsynced, then it takes `path`'s place in one atomic swap (`renameat2(RENAME_EXCHANGE)` on Linux;
     elsewhere two renames, and a crash between them is repaired by the next save or load). A crash or error at
     any point leaves either the previous folder or the new one, never a half-written one; what a crash can leave
-    behind are hidden `.{name}.tmp-*` siblings, which nothing loads."""
+    behind are hidden `.{name}.tmp-*` siblings, which nothing loads.
+    Folders and files get the modes the umask gives (0755 / 0644 under umask 022)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _recover(path)
@@ -124,7 +133,11 @@ def atomic_write_dir(path, write_contents) -> Path:
     old = None
     try:
         write_contents(tmp)
-        for f in tmp.rglob("*"):
+        mask = _umask()
+        for f in [tmp, *tmp.rglob("*")]:  # the modes a plain mkdir / open gives (mkdtemp makes 0700, some writers 0600)
+            if f.is_symlink():
+                continue
+            os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
             if f.is_file():
                 with open(f, "rb+") as fh:
                     os.fsync(fh.fileno())
@@ -234,23 +247,50 @@ def config_from_dict(d: dict):
 def read_config(path):
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_text(path, JSON_LIMIT, CheckpointError, "the config")
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing ({CONFIG_FILE} is required in a model folder)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: cannot read: {e}") from None
     try:
         return config_from_json(text)
     except (ConfigError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid config: {e}") from None
 
 
+WEIGHTS_LIMIT = 1 << 40  # 1 TiB: a bound on a weight file's size, not a memory budget (it is memory-mapped)
+
+
+def safetensors_numel(path) -> int:
+    """The number of weights a safetensors file holds, from its header's tensor table (nothing else read); checks
+    that `path` is a regular file first."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing or not a file")
+    try:
+        with open_regular(path, WEIGHTS_LIMIT, CheckpointError, "the weight file") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < n <= 100 * 2**20:
+                raise CheckpointError(f"{path}: not a readable safetensors file (header length {n})")
+            table = json.loads(f.read(n))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing or not a file") from None
+    except (OSError, ValueError, RecursionError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    total = 0
+    for k, v in (table.items() if isinstance(table, dict) else ()):
+        shape = v.get("shape") if isinstance(v, dict) and k != "__metadata__" else None
+        if isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
+            total += math.prod(shape)
+    return total
+
+
 def read_safetensors(path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing or not a file")
+    safetensors_numel(path)  # a regular file with a readable header, or a CheckpointError naming it
     try:
         return load_file(str(path))
     except Exception as e:  # safetensors raises its own error type for truncated/corrupt headers
@@ -267,8 +307,8 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
     cfg = read_config(folder / CONFIG_FILE)
     if device is not None:
         cfg.device = device
+    check_size(cfg, safetensors_numel(folder / WEIGHTS_FILE), str(folder / CONFIG_FILE))
     state = read_safetensors(folder / WEIGHTS_FILE)
-    check_size(cfg, state, str(folder / CONFIG_FILE))
     model = model_class(cfg)(cfg)
     load_state_dict(model, state, source=str(folder / WEIGHTS_FILE))
     if os.path.lexists(folder / TOKENIZER_FILE) and not (folder / TOKENIZER_FILE).is_file():
@@ -315,18 +355,30 @@ def available_device(device) -> str:
     return str(dev)
 
 
-def check_size(cfg, state: dict, source: str) -> None:
-    """Refuse a config that needs more weights than the file holds before allocating it (a corrupt or hostile
-    config.json could otherwise ask for terabytes). A lower bound: W_E, W_U, W_Q, W_O and the MLP matrices. Small
-    mismatches are left to `load_state_dict`, whose message names the tensor."""
+def implied_weights(cfg) -> int:
+    """A lower bound on the weights a model of `cfg` holds, from the config alone: W_E, W_U, a learned W_pos, W_Q,
+    W_K, W_V, W_O (grouped key/value heads counted as such) and the MLP matrices; encoder–decoder and encoder configs
+    give their own (`weights_lower_bound`)."""
     if hasattr(cfg, "weights_lower_bound"):
-        need = cfg.weights_lower_bound()
-    else:
-        need = 2 * cfg.d_vocab * cfg.d_model + 2 * cfg.n_layers * cfg.n_heads * cfg.d_head * cfg.d_model
-        if cfg.d_mlp:
-            need += 2 * cfg.n_layers * cfg.d_model * cfg.d_mlp
-    held = sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor))
-    if need > held and need > 2**26:  # > 64M weights missing: refuse before allocating them
+        return cfg.weights_lower_bound()
+    kv = cfg.n_key_value_heads or cfg.n_heads
+    need = 2 * cfg.d_vocab * cfg.d_model + cfg.n_layers * (cfg.n_heads + kv) * 2 * cfg.d_head * cfg.d_model
+    if cfg.positions.table == "learned":
+        need += cfg.n_ctx * cfg.d_model
+    if cfg.d_mlp and not cfg.attn_only:
+        need += 2 * cfg.n_layers * cfg.d_model * cfg.d_mlp
+    return need
+
+
+def check_size(cfg, held, source: str) -> None:
+    """Refuse a config that needs more weights than the file holds (`held`: a count, or the state dict) before
+    building anything (a corrupt or hostile config.json could otherwise ask for terabytes, or spend minutes building
+    20 000 layers). The bound is `implied_weights`; mismatches under a million weights are left to `load_state_dict`,
+    whose message names the tensor."""
+    if isinstance(held, dict):
+        held = sum(t.numel() for t in held.values() if isinstance(t, torch.Tensor))
+    need = implied_weights(cfg)
+    if need > held + 2**20:
         raise CheckpointError(f"{source}: the config describes at least {need:,} weights but the checkpoint holds "
                               f"{held:,}; does the config match the checkpoint?")
 

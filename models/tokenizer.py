@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from .errors import TokenizerError
+from .safe_read import TOKENIZER_LIMIT, read_text
 
 BOS, PAD, EOS = "<|bos|>", "<|pad|>", "<|endoftext|>"
 SPECIALS = (BOS, PAD, EOS)
@@ -121,9 +122,11 @@ def load_tokenizer(path):
     """Read a `tokenizer.json` written by either tokenizer."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_text(path, TOKENIZER_LIMIT, TokenizerError, "the tokenizer file")
         data = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except TokenizerError as e:
+        raise TokenizerError(f"{path}: not a readable tokenizer file ({str(e).split(': ', 1)[-1]})") from None
+    except (OSError, json.JSONDecodeError, RecursionError) as e:
         raise TokenizerError(f"{path}: not a readable tokenizer file ({type(e).__name__}: {e})") from None
     if isinstance(data, dict) and data.get("toy_circuits_tokenizer") == "bytes":
         return ByteTokenizer()

@@ -160,12 +160,20 @@ def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: 
     `eval_fn(model) -> dict` runs at every checkpoint (rank 0). `report_fn(model, summary, metrics) ->
     {name: str | bytes}` adds files (a card, a figure) to the final folder. With `cfg.out_dir` the final
     folder holds config.json, model.safetensors, tokenizer.json, train_config.json, metrics.jsonl,
-    summary.json and checkpoints/. `resume=True` continues from the newest checkpoint in `cfg.out_dir`."""
+    summary.json and checkpoints/. `resume=True` continues from the newest checkpoint in `cfg.out_dir`.
+    `cfg.out_dir` must be new, empty or an earlier run (`train_state.check_out_dir`); it is locked while the run
+    lasts (`train_state.run_lock`)."""
     if isinstance(model_cfg, dict):
         model_cfg = config_from_json(json.dumps(model_cfg))  # by its model_type
     cfg.validate()
+    rank = dist_info()[0]
+    out = ts.check_out_dir(cfg.out_dir) if cfg.out_dir else None
+    with ts.run_lock(out if rank == 0 else None):
+        return _train(model_cfg, cfg, out, eval_fn, report_fn, resume, tokenizer)
+
+
+def _train(model_cfg, cfg: TrainConfig, out: Path | None, eval_fn, report_fn, resume: bool, tokenizer):
     rank, world, local_rank = dist_info()
-    out = Path(cfg.out_dir) if cfg.out_dir else None
     if resume and out is None:
         raise TrainConfigError("resume needs an out_dir holding the checkpoints")
     if resume and tokenizer is None and (out / "train_config.json").is_file() and (out / "tokenizer.json").is_file():
@@ -333,7 +341,8 @@ class _Run:
 
 def finalize(model, out: Path, cfg: TrainConfig, summary: dict, extra: dict) -> Path:
     """Write the final folder atomically: the model (`models.checkpoint.save` into a staging folder), the
-    run's files, `extra` files and the kept checkpoints, hard-linked where possible."""
+    run's files, `extra` files and the kept checkpoints, hard-linked where possible; other files the folder held are
+    copied over."""
     stage = out.parent / f".{out.name}.final-{os.getpid()}"
     save(model, stage, extra_files={"summary.json": json.dumps(summary, indent=2), **extra})
     keep = None if cfg.keep_checkpoints is None else set(cfg.keep_checkpoints)
@@ -351,6 +360,9 @@ def finalize(model, out: Path, cfg: TrainConfig, summary: dict, extra: dict) -> 
                 os.link(src, dst)
             except OSError:
                 shutil.copy2(src, dst)
+        for f in out.iterdir():  # what else the run folder holds (a user's notes) stays
+            if not (tmp / f.name).exists() and f.name != ts.CHECKPOINTS:
+                (shutil.copytree if f.is_dir() else shutil.copy2)(f, tmp / f.name)
 
     try:
         return atomic_write_dir(out, write)

@@ -12,13 +12,16 @@ import json
 import os
 import random
 import shutil
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_state_dict, read_safetensors, save
-from .errors import TrainConfigError
+from .checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_state_dict, read_config, read_safetensors, save
+from .errors import CheckpointError, TrainConfigError
+from .safe_read import JSON_LIMIT, read_text
 from .train_config import RESUME_FREE, TrainConfig
 
 CHECKPOINTS = "checkpoints"
@@ -81,6 +84,69 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict, groups: list) -> N
     opt.load_state_dict({"state": state, "param_groups": groups})
 
 
+# --- the run folder -------------------------------------------------------------------------------
+RUN_MARK = "train_config.json"  # a folder holding it is one of our runs
+
+
+def check_out_dir(out) -> Path:
+    """The real path of the run folder `out` (a symbolic link is followed: the run is written into its target and
+    the link stays), checked before any work: not the current folder or one holding it (the finished run takes the
+    folder's place in one swap), and either new, empty, or one of our runs (it holds `train_config.json`). A
+    folder with other files is refused, so a run never deletes a user's files."""
+    real = Path(os.path.realpath(out))
+    cwd = Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:
+        raise TrainConfigError(f"out_dir {out} is the current folder or holds it; give a sub-folder (the finished "
+                               "run takes the folder's place in one atomic swap)")
+    if real.exists() and not real.is_dir():
+        raise TrainConfigError(f"out_dir {out} exists and is not a folder")
+    if real.is_dir() and any(real.iterdir()) and not (real / RUN_MARK).is_file():
+        raise TrainConfigError(f"out_dir {out} is a non-empty folder that is not a training run (no {RUN_MARK}); "
+                               "give a new or empty folder (nothing was written)")
+    return real
+
+
+@contextmanager
+def run_lock(out: Path | None):
+    """Hold an exclusive lock on run folder `out` (`fcntl.flock` on the hidden file `.{name}.lock` beside it, holding
+    the owner's PID) while the body runs; a second run on the same folder raises `TrainConfigError` naming the
+    holder's PID. No lock where `out` is None or the platform has no `fcntl`."""
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if out is None or fcntl is None:
+        yield
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = out.parent / f".{out.name}.lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise TrainConfigError(f"out_dir {out} is in use by another training run (PID {holder}); wait for it "
+                                   "to finish or choose another folder") from None
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break  # the lock file we hold is still the one at that path
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        try:
+            os.unlink(lock)
+        except OSError:
+            pass
+        os.close(fd)
+
+
 # --- checkpoints ----------------------------------------------------------------------------------
 def save_checkpoint(out_dir, step: int, model, opt, trainer_state: dict) -> Path:
     """Write the resumable checkpoint of `step` atomically (see the module docstring)."""
@@ -112,7 +178,9 @@ def resumable_checkpoints(out_dir) -> list[Path]:
 
 def load_checkpoint(folder: Path, model, opt) -> dict:
     """Restore model weights, optimizer and RNG states from `folder`; returns the trainer state."""
-    state = json.loads((folder / STATE_FILE).read_text())
+    state = json.loads(read_text(folder / STATE_FILE, JSON_LIMIT, CheckpointError))
+    if not isinstance(state, dict) or not {"step", "tokens_seen", "wall_time", "param_groups", "rng"} <= set(state):
+        raise CheckpointError(f"{folder / STATE_FILE}: not a complete trainer state")
     load_state_dict(model, read_safetensors(folder / WEIGHTS_FILE), source=str(folder / WEIGHTS_FILE))
     tensors = read_safetensors(folder / OPTIMIZER_FILE)
     load_optimizer(opt, tensors, state.pop("param_groups"))
@@ -128,25 +196,67 @@ def finished_run(out_dir: Path, steps: int, found: list[Path]) -> dict | None:
     """The summary of a run in `out_dir` that already finished `steps` steps (so resuming it has nothing to do)."""
     if not (out_dir / "summary.json").is_file():
         return None
-    summary = json.loads((out_dir / "summary.json").read_text())
+    summary = json.loads(read_text(out_dir / "summary.json", JSON_LIMIT, CheckpointError))
     if summary.get("steps") == steps and (not found or int(found[-1].name[5:]) >= steps):
         return summary
     return None
 
 
+#: Training settings a resumed run may change (the run continues on the new schedule); each change is recorded in
+#: metrics.jsonl as `{"step": s, "resumed_with": {name: [old, new]}}`. Any other difference is refused.
+RESUME_SCHEDULE = ("steps", "lr", "min_lr_ratio", "warmup_steps")
+_MODEL_FREE = ("device", "extra")  # run-time choices and provenance, not architecture
+
+
+def _resume_changes(out_dir: Path, cfg: TrainConfig, model, found: list[Path]) -> dict:
+    """`{setting: [old, new]}` of the schedule changes between the saved run and `cfg`; raises `TrainConfigError`
+    naming the fields where the model config or another training setting differs."""
+    saved = TrainConfig.from_json(read_text(out_dir / RUN_MARK, JSON_LIMIT, TrainConfigError)).to_dict()
+    now = cfg.to_dict()
+    diff = [k for k in saved if k not in RESUME_FREE + RESUME_SCHEDULE and saved[k] != now[k]]
+    if diff:
+        raise TrainConfigError(f"cannot resume from {out_dir}: setting(s) {diff} differ from the saved run's "
+                               f"{RUN_MARK}; allowed to change: {list(RESUME_SCHEDULE)}")
+    for folder in reversed(found):  # the newest readable checkpoint config
+        try:
+            old_model = read_config(folder / CONFIG_FILE).to_dict()
+            break
+        except CheckpointError:
+            continue
+    else:
+        old_model = model.cfg.to_dict()  # nothing readable: restore() reports the damage
+    new_model = model.cfg.to_dict()
+    bad = [k for k in new_model if k not in _MODEL_FREE and old_model.get(k) != new_model[k]]
+    if bad:
+        shown = ", ".join(f"{k} {old_model.get(k)!r} -> {new_model[k]!r}" for k in bad[:6])
+        raise TrainConfigError(f"cannot resume from {out_dir}: the model config differs from the checkpoint's in "
+                               f"{bad} ({shown}); resume with the same model or train into a new folder")
+    return {k: [saved[k], now[k]] for k in RESUME_SCHEDULE if saved[k] != now[k]}
+
+
 def restore(out_dir: Path | None, cfg: TrainConfig, model, opt, found: list[Path], rank: int) -> tuple[int, int, float]:
-    """Where a run starts, `(step, tokens_seen, wall_time)`: from the newest of the checkpoints `found` (model,
-    optimizer and RNG states loaded, the later metrics records dropped; its settings must match `cfg` except those in
+    """Where a run starts, `(step, tokens_seen, wall_time)`: from the newest intact checkpoint of those `found`
+    (model, optimizer and RNG states loaded, the later metrics records dropped; a damaged newer one is skipped with a
+    line on stderr; the model config must match and training settings may differ only in `RESUME_SCHEDULE` and
     `RESUME_FREE`), or (0, 0, 0.0) for a fresh run, whose old metrics and checkpoints in `out_dir` are removed."""
     if found:
-        saved = TrainConfig.from_json((out_dir / "train_config.json").read_text())
-        diff = [k for k in saved.to_dict() if k not in RESUME_FREE and saved.to_dict()[k] != cfg.to_dict()[k]]
-        if diff:
-            raise TrainConfigError(f"cannot resume from {out_dir}: setting(s) {diff} differ from the saved run's "
-                                   "train_config.json")
-        state = load_checkpoint(found[-1], model, opt)
+        changes = _resume_changes(out_dir, cfg, model, found)
+        for folder in reversed(found):
+            try:
+                state = load_checkpoint(folder, model, opt)
+                break
+            except (ValueError, KeyError, TypeError, OSError) as e:  # a torn or damaged checkpoint
+                if rank == 0:
+                    print(f"warning: checkpoint {folder} is damaged ({type(e).__name__}: {str(e)[:200]}); trying the "
+                          "previous one", file=sys.stderr)
+        else:
+            raise CheckpointError(f"cannot resume from {out_dir}: none of its {len(found)} checkpoint(s) is intact")
+        if folder is not found[-1] and rank == 0:
+            print(f"resuming from {folder.name}, the newest intact checkpoint", file=sys.stderr)
         if rank == 0:
             truncate_metrics(out_dir / METRICS_FILE, state["step"])
+            if changes:
+                append_metrics(out_dir / METRICS_FILE, {"step": state["step"], "resumed_with": changes})
         return state["step"], state["tokens_seen"], state["wall_time"]
     if out_dir is not None and rank == 0:
         (out_dir / METRICS_FILE).unlink(missing_ok=True)

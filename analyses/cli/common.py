@@ -155,8 +155,9 @@ def read_json_object(spec: str, what: str) -> dict:
         if inline:
             d = json.loads(spec)
         else:
-            with open(spec) as f:
-                d = json.load(f)
+            from models.safe_read import JSON_LIMIT, read_bytes
+
+            d = json.loads(read_bytes(spec, JSON_LIMIT, UsageError, what))
     except OSError as e:
         raise UsageError(f"cannot read {what} {spec}: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -246,24 +247,48 @@ def progress(args, total: int, desc: str):
 
 
 # --- text -------------------------------------------------------------------------------------------------
-def read_text_tokens(model, text_file: str):
-    """The 1-D int64 token ids of a text file, tokenized with the model's tokenizer."""
+TEXT_TOKENS = 400_000  # tokens of --text-file read (more when the windows need more)
+
+
+def read_text_tokens(model, text_file: str, max_tokens: int = TEXT_TOKENS):
+    """The first `max_tokens` token ids (1-D int64) of a text file, tokenized with the model's tokenizer. Only
+    the bytes those tokens need are read (a token covers at least one byte), so memory does not grow with the
+    file; a FIFO or device is refused."""
     import torch
+
+    from models.safe_read import open_regular
 
     if model.tokenizer is None:
         raise UsageError("--text-file needs a tokenizer: this model has none (pass --tokenizer TOKENIZER.json)")
     try:
-        data = Path(text_file).read_bytes()
+        with open_regular(text_file, 1 << 60, UsageError, "--text-file") as f:
+            data = f.read(4 * max_tokens)
     except OSError as e:
         raise UsageError(f"cannot read --text-file {text_file}: {e.strerror}") from None
     if b"\x00" in data[:8192]:
         raise UsageError(f"--text-file {text_file} looks binary (NUL bytes); give a text file")
     raw = data.decode("utf-8", errors="replace")
-    ids = torch.tensor(model.tokenizer.encode(raw), dtype=torch.long)
+    ids = torch.tensor(model.tokenizer.encode(raw)[:max_tokens], dtype=torch.long)
     ids = ids[ids < model.cfg.d_vocab]
     if ids.numel() < 2:
         raise UsageError(f"--text-file {text_file} holds {ids.numel()} tokens; need text to measure losses on")
     return ids
+
+
+def check_memory(option: str, value: int, per_unit: int, limit: int | None = None) -> None:
+    """Refuse `option`=`value` when `value * per_unit` bytes (the memory it implies) exceed `limit` (default: half
+    of this machine's memory), naming the largest value allowed."""
+    import os
+
+    if limit is None:
+        try:
+            limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+        except (ValueError, OSError, AttributeError):
+            limit = 8 << 30
+    if value * per_unit > limit:
+        raise UsageError(f"{option} {value} needs about {value * per_unit / 2**30:.1f} GiB, more than the "
+                         f"{limit / 2**30:.1f} GiB allowed here (half the memory); use {option} <= "
+                         f"{max(limit // per_unit, 1)}")
 
 
 def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
@@ -277,8 +302,11 @@ def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
     model = loaded.model
     n_ctx = model.cfg.n_ctx
     text_file = getattr(args, "text_file", None)
+    cfg = model.cfg
+    check_memory("--windows", n, n_ctx * (4 * cfg.d_vocab + 8 * cfg.d_model * max(cfg.n_layers, 1)
+                                          + 4 * cfg.n_heads * n_ctx))  # logits, residuals, patterns (float32)
     if text_file:
-        ids = read_text_tokens(model, text_file)
+        ids = read_text_tokens(model, text_file, max(TEXT_TOKENS, n * n_ctx))
         if ids.numel() < n_ctx:
             raise UsageError(f"--text-file {text_file} holds {ids.numel()} tokens; need at least {n_ctx} (n_ctx)")
         return (windows(ids, n_ctx, n, seed, bos=bos_token_id(model)), f"{n} windows of {n_ctx} tokens of {text_file}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import Command, UsageError, add_common, emit, read_json_object, resolve_device
+from .common import Command, UsageError, add_common, check_memory, emit, read_json_object, resolve_device
 
 
 # --- train --------------------------------------------------------------------------------------------
@@ -17,7 +17,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                      "models")
     p.add_argument("--train-config", help="training settings JSON over the preset's (models.train.TrainConfig "
                    "fields); a file, or inline text starting with {")
-    p.add_argument("--out", required=True, help="output folder: model, metrics.jsonl, checkpoints/, card")
+    p.add_argument("--out", required=True, help="output folder: model, metrics.jsonl, checkpoints/, card. Must be new, "
+                   "empty or an earlier run (a folder of other files is refused, exit 2; files you add to a run "
+                   "folder are kept); locked while training (a second run on it exits 2); a link trains into its "
+                   "target")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
@@ -66,7 +69,20 @@ def train_settings(args) -> tuple:
     if args.steps is not None and cfg.keep_checkpoints is not None:
         cfg.keep_checkpoints = sorted({s for s in cfg.keep_checkpoints if s <= cfg.steps} | {cfg.steps})
     cfg.validate()
+    _check_train_memory(model_cfg, cfg)
     return model_cfg, cfg, about
+
+
+def _check_train_memory(model_cfg, cfg) -> None:
+    """Refuse `--batch-size` / `seq_len` whose activations (float32, kept for the backward pass: per token the
+    logits and, per layer, ~16 residual-width vectors and a row of each head's pattern) exceed half the memory."""
+    if cfg.seq_len is not None and cfg.seq_len > 1 << 20:
+        raise UsageError(f"seq_len {cfg.seq_len} is more than the {1 << 20} allowed")
+    seq = cfg.seq_len or model_cfg.n_ctx
+    per_token = 4 * (3 * model_cfg.d_vocab + max(model_cfg.n_layers, 1) * (16 * model_cfg.d_model
+                                                                         + 3 * model_cfg.n_heads * seq))
+    check_memory("seq_len", seq, per_token)  # one sequence
+    check_memory("--batch-size", cfg.batch_size, seq * per_token)
 
 
 def run_train(args) -> int:

@@ -1,0 +1,97 @@
+"""Files we are pointed at that are not what they claim: a FIFO or a link to /dev/zero where a JSON file is expected
+(must not hang or grow), and a config implying far more weights than its file holds (refused before building)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import models
+from models import HookedTransformer, HookedTransformerConfig, save
+from models.errors import CheckpointError, TokenizerError
+from models.tokenizer import ByteTokenizer, load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = dict(n_layers=1, d_model=16, n_ctx=32, d_vocab=259, n_heads=2, d_mlp=None, normalization_type=None,
+            positional_embedding_type="standard", seed=0)
+
+
+def circuits(*argv, timeout=60):
+    env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH") or str(ROOT))
+    return subprocess.run([sys.executable, "-m", "analyses.cli", *argv], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture()
+def folder(tmp_path):
+    save(HookedTransformer(HookedTransformerConfig(**TINY), tokenizer=ByteTokenizer()), tmp_path / "m")
+    return tmp_path / "m"
+
+
+def _swap(path: Path, kind: str) -> None:
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        os.symlink("/dev/zero", path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "model.safetensors"])
+def test_special_files_in_a_model_folder_are_refused_at_once(folder, name, kind):
+    _swap(folder / name, kind)
+    t = time.perf_counter()
+    with pytest.raises(CheckpointError if name != "tokenizer.json" else (CheckpointError, TokenizerError)):
+        models.load(folder)
+    assert time.perf_counter() - t < 5
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_tokenizer_and_trainer_state_reads_are_bounded(tmp_path, kind):
+    p = tmp_path / "tokenizer.json"
+    p.write_text("{}")
+    _swap(p, kind)
+    with pytest.raises(TokenizerError, match="not a regular file"):
+        load_tokenizer(p)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_cli_config_json_fifo_or_dev_zero_exits_2(folder, tmp_path, kind):
+    _swap(folder / "config.json", kind)
+    r = circuits("info", str(folder), timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "not a regular file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text("{}")
+    _swap(cfg, kind)
+    r = circuits("train", "--config", str(cfg), "--out", str(tmp_path / "run"), timeout=60)
+    assert r.returncode == 2 and "not a regular file" in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("field,value", [("n_ctx", 10**8), ("n_layers", 20_000), ("d_vocab", 10**9)])
+def test_config_implying_more_weights_than_the_file_is_refused_before_building(folder, field, value):
+    d = json.loads((folder / "config.json").read_text())
+    d[field] = value
+    (folder / "config.json").write_text(json.dumps(d))
+    t = time.perf_counter()
+    with pytest.raises(CheckpointError, match="describes at least"):
+        models.load(folder)
+    assert time.perf_counter() - t < 2  # before: n_layers 20 000 built for ~29 s, n_ctx 1e8 allocated 6.4 GB
+
+
+def test_implied_weights_is_a_lower_bound_of_real_models():
+    from models.checkpoint import implied_weights
+
+    for kw in [TINY, dict(TINY, n_layers=3, d_mlp=24, attn_only=False, normalization_type="LN"),
+               dict(TINY, positional_embedding_type="rotary", n_key_value_heads=1, n_heads=2),
+               dict(TINY, positional_embedding_type="shortformer", n_layers=0)]:
+        cfg = HookedTransformerConfig(**kw)
+        held = sum(t.numel() for t in HookedTransformer(cfg).state_dict().values())
+        assert implied_weights(cfg) <= held
