@@ -128,10 +128,12 @@ class Attention(nn.Module):
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]
 
     def forward(self, x_q: torch.Tensor, x_k: torch.Tensor, x_v: torch.Tensor, score_bias: ScoreBias,
-                rotation: Rotation | None = None) -> torch.Tensor:
+                rotation: Rotation | None = None, kv_entry=None) -> torch.Tensor:
         """Queries read `x_q [batch, pos, d_model]`, keys and values `x_k`, `x_v [batch, key, d_model]`; pass the same
         tensor for inputs that are the same (self-attention: all three, one fused matmul; Shortformer: queries and
-        keys). `score_bias` is added to the scores (`models.score_bias`); `rotation` rotates queries and keys."""
+        keys). `score_bias` is added to the scores (`models.score_bias`); `rotation` rotates queries and keys;
+        `kv_entry` (a `models.kv_cache` entry) prepends the cached keys and values of earlier positions and appends
+        the new ones."""
         cfg = self.cfg
         B, P, _ = x_q.shape
         K = x_k.shape[1]
@@ -146,6 +148,9 @@ class Attention(nn.Module):
         q = self.hook_q(q.view(B, P, H, dh))  # [batch, pos, head, d_head]
         k = self.hook_k(k.view(B, K, Hkv, dh))  # [batch, key, kv_head, d_head]
         v = self.hook_v(v.view(B, K, Hkv, dh))
+        if kv_entry is not None:  # keys and values of the earlier positions, cached (before rotation, as TL)
+            k, v = kv_entry.append(k, v)
+            K = k.shape[1]
         if rotation is not None:
             q, k = self.hook_rot_q(rotation(q)), self.hook_rot_k(rotation(k))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
@@ -156,7 +161,10 @@ class Attention(nn.Module):
             bias = score_bias.dense(P, K, q.dtype, q.device)  # [(head,) pos, key], −inf where masked
             if bias is not None:
                 scores.add_(bias)
-            pattern = self.hook_pattern(self.hook_attn_scores(scores).softmax(-1))  # [batch, head, pos, key]
+            pattern = self.hook_attn_scores(scores).softmax(-1)  # [batch, head, pos, key]
+            if score_bias.empty_rows:  # a query with no key left (a left pad) attends nowhere
+                pattern = pattern.nan_to_num(0.0)
+            pattern = self.hook_pattern(pattern)
             z = pattern @ v
         else:
             mask, is_causal = score_bias.sdpa_args(P, K, q.dtype, q.device)
@@ -228,6 +236,7 @@ class BlockInputs:
     score_bias: ScoreBias
     pos_qk: torch.Tensor | None = None
     rotation: Rotation | None = None
+    kv_entry: object | None = None  # this block's `models.kv_cache.HookedTransformerKeyValueCacheEntry`, or None
 
 
 class TransformerBlock(nn.Module):
@@ -257,7 +266,7 @@ class TransformerBlock(nn.Module):
         x_qk = self.ln1(resid + side.pos_qk) if side.pos_qk is not None else None  # Q/K see positions, V does not
         x = self.ln1(resid)
         x_qk = x if x_qk is None else x_qk
-        attn_out = self.hook_attn_out(self.attn(x_qk, x_qk, x, side.score_bias, side.rotation))
+        attn_out = self.hook_attn_out(self.attn(x_qk, x_qk, x, side.score_bias, side.rotation, side.kv_entry))
         if self.cfg.attn_only:
             return self.hook_resid_post(resid + attn_out)
         resid = self.hook_resid_mid(resid + attn_out)
