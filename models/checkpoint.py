@@ -232,8 +232,8 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
             )
     if dtype is not None:
         model.to(dtype)
-        model.cfg.dtype = str(dtype).replace("torch.", "")
-    return model
+        model.cfg.dtype = dtype
+    return model.eval()  # as TransformerLens' from_pretrained (transformer_lens.patching refuses training mode)
 
 
 def check_size(cfg: HookedTransformerConfig, state: dict, source: str) -> None:
