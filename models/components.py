@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
 from .config import HookedTransformerConfig
@@ -126,6 +127,17 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()  # [batch, head, pos, key]
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]
+
+    @property
+    def OV(self) -> FactoredMatrix:  # [head, d_model, d_model] = W_V W_O (grouped-query heads expanded)
+        return FactoredMatrix(self._per_head(self.W_V), self.W_O)
+
+    @property
+    def QK(self) -> FactoredMatrix:  # [head, d_model, d_model] = W_Q W_Kᵀ
+        return FactoredMatrix(self.W_Q, self._per_head(self.W_K).transpose(-2, -1))
+
+    def _per_head(self, t: torch.Tensor) -> torch.Tensor:
+        return t.repeat_interleave(self.cfg.n_heads // self.cfg.n_key_value_heads, dim=0)
 
     def forward(self, x_q: torch.Tensor, x_k: torch.Tensor, x_v: torch.Tensor, score_bias: ScoreBias,
                 rotation: Rotation | None = None, kv_entry=None) -> torch.Tensor:

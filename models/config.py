@@ -142,6 +142,15 @@ class HookedTransformerConfig:
         super().__setattr__(name, value)
 
     @property
+    def n_params(self) -> int:
+        """TransformerLens' count: W_Q, W_K, W_V, W_O (`4·d_model·d_head·n_heads` a layer, grouped-query heads counted
+        as full) plus W_in, W_out (and W_gate when gated); no embeddings, biases or norms."""
+        per_layer = 4 * self.d_model * self.d_head * self.n_heads
+        if not self.attn_only:
+            per_layer += self.d_model * self.d_mlp * (2 + bool(getattr(self, "gated_mlp", False)))
+        return self.n_layers * per_layer
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return self.dtype
 

@@ -239,6 +239,10 @@ class HookedTransformer(TextMixin, HookedRootModule):
         return self.pos_embed.W_pos
 
     @property
+    def W_E_pos(self) -> torch.Tensor:  # [d_vocab + n_ctx, d_model]: tokens then positions, as TransformerLens
+        return torch.cat([self.W_E, self.W_pos], dim=0)
+
+    @property
     def W_U(self) -> torch.Tensor:  # [d_model, d_vocab]
         return self.unembed.W_U
 

@@ -61,3 +61,13 @@ def test_text_helpers(model):
     assert model.to_str_tokens("ab", prepend_bos=False) == ["a", "b"]
     with pytest.raises(ValueError, match="does not occur"):
         model.get_token_position("z", "hello")
+
+
+def test_weight_helpers_match_transformer_lens_definitions(model):
+    cfg = model.cfg
+    expected = cfg.n_layers * (4 * cfg.d_model * cfg.d_head * cfg.n_heads + 2 * cfg.d_model * cfg.d_mlp)
+    assert cfg.n_params == expected
+    assert torch.equal(model.W_E_pos, torch.cat([model.W_E, model.W_pos]))
+    for layer in range(cfg.n_layers):
+        torch.testing.assert_close(model.blocks[layer].attn.OV.AB, model.OV[layer].AB)
+        torch.testing.assert_close(model.blocks[layer].attn.QK.AB, model.QK[layer].AB)
