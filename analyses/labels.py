@@ -47,14 +47,9 @@ def token_label(s: str, max_len: int = 12) -> str:
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet (printable bytes as themselves, the rest shifted to U+0100…), inverted:
     the table byte-level BPE tokenizers (`tokenizers.pre_tokenizers.ByteLevel`) store their pieces in."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    from models.tokenizer import byte_level_unicode
+
+    return {ch: b for b, ch in byte_level_unicode().items()}
 
 
 def _raw_bytes(tok, i: int) -> bytes | None:

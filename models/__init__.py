@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         UnsupportedByTransformerLens,
     )
     from .interop import from_transformer_lens_state_dict, to_transformer_lens
+    from .kv_cache import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
     from .model import HookedTransformer, head_label, lm_cross_entropy
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -12,6 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
 from .config import HookedTransformerConfig
@@ -91,20 +92,32 @@ class Attention(nn.Module):
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
         self.hook_result = HookPoint()  # [batch, pos, head, d_model], with cfg.use_attn_result
 
+    @property
+    def OV(self) -> FactoredMatrix:  # [head, d_model, d_model] = W_V W_O (grouped-query heads expanded)
+        return FactoredMatrix(self._per_head(self.W_V), self.W_O)
+
+    @property
+    def QK(self) -> FactoredMatrix:  # [head, d_model, d_model] = W_Q W_Kᵀ
+        return FactoredMatrix(self.W_Q, self._per_head(self.W_K).transpose(-2, -1))
+
+    def _per_head(self, t: torch.Tensor) -> torch.Tensor:
+        return t.repeat_interleave(self.cfg.n_heads // self.cfg.n_key_value_heads, dim=0)
+
     def kv_heads(self) -> int:
         """Key/value heads as computed and hooked: n_key_value_heads, or n_heads with
         `ungroup_grouped_query_attention` (W_K, W_V expanded to every query head first, as TransformerLens)."""
         return self.cfg.n_heads if self.cfg.ungroup_grouped_query_attention else self.cfg.n_key_value_heads
 
     def forward(self, x_q: torch.Tensor, x_k: torch.Tensor, x_v: torch.Tensor, score_bias: ScoreBias,
-                rotation: Rotation | None = None, cache=None) -> torch.Tensor:
+                rotation: Rotation | None = None, cache=None, kv_entry=None) -> torch.Tensor:
         """Queries read `x_q [batch, pos, d_model]`, keys and values `x_k`, `x_v [batch, key, d_model]`; pass the same
         tensor for inputs that are the same (self-attention: all three, one fused matmul; Shortformer: queries and
         keys). Per-head inputs `[batch, pos, heads, d_model]` (TransformerLens' split QKV input) are read head by
         head. `score_bias` is added to the scores (`models.score_bias`); `rotation` rotates queries and keys.
         `cache` (incremental decoding, e.g. `models.encoder_decoder_generate.KVCache`): `cache.append(k, v)` returns
         the keys and values of the earlier positions followed by these (`[batch, key, kv_head, d_head]`, hooked and
-        rotated), which the queries, the last positions, then attend to."""
+        rotated), which the queries, the last positions, then attend to. `kv_entry` (a `models.kv_cache` entry, the
+        decoder-only model's TransformerLens-style cache) does the same before rotation, as TransformerLens caches."""
         cfg = self.cfg
         B, P = x_q.shape[:2]
         K = x_k.shape[1]
@@ -126,6 +139,9 @@ class Attention(nn.Module):
         q = _own(self.hook_q, q.view(B, P, H, dh))  # [batch, pos, head, d_head]
         k = _own(self.hook_k, k.view(B, K, Hkv, dh))  # [batch, key, kv_head, d_head]
         v = _own(self.hook_v, v.view(B, K, Hkv, dh))
+        if kv_entry is not None:  # keys and values of the earlier positions, cached before rotation (as TL)
+            k, v = kv_entry.append(k, v)
+            K = k.shape[1]
         if rotation is not None:
             q, k = self.hook_rot_q(rotation(q)), self.hook_rot_k(rotation(k))
         if cache is not None:
@@ -141,7 +157,10 @@ class Attention(nn.Module):
             bias = score_bias.dense(P, K, q.dtype, q.device)  # [(head,) pos, key], −inf where masked
             if bias is not None:
                 scores.add_(bias)
-            pattern = self.hook_pattern(self.hook_attn_scores(scores).softmax(-1))  # [batch, head, pos, key]
+            pattern = self.hook_attn_scores(scores).softmax(-1)  # [batch, head, pos, key]
+            if score_bias.empty_rows:  # a query with no key left (a left pad) attends nowhere
+                pattern = pattern.nan_to_num(0.0)
+            pattern = self.hook_pattern(pattern)
             z = pattern @ v
         else:
             mask, is_causal = score_bias.sdpa_args(P, K, q.dtype, q.device)

@@ -23,6 +23,7 @@ from .config import HookedTransformerConfig, dtype_name
 from .errors import CheckpointError, ConfigError
 from .model import HookedTransformer
 from .safe_read import JSON_LIMIT, open_regular, read_text
+from .size_checks import check_size, implied_weights  # noqa: F401  (re-exported: loaders and tests use them)
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
@@ -323,8 +324,8 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
                                       f"model's d_vocab{'_' + what.strip() if what else ''} is {d_vocab}")
     if dtype is not None:
         model.to(dtype)
-        model.cfg.dtype = str(dtype).replace("torch.", "")
-    return model
+        model.cfg.dtype = dtype
+    return model.eval()  # as TransformerLens' from_pretrained (transformer_lens.patching refuses training mode)
 
 
 def _vocabularies(tokenizer, cfg) -> list[tuple]:
@@ -353,34 +354,6 @@ def available_device(device) -> str:
     if dev.type not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"device={device!r} is not supported; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
     return str(dev)
-
-
-def implied_weights(cfg) -> int:
-    """A lower bound on the weights a model of `cfg` holds, from the config alone: W_E, W_U, a learned W_pos, W_Q,
-    W_K, W_V, W_O (grouped key/value heads counted as such) and the MLP matrices; encoder–decoder and encoder configs
-    give their own (`weights_lower_bound`)."""
-    if hasattr(cfg, "weights_lower_bound"):
-        return cfg.weights_lower_bound()
-    kv = cfg.n_key_value_heads or cfg.n_heads
-    need = 2 * cfg.d_vocab * cfg.d_model + cfg.n_layers * (cfg.n_heads + kv) * 2 * cfg.d_head * cfg.d_model
-    if cfg.positions.table == "learned":
-        need += cfg.n_ctx * cfg.d_model
-    if cfg.d_mlp and not cfg.attn_only:
-        need += 2 * cfg.n_layers * cfg.d_model * cfg.d_mlp
-    return need
-
-
-def check_size(cfg, held, source: str) -> None:
-    """Refuse a config that needs more weights than the file holds (`held`: a count, or the state dict) before
-    building anything (a corrupt or hostile config.json could otherwise ask for terabytes, or spend minutes building
-    20 000 layers). The bound is `implied_weights`; mismatches under a million weights are left to `load_state_dict`,
-    whose message names the tensor."""
-    if isinstance(held, dict):
-        held = sum(t.numel() for t in held.values() if isinstance(t, torch.Tensor))
-    need = implied_weights(cfg)
-    if need > held + 2**20:
-        raise CheckpointError(f"{source}: the config describes at least {need:,} weights but the checkpoint holds "
-                              f"{held:,}; does the config match the checkpoint?")
 
 
 def load_state_dict(model: HookedTransformer, state: dict, source: str = "state dict") -> None:

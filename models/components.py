@@ -170,6 +170,7 @@ class BlockInputs:
     score_bias: ScoreBias
     pos_qk: torch.Tensor | None = None
     rotation: Rotation | None = None
+    kv_entry: object | None = None  # this block's `models.kv_cache.HookedTransformerKeyValueCacheEntry`, or None
 
 
 def norm_inputs(norm: Norm, resid: torch.Tensor, pos_qk: torch.Tensor | None, position: str) -> tuple:
@@ -243,7 +244,7 @@ class TransformerBlock(nn.Module):
         else:
             x_q, x_v = norm_inputs(self.ln1, resid, side.pos_qk, position)
             x_k = x_q
-        attn_out = self.attn(x_q, x_k, x_v, side.score_bias, side.rotation)
+        attn_out = self.attn(x_q, x_k, x_v, side.score_bias, side.rotation, kv_entry=side.kv_entry)
         if cfg.parallel_attn_mlp:  # pre-norm only (the config refuses "post" with it)
             attn_out = self.hook_attn_out(attn_out)
             mlp_in = self.hook_mlp_in(resid.clone()) if cfg.use_hook_mlp_in else resid

@@ -52,7 +52,8 @@ class HookedTransformerConfig:
     """Architecture of a hookable transformer (see the field comments; weight shapes as in TransformerLens).
 
     `d_mlp=None` (or `attn_only=True`) gives an attention-only model. `d_head` defaults to
-    `d_model // n_heads`. `dtype` may be given as a string or a `torch.dtype`; it is stored as a string.
+    `d_model // n_heads`. `dtype` may be given as a string or a `torch.dtype`; it is held as a `torch.dtype` (as
+    TransformerLens) and written to JSON as its name.
     """
 
     n_layers: int
@@ -98,7 +99,7 @@ class HookedTransformerConfig:
     tokenizer_name: str | None = None  # metadata: stored, never fetched
     init_range: float = 0.02
     seed: int | None = None
-    dtype: str = "float32"
+    dtype: torch.dtype | str = "float32"
     device: str = "cpu"
     model_name: str = "custom"
     default_prepend_bos: bool = True
@@ -179,7 +180,6 @@ class HookedTransformerConfig:
             raise ConfigError(f"seed must be an int or None, got {self.seed!r}")
         if not isinstance(self.extra, dict):
             raise ConfigError(f"extra must be a dict, got {type(self.extra).__name__}")
-        self.dtype = dtype_name(self.dtype)
         if isinstance(self.device, bool) or not isinstance(self.device, (str, torch.device)):
             raise ConfigError(f"device must be a device name such as 'cpu', 'cuda', 'cuda:1' or 'mps', got "
                               f"{self.device!r}")
@@ -196,9 +196,23 @@ class HookedTransformerConfig:
             )
 
     # --- derived -----------------------------------------------------------------------------------
+    def __setattr__(self, name: str, value) -> None:
+        if name == "dtype":  # a torch.dtype at run time, as TransformerLens (its helpers pass cfg.dtype to torch)
+            value = getattr(torch, dtype_name(value))
+        super().__setattr__(name, value)
+
+    @property
+    def n_params(self) -> int:
+        """TransformerLens' count: W_Q, W_K, W_V, W_O (`4·d_model·d_head·n_heads` a layer, grouped-query heads counted
+        as full) plus W_in, W_out (and W_gate when gated); no embeddings, biases or norms."""
+        per_layer = 4 * self.d_model * self.d_head * self.n_heads
+        if not self.attn_only:
+            per_layer += self.d_model * self.d_mlp * (2 + bool(getattr(self, "gated_mlp", False)))
+        return self.n_layers * per_layer
+
     @property
     def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
+        return self.dtype
 
     @property
     def positions(self) -> PositionalScheme:
@@ -216,7 +230,7 @@ class HookedTransformerConfig:
 
     # --- (de)serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"dtype": dtype_name(self.dtype)}  # JSON: the dtype's name
 
     @classmethod
     def from_dict(cls, d: dict) -> HookedTransformerConfig:

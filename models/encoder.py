@@ -9,7 +9,6 @@ Inputs are unpadded windows (no attention mask); the loss is the cross-entropy a
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +44,7 @@ class EncoderConfig(HookedTransformerConfig):
             raise ConfigError(f"mask_token_id must be an id in 0..{self.d_vocab - 1}, got {self.mask_token_id!r}")
 
     def to_dict(self) -> dict:
-        return dict(dataclasses.asdict(self), model_type=self.model_type)
+        return dict(super().to_dict(), model_type=self.model_type)
 
     @classmethod
     def from_dict(cls, d: dict) -> EncoderConfig:

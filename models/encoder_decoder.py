@@ -143,7 +143,8 @@ class HookedEncoderDecoder(HookedRootModule):
             return logits
         if return_type is None:
             return None
-        loss = lm_cross_entropy(logits, tgt, per_token=loss_per_token, label_smoothing=label_smoothing, mask=tgt_mask)
+        loss = lm_cross_entropy(logits, tgt, per_token=loss_per_token, label_smoothing=label_smoothing,
+                                attention_mask=tgt_mask)
         return loss if return_type == "loss" else (logits, loss)
 
     def validate_src(self, src, src_mask=None) -> tuple:

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import NORMALIZATION_POSITIONS, RUNTIME_FIELDS, HookedTransformerConfig, unique_keys
+from .config import NORMALIZATION_POSITIONS, RUNTIME_FIELDS, HookedTransformerConfig, dtype_name, unique_keys
 from .errors import ConfigError
 
 #: Fields that both stacks share, copied into their `HookedTransformerConfig`s.
@@ -114,7 +114,8 @@ class EncoderDecoderConfig:
                 raise ConfigError(f"{name} must be an int >= 1, got {v!r}")
         self._check_choice("normalization_position", NORMALIZATION_POSITIONS)
         enc, dec = self.encoder_cfg, self.decoder_cfg  # validates every shared field
-        self.d_head, self.rotary_dim, self.dtype, self.device = dec.d_head, dec.rotary_dim, dec.dtype, dec.device
+        self.d_head, self.rotary_dim, self.device = dec.d_head, dec.rotary_dim, dec.device
+        self.dtype = dtype_name(dec.dtype)
         for name in ("tie_embeddings", "share_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")

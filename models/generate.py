@@ -1,5 +1,5 @@
-"""Sampling and beam search for `HookedTransformer` (no KV cache: toy contexts are short, and every
-step runs the ordinary hookable forward, so hooks apply during generation too)."""
+"""Sampling and beam search for `HookedTransformer`. Every step runs the ordinary hookable forward, so hooks apply
+during generation too (with the key/value cache, on the new position only, as TransformerLens)."""
 
 from __future__ import annotations
 
@@ -64,35 +64,95 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
     return logits
 
 
+RETURN_TYPES = ("input", "str", "tokens")
+
+
+def sample(logits: torch.Tensor, tokens: torch.Tensor, gen: torch.Generator, do_sample: bool, temperature: float,
+           top_k, top_p, freq_penalty: float) -> torch.Tensor:
+    """The next token of each row from its last logits `[batch, d_vocab]`: argmax when greedy (`do_sample=False` or
+    `temperature=0`), else a draw from softmax(logits / temperature − freq_penalty · count of the token in `tokens`)
+    after top-k / top-p filtering (TransformerLens 2.x's `sample_logits`)."""
+    if not do_sample or temperature == 0:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if freq_penalty:
+        counts = torch.zeros_like(logits).scatter_add_(-1, tokens, torch.ones_like(tokens, dtype=logits.dtype))
+        logits = logits - freq_penalty * counts
+    probs = filter_logits(logits, top_k, top_p).softmax(-1)
+    return torch.multinomial(probs, 1, generator=gen)[:, 0]
+
+
 @torch.no_grad()
-def generate(model, tokens, max_new_tokens=20, temperature=1.0, top_k=None, top_p=None, seed=None,
-             stop_at_eos: bool = False, eos_token_id: int | None = None):
-    """Sample `max_new_tokens` continuations. `temperature=0` is greedy. Text in → text out; ids in →
-    `[batch, pos + new]` ids out. Seeded with its own generator (the global RNG is untouched). A prompt longer than
-    the context is kept whole; the model sees its last n_ctx tokens (`prompt_ids`)."""
+def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p=None, seed=None,
+             stop_at_eos: bool = False, eos_token_id: int | None = None, do_sample: bool = True,
+             freq_penalty: float = 0.0, use_past_kv_cache: bool = True, prepend_bos: bool | None = None,
+             padding_side: str | None = None, return_type: str = "input", verbose: bool = False):
+    """Continue `input` (text, a list of texts, or ids `[batch, pos]`) by `max_new_tokens` tokens, TransformerLens
+    2.x's `generate`. Greedy when `do_sample=False` or `temperature=0`; sampling is seeded by `seed` with its own
+    generator (the global RNG is untouched). With `stop_at_eos` a sequence that produced `eos_token_id` (default:
+    the tokenizer's) continues with it, and generation stops once every sequence has. `use_past_kv_cache` runs each
+    step on the new token only (`models.kv_cache`); it falls back to the full forward when the sequence would outgrow
+    a learned positional table (the cache-free path then keeps the last n_ctx tokens). `return_type`: `"input"`
+    (text for text, ids for ids), `"str"` (text without the BOS) or `"tokens"` `[batch, pos + new]`."""
+    from .kv_cache import HookedTransformerKeyValueCache
+    from .padding import infer_attention_mask
+
     check_sampling(max_new_tokens, temperature, top_k, top_p)
-    as_text = isinstance(tokens, str)
-    tokens = prompt_ids(model, tokens)
+    if return_type not in RETURN_TYPES:
+        raise ValueError(f"return_type={return_type!r} is not supported; allowed: {RETURN_TYPES}")
+    text_in = isinstance(input, str) or (isinstance(input, list) and input and isinstance(input[0], str))
+    if text_in:
+        tokens = prompt_ids(model, model.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side,
+                                                   truncate=False))
+    else:
+        tokens = prompt_ids(model, input)
+    if stop_at_eos and eos_token_id is None:
+        eos_token_id = getattr(model.tokenizer, "eos_token_id", None)
+        if eos_token_id is None:
+            raise ValueError("stop_at_eos needs eos_token_id= or a tokenizer with an EOS token")
     gen = torch.Generator(device=tokens.device)
     if seed is not None:
         gen.manual_seed(seed)
     else:
         gen.seed()
+    mask = infer_attention_mask(model, tokens, prepend_bos, padding_side) if model.tokenizer is not None else None
+    if mask is not None and bool(mask.all()):
+        mask = None  # nothing padded: the plain forward
+    limit = model.cfg.positions.max_context
+    cache = None
+    if use_past_kv_cache and (limit is None or tokens.shape[1] + max_new_tokens <= limit):
+        cache = HookedTransformerKeyValueCache.init_cache(model.cfg, tokens.device, tokens.shape[0])
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-    for _ in range(max_new_tokens):
-        logits = model(_context(model, tokens))[:, -1].float()  # [batch, d_vocab]
-        if temperature == 0:
-            nxt = logits.argmax(-1)
+    steps = range(max_new_tokens)
+    if verbose:
+        from tqdm.auto import tqdm
+
+        steps = tqdm(steps, desc="generate")
+    new = tokens
+    for _ in steps:
+        if cache is not None:
+            step_mask = None if mask is None else mask[:, -new.shape[1]:]
+            logits = model(new, past_kv_cache=cache, attention_mask=step_mask)[:, -1].float()
+        elif mask is not None:
+            logits = model(tokens, attention_mask=mask)[:, -1].float()
         else:
-            probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)
-            nxt = torch.multinomial(probs, 1, generator=gen)[:, 0]
+            logits = model(_context(model, tokens))[:, -1].float()  # [batch, d_vocab]
+        nxt = sample(logits, tokens, gen, do_sample, temperature, top_k, top_p, freq_penalty)
         if eos_token_id is not None:
             nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
             done |= nxt == eos_token_id
-        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-        if stop_at_eos and eos_token_id is not None and bool(done.all()):
+        new = nxt[:, None]
+        tokens = torch.cat([tokens, new], dim=1)
+        if mask is not None:
+            mask = torch.cat([mask, torch.ones_like(new)], dim=1)
+        if stop_at_eos and bool(done.all()):
             break
-    return model.to_string(tokens[0]) if as_text else tokens
+    if return_type == "tokens" or (return_type == "input" and not text_in):
+        return tokens
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    rows = [row if mask is None else row[m.bool()] for row, m in zip(tokens, tokens if mask is None else mask)]
+    texts = [model.to_string(row[1:] if row[0] == bos else row) for row in rows]  # no padding, no BOS
+    return texts if isinstance(input, list) or len(texts) > 1 else texts[0]  # one prompt: one string
 
 
 @torch.no_grad()

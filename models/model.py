@@ -6,6 +6,8 @@ and `ActivationCache` work as they did with TransformerLens' former `HookedTrans
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,7 +18,9 @@ from .attention import hooked, soft_cap
 from .components import BlockInputs, Embed, PosEmbed, TransformerBlock, Unembed, final_norm
 from .config import HookedTransformerConfig
 from .hook_switches import HookSwitches
-from .score_bias import attention_mask, combine
+from .score_bias import attention_mask as attention_mask_of
+from .score_bias import combine
+from .tokens import TextMixin
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 
@@ -43,7 +47,7 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-class HookedTransformer(HookSwitches, HookedRootModule):
+class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
     """A transformer whose every activation is a named `HookPoint` (names as in TransformerLens).
 
     `forward(tokens)` takes int64 `[batch, pos]` (or `[pos]`) token ids, or text when a tokenizer is
@@ -77,42 +81,110 @@ class HookedTransformer(HookSwitches, HookedRootModule):
         """`init_weights(self, cfg.init_range, cfg.n_layers, cfg.seed)`."""
         init_weights(self, self.cfg.init_range, self.cfg.n_layers, self.cfg.seed)
 
-    def forward(self, tokens, return_type: str | None = "logits", loss_per_token: bool = False):
-        """Run the model. Returns logits `[batch, pos, d_vocab]`, the mean next-token loss (or per-token
-        `[batch, pos-1]` with `loss_per_token`), both as a tuple, or None."""
+    def forward(self, input=None, return_type: str | None = "logits", loss_per_token: bool = False,
+                prepend_bos: bool | None = None, padding_side: str | None = None, start_at_layer: int | None = None,
+                tokens: torch.Tensor | None = None, shortformer_pos_embed: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, stop_at_layer: int | None = None, past_kv_cache=None):
+        """Run the model (TransformerLens 2.x's arguments). Returns logits `[batch, pos, d_vocab]`, the mean
+        next-token loss (or per-token `[batch, pos-1]` with `loss_per_token`), both as a tuple, or None.
+
+        `input`: token ids `[batch, pos]` / `[pos]` or text (`prepend_bos`, `padding_side` apply to text), or, with
+        `start_at_layer`, the residual stream `[batch, pos, d_model]` entering that block (then `tokens` is needed
+        for a loss, and `shortformer_pos_embed` / `attention_mask` come from `input_to_embed`). `stop_at_layer=l`
+        returns the residual stream entering block l (negative: counted from the end). `attention_mask [batch, pos]`:
+        1 for real tokens, 0 for padding (masked keys, zero positions, no loss). `past_kv_cache`: a
+        `HookedTransformerKeyValueCache`; the input is the positions after those it holds."""
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type={return_type!r} is not supported; allowed: {RETURN_TYPES}")
-        tokens = self.validate_tokens(tokens)  # [batch, pos]
-        if self.cfg.use_hook_tokens:
-            tokens = self.hook_tokens(tokens)
-        B, P = tokens.shape
-        positions = self.cfg.positions  # the positional scheme (models.positions)
-        resid = self.hook_embed(self.embed(tokens))  # [batch, pos, d_model]
-        pos_qk = None
-        if positions.table:
-            pos = self.pos_embed(P).expand(B, P, -1)  # [batch, pos, d_model], a view of W_pos
-            if hooked(self.hook_pos_embed):  # a hook gets a copy: an in-place edit must not reach W_pos
-                pos = self.hook_pos_embed(pos.clone())
-            if positions.adds_to == "residual":
-                resid = resid + pos
-            else:  # "query_key": the query/key inputs only, the residual stream carries no position
-                pos_qk = pos
-        side = BlockInputs(combine(attention_mask(self.cfg), positions.score_bias()), pos_qk,
-                           positions.rotation(P, resid.dtype, resid.device))
-        for block in self.blocks:
-            resid = block(resid, side)
+        if input is None and start_at_layer is None:
+            input, tokens = tokens, None  # forward(tokens=...) as before
+        if start_at_layer is None:
+            resid, tokens, pos_qk, attention_mask = self.input_to_embed(
+                input, prepend_bos, padding_side, attention_mask, past_kv_cache)
+        else:
+            if not isinstance(input, torch.Tensor) or input.ndim != 3:
+                raise ValueError("with start_at_layer, input must be the residual stream [batch, pos, d_model]")
+            resid, pos_qk = input, shortformer_pos_embed
+            if tokens is not None:
+                tokens = self.validate_tokens(tokens)
+        if attention_mask is not None:
+            n_past = attention_mask.shape[1] - resid.shape[1]
+        else:
+            n_past = past_kv_cache.n_past if past_kv_cache is not None else 0
+        side = self._block_inputs(resid, pos_qk, attention_mask, n_past)
+        for i in range(self.cfg.n_layers)[slice(start_at_layer, stop_at_layer)]:
+            entry = None if past_kv_cache is None else past_kv_cache[i]
+            resid = self.blocks[i](resid, side if entry is None else replace(side, kv_entry=entry))
+        if stop_at_layer is not None:
+            return resid
         logits = self.head(resid)  # [batch, pos, d_vocab_out], soft-capped with output_logits_soft_cap
         if return_type == "logits":
             return logits
         if return_type is None:
             return None
-        loss = lm_cross_entropy(logits, tokens, per_token=loss_per_token)
+        if tokens is None:
+            raise ValueError("a loss needs the tokens: pass tokens= with start_at_layer")
+        mask = None if attention_mask is None else attention_mask[:, -tokens.shape[1]:]
+        loss = lm_cross_entropy(logits, tokens, per_token=loss_per_token, attention_mask=mask)
         return loss if return_type == "loss" else (logits, loss)
 
     def head(self, resid: torch.Tensor) -> torch.Tensor:
         """Logits `[batch, pos, d_vocab_out]` from the last residual stream: `unembed(ln_final(resid))`, soft-capped
         with `cfg.output_logits_soft_cap` (`soft_cap`)."""
         return soft_cap(self.unembed(self.ln_final(resid)), self.cfg.output_logits_soft_cap)
+
+    def input_to_embed(self, input, prepend_bos: bool | None = None, padding_side: str | None = None,
+                       attention_mask: torch.Tensor | None = None, past_kv_cache=None):
+        """Text or ids to `(residual, tokens, shortformer_pos_embed, attention_mask)` as TransformerLens 2.x: the
+        residual stream entering block 0, the ids, the positions added to queries and keys only (Shortformer) or
+        None, and the attention mask of every position (cached ones included), None when nothing is masked and
+        there is no cache. Without a mask, left-padded text (`padding_side="left"`) and cached runs derive one from
+        the pad id (`models.padding.infer_attention_mask`)."""
+        from .padding import infer_attention_mask, padding_side_of, position_ids
+
+        if isinstance(input, str) or (isinstance(input, list) and input and isinstance(input[0], str)):
+            input = self.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side)
+        tokens = self.validate_tokens(input)  # [batch, pos]
+        if self.cfg.use_hook_tokens:
+            tokens = self.hook_tokens(tokens)
+        B, P = tokens.shape
+        if attention_mask is None and (past_kv_cache is not None or padding_side_of(self, padding_side) == "left"):
+            attention_mask = infer_attention_mask(self, tokens, prepend_bos, padding_side)
+        if attention_mask is not None:
+            attention_mask = torch.as_tensor(attention_mask, device=tokens.device)
+            if attention_mask.shape != tokens.shape:
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, the tokens "
+                                 f"{tuple(tokens.shape)}")
+            if past_kv_cache is not None:
+                attention_mask = past_kv_cache.append_attention_mask(attention_mask)
+        n_past = 0 if attention_mask is None else attention_mask.shape[1] - P
+        resid = self.hook_embed(self.embed(tokens))  # [batch, pos, d_model]
+        pos_qk = None
+        positions = self.cfg.positions
+        if positions.table:
+            if attention_mask is None:
+                rows = self.pos_embed(P).expand(B, P, -1)
+            else:  # positions count real tokens only (left padding), after those in the cache
+                ids, real = position_ids(attention_mask, n_past)
+                rows = self.pos_embed(int(ids.max()) + 1)[ids] * real[..., None].to(resid.dtype)
+            if hooked(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: hooks get a copy
+                rows = rows.clone()
+            pos = self.hook_pos_embed(rows)  # [batch, pos, d_model]
+            if positions.adds_to == "residual":
+                resid = resid + pos
+            else:  # "query_key": the query/key inputs only, the residual stream carries no position
+                pos_qk = pos
+        return resid, tokens, pos_qk, attention_mask
+
+    def _block_inputs(self, resid: torch.Tensor, pos_qk, attention_mask, n_past: int) -> BlockInputs:
+        """What every block reads besides the residual stream: the score bias (attention mask, positional bias,
+        padding), the Shortformer positions and the rotation of `n_past + pos` positions."""
+        from .score_bias import Padding
+
+        padding = Padding(attention_mask) if attention_mask is not None and not bool(attention_mask.all()) else None
+        positions = self.cfg.positions
+        return BlockInputs(combine(attention_mask_of(self.cfg), positions.score_bias(), padding), pos_qk,
+                           positions.rotation(n_past + resid.shape[1], resid.dtype, resid.device))
 
     def validate_tokens(self, tokens, check_length: bool = True) -> torch.Tensor:
         """Coerce input to an int64 `[batch, pos]` tensor on the model's device, or raise `ValueError`.
@@ -185,6 +257,10 @@ class HookedTransformer(HookSwitches, HookedRootModule):
         return self.pos_embed.W_pos
 
     @property
+    def W_E_pos(self) -> torch.Tensor:  # [d_vocab + n_ctx, d_model]: tokens then positions, as TransformerLens
+        return torch.cat([self.W_E, self.W_pos], dim=0)
+
+    @property
     def W_U(self) -> torch.Tensor:  # [d_model, d_vocab]
         return self.unembed.W_U
 
@@ -236,57 +312,17 @@ class HookedTransformer(HookSwitches, HookedRootModule):
         tokens = torch.as_tensor(tokens, device=self.W_U.device)
         return self.W_U[:, tokens].movedim(0, -1)
 
-    def to_single_token(self, string: str) -> int:
-        """The id of a string that is exactly one token (no BOS)."""
-        ids = self._need_tokenizer().encode(string)
-        if len(ids) != 1:
-            raise ValueError(f"{string!r} is {len(ids)} tokens, not one")
-        return ids[0]
-
     def all_head_labels(self) -> list[str]:
         return [head_label(l, h) for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]
 
-    # --- text -----------------------------------------------------------------------------------------
-    def _need_tokenizer(self):
-        if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer attached; pass token ids, or set model.tokenizer")
-        return self.tokenizer
-
-    def to_tokens(self, text, prepend_bos: bool | None = None, truncate: bool = True) -> torch.Tensor:
-        """Text (or a list of texts, right-padded with the BOS/pad id) to `[batch, pos]` int64 ids."""
-        tok = self._need_tokenizer()
-        prepend_bos = self.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
-        texts = [text] if isinstance(text, str) else list(text)
-        ids = [([tok.bos_token_id] if prepend_bos else []) + tok.encode(t) for t in texts]
-        if truncate:
-            ids = [x[: self.cfg.n_ctx] for x in ids]
-        width = max(len(x) for x in ids)
-        pad = tok.pad_token_id if getattr(tok, "pad_token_id", None) is not None else tok.bos_token_id
-        out = torch.full((len(ids), width), pad, dtype=torch.long)
-        for i, x in enumerate(ids):
-            out[i, : len(x)] = torch.tensor(x, dtype=torch.long)
-        return out.to(self.W_E.device)
-
-    def to_string(self, tokens):
-        """Token ids (`[pos]`, `[batch, pos]` or a list) to text (or a list of texts)."""
-        tok = self._need_tokenizer()
-        t = int_ids(tokens, "to_string needs token ids:")
-        if t.ndim == 2:
-            return [tok.decode(row.tolist()) for row in t]
-        return tok.decode(t.reshape(-1).tolist())
-
-    def to_str_tokens(self, text, prepend_bos: bool | None = None) -> list[str]:
-        """Text or a 1-D id sequence to the list of token strings."""
-        tok = self._need_tokenizer()
-        ids = self.to_tokens(text, prepend_bos)[0] if isinstance(text, str) else torch.as_tensor(text).reshape(-1)
-        return [tok.decode([int(i)]) for i in ids]
-
     # --- generation, persistence ------------------------------------------------------------------------
-    def generate(self, tokens, max_new_tokens: int = 20, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None, **kw):
+    def generate(self, input=None, max_new_tokens: int = 20, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, tokens=None, **kw):
+        """`models.generate.generate` (TransformerLens 2.x's arguments; `tokens=` is `input=`)."""
         from .generate import generate
 
-        return generate(self, tokens, max_new_tokens, temperature, top_k, top_p, seed, **kw)
+        return generate(self, tokens if input is None else input, max_new_tokens, temperature, top_k, top_p, seed,
+                        **kw)
 
     def beam_search(self, tokens, beams: int = 4, max_new_tokens: int = 20):
         from .generate import beam_search
@@ -319,7 +355,7 @@ def int_ids(ids, what: str) -> torch.Tensor:
 
 
 def lm_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False,
-                     label_smoothing: float = 0.0, mask: torch.Tensor | None = None) -> torch.Tensor:
+                     label_smoothing: float = 0.0, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Next-token cross-entropy: −log softmax(logits[:, i])[tokens[:, i+1]], in float32 or wider; optionally
     label-smoothed (Szegedy et al. 2016: the target puts 1−ε on the true token and ε spread uniformly over the
     vocabulary).
@@ -327,14 +363,16 @@ def lm_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool
     Returns the mean over the `batch × (pos−1)` predictions, or `[batch, pos-1]` with `per_token`. The last
     position has no target: it is ignored (`ignore_index`) rather than sliced off, so the `[batch, pos, vocab]`
     logits are read in place, with no copy in the forward pass and no zero-filled gradient in the backward.
-    `mask [batch, pos]` (False at padding) drops the predictions of masked tokens from the mean (per token: 0)."""
+    With `attention_mask [batch, pos]` (TransformerLens 2.x), a prediction counts only where both its position and
+    the next are real tokens (1): padding adds nothing to the mean and reads 0 per token."""
     if tokens.shape[1] < 2:
         raise ValueError("a loss needs at least 2 tokens per sequence (it predicts token i+1 from i)")
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     target = F.pad(tokens[:, 1:], (0, 1), value=-100)  # [batch, pos]; −100 = F.cross_entropy's ignore_index
-    if mask is not None:
-        target = target.masked_fill(~F.pad(mask[:, 1:].bool(), (0, 1), value=False), -100)
+    if attention_mask is not None:
+        real = attention_mask.bool()
+        target = target.masked_fill(~F.pad(real[:, :-1] & real[:, 1:], (0, 1), value=False), -100)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                            reduction="none" if per_token else "mean", label_smoothing=label_smoothing)
     return loss.view(tokens.shape)[:, :-1] if per_token else loss

@@ -24,6 +24,10 @@ import torch
 class ScoreBias:
     """Base class: adds nothing and masks nothing (bidirectional attention)."""
 
+    #: True when `keep` may mask every key of a query (a padding mask): the explicit path then reads the softmax's
+    #: NaN row as zeros, as `F.scaled_dot_product_attention` does.
+    empty_rows = False
+
     def additive(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> torch.Tensor | None:
         """The finite term added to the scores, `[heads or 1, n_q, n_k]`, or None."""
         return None
@@ -38,7 +42,7 @@ class ScoreBias:
         if keep is None:
             return add
         out = torch.zeros(n_q, n_k, dtype=dtype, device=device) if add is None else add
-        return out.masked_fill(~keep, float("-inf"))
+        return out.masked_fill(~keep, float("-inf"))  # broadcasts: a per-sequence mask gives [batch, 1, n_q, n_k]
 
     def sdpa_args(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> tuple[torch.Tensor | None, bool]:
         """`(attn_mask, is_causal)` for `F.scaled_dot_product_attention` (which adds a float mask to its scores)."""
@@ -61,11 +65,29 @@ class Causal(ScoreBias):
         return super().sdpa_args(n_q, n_k, dtype, device)
 
 
+class Padding(ScoreBias):
+    """Padding: key j of sequence b is kept only where `attention_mask[b, j]` is 1 (TransformerLens' `attention_mask`,
+    Hugging Face's convention). `attention_mask [batch, n_k]` covers every key, cached ones included. `keep` is
+    `[batch, 1, n_q, n_k]`; a query whose every key is masked (a left pad) attends nowhere: its pattern row is 0, as
+    TransformerLens 2.x (which turns the softmax's NaN row into zeros)."""
+
+    empty_rows = True
+
+    def __init__(self, attention_mask: torch.Tensor):
+        self.attention_mask = attention_mask.bool()
+
+    def keep(self, n_q, n_k, device=None):
+        if self.attention_mask.shape[1] != n_k:
+            raise ValueError(f"attention_mask covers {self.attention_mask.shape[1]} positions, the keys are {n_k}")
+        return self.attention_mask[:, None, None, :].to(device).expand(-1, 1, n_q, n_k)
+
+
 class Sum(ScoreBias):
     """Several biases at once: their additive terms add, their masks intersect."""
 
     def __init__(self, *parts: ScoreBias):
         self.parts = parts
+        self.empty_rows = any(p.empty_rows for p in parts)
 
     def additive(self, n_q, n_k, dtype, device=None):
         terms = [t for p in self.parts if (t := p.additive(n_q, n_k, dtype, device)) is not None]

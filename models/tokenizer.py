@@ -3,11 +3,17 @@
 Both expose `encode(text) -> list[int]`, `decode(ids) -> str`, `bos_token_id`, `pad_token_id`,
 `vocab_size`, `id_to_token(i)` and `save(path)` (a `tokenizer.json`). Same text → same ids on every machine:
 the byte tokenizer is a fixed table, and BPE training is deterministic for a given corpus order.
+
+Both also carry the Hugging Face tokenizer surface that TransformerLens code calls (`__call__`, `batch_decode`,
+`convert_ids_to_tokens`, `__len__`, `padding_side`, the special-token ids and tokens, ...): `hf` is a
+`transformers.PreTrainedTokenizerFast` wrapping the same `tokenizers.Tokenizer` (for bytes: a byte-level BPE
+without merges, so ids are the UTF-8 bytes), and names this module does not define are looked up there.
 """
 
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 from .errors import TokenizerError
@@ -17,10 +23,82 @@ BOS, PAD, EOS = "<|bos|>", "<|pad|>", "<|endoftext|>"
 SPECIALS = (BOS, PAD, EOS)
 
 
-class ByteTokenizer:
+class HFSurface:
+    """The Hugging Face tokenizer surface over `self.tokenizers_object()` (a `tokenizers.Tokenizer`)."""
+
+    padding_side = "right"
+
+    @property
+    def hf(self):
+        """A `transformers.PreTrainedTokenizerFast` over the same tokenizer (built once), `padding_side` in sync."""
+        hf = self.__dict__.get("_hf")
+        if hf is None:
+            from transformers import PreTrainedTokenizerFast
+
+            hf = PreTrainedTokenizerFast(tokenizer_object=self.tokenizers_object(), bos_token=BOS, pad_token=PAD,
+                                         eos_token=EOS, unk_token=None)
+            self.__dict__["_hf"] = hf
+        hf.padding_side = self.padding_side
+        return hf
+
+    def __call__(self, *args, **kwargs):
+        return self.hf(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def batch_decode(self, sequences, **kwargs) -> list[str]:
+        return self.hf.batch_decode(sequences, **kwargs)
+
+    def convert_ids_to_tokens(self, ids, **kwargs):
+        return self.hf.convert_ids_to_tokens(ids, **kwargs)
+
+    @property
+    def bos_token(self) -> str:
+        return BOS
+
+    @property
+    def pad_token(self) -> str:
+        return PAD
+
+    @property
+    def eos_token(self) -> str:
+        return EOS
+
+    def __getattr__(self, name: str):  # only for names not found on the object: the rest of the HF surface
+        if name.startswith("_") or name in ("tok", "tokenizers_object"):
+            raise AttributeError(name)
+        return getattr(self.hf, name)
+
+
+@lru_cache(maxsize=1)
+def byte_level_unicode() -> dict[int, str]:
+    """GPT-2's byte → printable character table (Radford et al. 2019), as `tokenizers`' ByteLevel uses it."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+class ByteTokenizer(HFSurface):
     """Ids 0..255 are the UTF-8 bytes; 256.. are the special tokens (BOS, PAD, EOS)."""
 
     kind = "bytes"
+
+    def tokenizers_object(self):
+        """The same table as a `tokenizers.Tokenizer`: byte-level BPE with no merges, then the specials."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+        vocab = {ch: b for b, ch in byte_level_unicode().items()}
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens(list(SPECIALS))
+        return tok
 
     def __init__(self):
         self.specials = {s: 256 + i for i, s in enumerate(SPECIALS)}
@@ -50,10 +128,13 @@ class ByteTokenizer:
         Path(path).write_text(json.dumps({"toy_circuits_tokenizer": "bytes", "specials": list(SPECIALS)}))
 
 
-class BPETokenizer:
+class BPETokenizer(HFSurface):
     """Byte-level BPE (GPT-2 style pre-tokenisation) over a `tokenizers.Tokenizer`."""
 
     kind = "bpe"
+
+    def tokenizers_object(self):
+        return self.tok
 
     def __init__(self, tok):
         self.tok = tok

@@ -124,7 +124,7 @@ class Seq2Seq:
             feed = torch.where(own, torch.cat([tgt[:, :1], pred[:, :-1]], 1), tgt)
         with autocast:
             logits = module(src, feed, src_mask, tgt_mask)
-        return lm_cross_entropy(logits, tgt, label_smoothing=cfg.label_smoothing, mask=tgt_mask)
+        return lm_cross_entropy(logits, tgt, label_smoothing=cfg.label_smoothing, attention_mask=tgt_mask)
 
     @torch.no_grad()
     def evaluate(self, model, rows: torch.Tensor, chunk: int = 256) -> float:

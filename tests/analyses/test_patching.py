@@ -103,7 +103,8 @@ def test_our_model_and_its_bridge_agree():
 
 def test_loaded_zoo_model_is_put_in_eval_mode():
     m = models.load("attn-only-1l")
-    assert m.training  # what models.load returns today
+    assert not m.training  # models.load returns eval mode (issue 14), as TransformerLens' from_pretrained
+    m.train()  # patching must still put a model in training mode into eval mode
     t = m.to_tokens("x = 1\ny = 2\n")
     ans = P.answers(m, 1, correct=int(t[0, -1]), positions=-2)
     P.activation_patching(m, t, t, P.metric("loss", ans), kind="z", progress=False)

@@ -75,7 +75,7 @@ def test_safetensors_keys_are_transformer_lens_layout(saved):
 def test_load_with_dtype(saved):
     model, path = saved
     back = models.load(path, dtype=torch.float64)
-    assert back.W_E.dtype == torch.float64 and back.cfg.dtype == "float64"
+    assert back.W_E.dtype == torch.float64 and back.cfg.dtype == torch.float64
     assert torch.equal(back.W_E, model.W_E.double())
 
 
@@ -381,7 +381,7 @@ def test_malicious_pth_is_refused(tmp_path, via):
 @pytest.mark.parametrize("name", ["rotary-gqa-rms-f64", "sinusoidal-f64-bytes"])
 def test_float64_end_to_end(tmp_path, name):
     model = make(name)
-    assert model.cfg.dtype == "float64"
+    assert model.cfg.dtype == torch.float64
     assert all(t.dtype == torch.float64 for t in model.state_dict().values())
     tokens = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(0))
     logits = model(tokens)
@@ -394,7 +394,7 @@ def test_float64_end_to_end(tmp_path, name):
     assert float((cached_logits - logits).abs().max()) < 1e-12
     model.save(tmp_path / "m")
     back = models.load(tmp_path / "m")
-    assert back.cfg.dtype == "float64" and back.W_E.dtype == torch.float64
+    assert back.cfg.dtype == torch.float64 and back.W_E.dtype == torch.float64
     assert load_file(str(tmp_path / "m" / "model.safetensors"))["embed.W_E"].dtype == torch.float64
     assert torch.equal(back(tokens), logits)
     _, back_cache = back.run_with_cache(tokens)

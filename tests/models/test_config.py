@@ -113,7 +113,7 @@ def test_defaults_are_filled_in():
     assert c.d_head == 4 and c.n_key_value_heads == 4 and c.rotary_dim == 4
     assert c.attn_only and c.d_mlp is None
     assert cfg(d_mlp=32, attn_only=True).d_mlp is None  # attn_only wins
-    assert cfg(dtype=torch.float64).dtype == "float64" and cfg(dtype="float64").torch_dtype == torch.float64
+    assert cfg(dtype="float64").dtype == torch.float64 and cfg(dtype=torch.float64).torch_dtype == torch.float64
 
 
 def test_json_round_trip_is_exact():

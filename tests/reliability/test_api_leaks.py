@@ -71,7 +71,7 @@ def folder(tmp_path_factory):
 
 def test_load_dtype_by_name(folder):
     m = models.load(folder, dtype="float16")
-    assert m.W_E.dtype == torch.float16 and m.cfg.dtype == "float16"
+    assert m.W_E.dtype == torch.float16 and m.cfg.dtype == torch.float16
     assert torch.equal(m.W_E, models.load(folder).W_E.half())
     with pytest.raises(ConfigError, match="dtype='float8' is not supported"):
         models.load(folder, dtype="float8")

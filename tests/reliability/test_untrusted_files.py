@@ -86,6 +86,19 @@ def test_config_implying_more_weights_than_the_file_is_refused_before_building(f
     assert time.perf_counter() - t < 2  # before: n_layers 20 000 built for ~29 s, n_ctx 1e8 allocated 6.4 GB
 
 
+def test_fixed_table_config_far_beyond_its_weights_is_refused_before_building(tmp_path):
+    """A sinusoidal table is built from the config, never saved: n_ctx 1e8 would allocate 6.4 GB (d_model 16)."""
+    save(HookedTransformer(HookedTransformerConfig(**dict(TINY, positional_embedding_type="sinusoidal"))),
+         tmp_path / "m")
+    d = json.loads((tmp_path / "m" / "config.json").read_text())
+    d["n_ctx"] = 10**8
+    (tmp_path / "m" / "config.json").write_text(json.dumps(d))
+    t = time.perf_counter()
+    with pytest.raises(CheckpointError, match="fixed positional table"):
+        models.load(tmp_path / "m")
+    assert time.perf_counter() - t < 2
+
+
 def test_implied_weights_is_a_lower_bound_of_real_models():
     from models.checkpoint import implied_weights
 

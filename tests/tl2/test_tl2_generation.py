@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tl2_port import GENERATE, KV, MASKS, PARTIAL, gap, kv_cache_class, text_model
+from tl2_port import kv_cache_class, text_model
 
 ATOL = 1e-4  # upstream's tolerance for gpt2-small
 
@@ -22,7 +22,6 @@ def _init_cache(model, batch):
 
 
 # --- tests/integration/test_kv_cache.py --------------------------------------------------------------------------
-@gap(KV)
 @pytest.mark.parametrize("post", [" Sharon", " to buy myself a mandolin"], ids=["single", "multiple"])
 def test_new_tokens_with_cache(model, post):
     """test_kv_cache.py::test_single_new_token and ::test_multiple_new_tokens: logits of new tokens after a cached
@@ -36,7 +35,6 @@ def test_new_tokens_with_cache(model, post):
     torch.testing.assert_close(no_cache[:, -new.shape[1]:], with_cache, atol=ATOL, rtol=0)
 
 
-@gap(KV + "; " + MASKS)
 @pytest.mark.parametrize("pre_padding", ["left", "right", None])
 @pytest.mark.parametrize("post_padding", ["left", "right", None])
 def test_multi_token_batch(model, pre_padding, post_padding):
@@ -62,7 +60,6 @@ def test_multi_token_batch(model, pre_padding, post_padding):
     torch.testing.assert_close(expected.softmax(-1), got.softmax(-1), atol=ATOL, rtol=0)
 
 
-@gap(KV)
 def test_freeze_cache(model):
     """test_kv_cache.py::test_freeze_cache: frozen caches do not grow; unfrozen ones do."""
     pre = model.to_tokens("I went to Staten Island,")
@@ -88,7 +85,6 @@ def test_freeze_cache(model):
     assert not torch.allclose(logits_1, model(new_1, past_kv_cache=c2), atol=ATOL)
 
 
-@gap(KV + "; " + MASKS)
 def test_kv_cache_with_custom_attention_mask(model):
     """test_kv_cache.py::test_kv_cache_with_custom_attention_mask: masking an inserted token through the cache gives
     the logits of the text without it."""
@@ -105,7 +101,6 @@ def test_kv_cache_with_custom_attention_mask(model):
     torch.testing.assert_close(whole[:, -1], out[:, -1], atol=ATOL, rtol=0)
 
 
-@gap(KV + "; " + PARTIAL)
 def test_kv_cache_and_start_at_layer(model):
     """test_kv_cache.py::test_kv_cache_and_start_at_layer (layer 1 of 2 here, 3 of 4 upstream)"""
     pre = model.to_tokens("I went to Staten Island,")
@@ -118,13 +113,17 @@ def test_kv_cache_and_start_at_layer(model):
     _, act = model.run_with_cache(new, stop_at_layer=2, past_kv_cache=cache)
     out = model(act["blocks.1.hook_resid_pre"], start_at_layer=1, tokens=toks,
                 shortformer_pos_embed=shortformer_pos_embed, attention_mask=attn_mask, past_kv_cache=cache)
-    torch.testing.assert_close(no_cache[:, -1:], out, atol=ATOL, rtol=0)
+    # upstream's " Sharon" is one gpt2 token; here it is several bytes: compare all of them
+    torch.testing.assert_close(no_cache[:, -new.shape[1]:], out, atol=ATOL, rtol=0)
 
 
 # --- tests/acceptance/test_hooked_transformer.py::test_different_inputs_for_generation ---------------------------
-@gap(GENERATE)
-@pytest.mark.parametrize("input_type", ["str", "tokens", "embeds"])
-@pytest.mark.parametrize("return_type", ["input", "str", "tokens", "embeds"])
+EMBEDS = pytest.mark.xfail(strict=True, reason="generate() from or to embeddings [batch, pos, d_model] is not "
+                           "implemented (text and token ids are)")
+
+
+@pytest.mark.parametrize("input_type", ["str", "tokens", pytest.param("embeds", marks=EMBEDS)])
+@pytest.mark.parametrize("return_type", ["input", "str", "tokens", pytest.param("embeds", marks=EMBEDS)])
 def test_different_inputs_for_generation(model, input_type, return_type):
     """test_hooked_transformer.py::test_different_inputs_for_generation: text, tokens or embeddings in (one prompt
     and a batch), text, tokens or embeddings out."""
@@ -140,7 +139,6 @@ def test_different_inputs_for_generation(model, input_type, return_type):
 
 
 # --- tests/integration/test_attention_mask.py::test_masked_tokens, test_cross_entropy_loss.py --------------------
-@gap(MASKS)
 def test_masked_tokens(model):
     """test_attention_mask.py::test_masked_tokens: an all-ones mask changes nothing; a zero column equals removing
     that position."""
@@ -155,7 +153,6 @@ def test_masked_tokens(model):
     torch.testing.assert_close(model(edited), torch.cat([out[:, :i], out[:, i + 1:]], dim=1), atol=1e-4, rtol=0)
 
 
-@gap(MASKS)
 def test_cross_entropy_attention_mask(model):
     """test_cross_entropy_loss.py::test_cross_entropy_attention_mask: masked trailing tokens leave the loss as is."""
     tokens = model.to_tokens(["The quick brown fox jumps over the lazy dog."])

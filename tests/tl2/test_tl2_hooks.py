@@ -9,7 +9,7 @@ import functools
 
 import pytest
 import torch
-from tl2_port import MASKS, gap, text_model, tl_model
+from tl2_port import text_model, tl_model
 
 PROMPT = "Hello World!"
 
@@ -240,7 +240,6 @@ def test_pos_embed_hook(model):
     model.run_with_hooks(["Hello, world", "Goodbye, world"], fwd_hooks=[("hook_pos_embed", edit)])
 
 
-@gap("issue 14 opt-in hooks: use_hook_tokens / hook_tokens; " + MASKS + " (prepend_bos on forward)")
 def test_patch_tokens(model):
     """test_hook_tokens.py::test_patch_tokens (upstream: a random model with gpt2's tokenizer; here the zoo model's
     tokenizer): editing hook_tokens in place equals running the edited text."""
