@@ -195,7 +195,8 @@ def _terminate_when(p: subprocess.Popen, ready, timeout: float = 120) -> tuple[i
 def test_sigterm_during_report_leaves_no_figures_without_report(tiny, tmp_path):
     out = tmp_path / "rep"
     p = _start("report", tiny, "--out", out, "--no-progress", "--windows", "8")
-    code, err = _terminate_when(p, lambda: out.is_dir() and any(f.suffix == ".png" for f in out.iterdir()))
+    # figures are written into a hidden staging folder and moved into place with report.md at the end
+    code, err = _terminate_when(p, lambda: out.is_dir() and any(f.suffix == ".png" for f in out.rglob("*.png")))
     assert code == 143, err
     assert [ln for ln in err.splitlines() if ln.strip()] == ["circuits report: terminated (SIGTERM)"], err
     files = sorted(f.name for f in out.iterdir()) if out.exists() else []

@@ -34,7 +34,7 @@ def _params():
         for check in CHECKS:
             if not_in_tl(cfg, check):  # TransformerLens 2.18 itself refuses it: there is no reference
                 continue
-            gap = expected_gap(cfg, check)
+            gap = expected_gap({**cfg, "_case": name}, check)
             show = os.environ.get("TL2_SHOW_GAPS")  # =1: no xfail markers, to read each gap's actual failure
             marks = [pytest.mark.xfail(strict=True, reason=gap)] if gap and not show else []
             out.append(pytest.param(name, check, id=f"{name}:{check}", marks=marks))
