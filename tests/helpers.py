@@ -32,3 +32,28 @@ def poisoned(model: HookedTransformer, param: str, value: float) -> HookedTransf
     with torch.no_grad():
         dict(m.named_parameters())[param].view(-1)[0] = value
     return m
+
+
+def checked_report(monkeypatch, model, out, **kw) -> tuple[dict, object]:
+    """`build_report(model, out, **kw)` on one thread with every figure checked by `analyses.figure_checks` as it is
+    saved: `({figure name: its problems}, the Report)`; asserts no section failed."""
+    from analyses import build_report
+    from analyses import report_sections as S
+    from analyses.figure_checks import figure_problems
+
+    found = {}
+    figure = S.Context.figure
+
+    def checked(self, fig, name, caption):
+        found[name] = figure_problems(fig)
+        return figure(self, fig, name, caption)
+
+    monkeypatch.setattr(S.Context, "figure", checked)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = build_report(model, out, progress=False, **kw)
+    finally:
+        torch.set_num_threads(n)
+    assert r.failed == {}, r.failed
+    return found, r

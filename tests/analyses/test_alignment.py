@@ -4,9 +4,8 @@ weights, the task alignments; the encoder–decoder report on the hand-built mod
 import matplotlib
 import pytest
 import torch
-from helpers import randomize
+from helpers import checked_report, randomize
 
-from analyses import report_sections as S
 from analyses.alignment import (
     alignment_heads,
     alignment_scores,
@@ -91,20 +90,9 @@ def test_bad_input_named():
 
 
 def test_encdec_report_on_the_hand_built_model(tmp_path, monkeypatch):
-    from analyses import build_report
-
     m = build_reversal_model(d_vocab=8, length=5)
     m.cfg.extra = {"task": "seq2seq:reverse", "task_symbols": 5, "task_min_len": 5, "task_max_len": 5}
-    found = {}
-    figure = S.Context.figure
-
-    def checked(self, fig, name, caption):
-        found[name] = figure_problems(fig)
-        return figure(self, fig, name, caption)
-
-    monkeypatch.setattr(S.Context, "figure", checked)
-    r = build_report(m, tmp_path / "r", progress=False)
-    assert r.failed == {}, r.failed
+    found, r = checked_report(monkeypatch, m, tmp_path / "r")
     assert r.sections == ["encdec_overview", "alignment", "cross_copying", "cross_qk_positional", "encdec_paths"]
     assert set(found) == {"cross_attention_patterns", "cross_ov_circuits", "cross_qk_positional"}
     assert {k: v for k, v in found.items() if v} == {}

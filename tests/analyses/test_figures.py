@@ -9,8 +9,8 @@ from pathlib import Path
 import matplotlib
 import pytest
 import torch
+from helpers import checked_report
 
-from analyses import report_sections as S
 from analyses.figure_checks import figure_problems
 from models import HookedTransformer, HookedTransformerConfig
 from models.tokenizer import ByteTokenizer
@@ -92,32 +92,11 @@ def _run_folder(path: Path) -> Path:
     return path
 
 
-def _checked_report(monkeypatch, model, out, **kw) -> dict:
-    from analyses import build_report
-
-    found = {}
-    figure = S.Context.figure
-
-    def checked(self, fig, name, caption):
-        found[name] = figure_problems(fig)
-        return figure(self, fig, name, caption)
-
-    monkeypatch.setattr(S.Context, "figure", checked)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        r = build_report(model, out, progress=False, **kw)
-    finally:
-        torch.set_num_threads(n)
-    assert r.failed == {}, r.failed
-    return found
-
-
 def test_report_figures(tmp_path, monkeypatch):
     cfg = HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=64, d_vocab=259, n_heads=4, d_mlp=None,
                                   normalization_type=None, positional_embedding_type="shortformer", seed=0)
     model = HookedTransformer(cfg, tokenizer=ByteTokenizer())
-    found = _checked_report(monkeypatch, model, tmp_path / "r", tokens=TEXT, run_dir=_run_folder(tmp_path / "run"))
+    found, _ = checked_report(monkeypatch, model, tmp_path / "r", tokens=TEXT, run_dir=_run_folder(tmp_path / "run"))
     expect = {"direct_path_bigrams", "attention_patterns", "head_scores", "ov_eigenvalues", "head_ablation",
               "composition", "qk_ov_positivity", "loss_by_position", "training_dynamics", "path_patching"}
     assert set(found) == expect
@@ -152,5 +131,5 @@ def test_interactive_static_twins():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["attn-only-1l", "attn-only-2l"])
 def test_zoo_report_figures(tmp_path, monkeypatch, name):
-    found = _checked_report(monkeypatch, name, tmp_path)
+    found, _ = checked_report(monkeypatch, name, tmp_path)
     assert found and {k: v for k, v in found.items() if v} == {}
