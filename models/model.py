@@ -20,6 +20,7 @@ from .config import HookedTransformerConfig
 from .hook_switches import HookSwitches
 from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
+from .seq2seq_inputs import check_tokens
 from .tokens import TextMixin
 
 RETURN_TYPES = ("logits", "loss", "both", None)
@@ -187,7 +188,8 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
                            positions.rotation(n_past + resid.shape[1], resid.dtype, resid.device))
 
     def validate_tokens(self, tokens, check_length: bool = True) -> torch.Tensor:
-        """Coerce input to an int64 `[batch, pos]` tensor on the model's device, or raise `ValueError`.
+        """Coerce input to an int64 `[batch, pos]` tensor on the model's device, or raise `ValueError` (`InputError`
+        from `models.seq2seq_inputs.check_tokens` for shape, dtype, range and length, shared with the encoder–decoder).
         `check_length=False` lets ids run past a learned positional table (generation slides a window over them)."""
         if isinstance(tokens, (str, list)) and (isinstance(tokens, str) or (tokens and isinstance(tokens[0], str))):
             tokens = self.to_tokens(tokens)  # then validated like ids (the tokenizer may exceed d_vocab)
@@ -205,25 +207,9 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
                 raise ValueError(f"tokens must be a rectangular list of ints: {e}") from None
         if not isinstance(tokens, torch.Tensor):
             raise ValueError(f"tokens must be an int64 tensor [batch, pos], got {type(tokens).__name__}")
-        if tokens.ndim == 1:
-            tokens = tokens[None]
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must have shape [batch, pos] or [pos], got {tuple(tokens.shape)}")
-        if tokens.numel() == 0:
-            raise ValueError(f"tokens is empty (shape {tuple(tokens.shape)}); give at least one token")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise ValueError(f"tokens must be an integer tensor (int64), got dtype {tokens.dtype}")
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.cfg.d_vocab:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} is out of range; allowed ids are 0..{self.cfg.d_vocab - 1}")
-        limit = self.cfg.positions.max_context
-        if check_length and limit is not None and tokens.shape[1] > limit:
-            raise ValueError(
-                f"context of {tokens.shape[1]} tokens is longer than n_ctx={limit}, the number of "
-                f"learned positions ({self.cfg.positional_embedding_type}); truncate to at most {limit}"
-            )
-        return tokens.to(device=self.W_E.device, dtype=torch.long)
+        limit = self.cfg.positions.max_context if check_length else None
+        return check_tokens(tokens, "tokens", self.cfg.d_vocab, limit, self.W_E.device,
+                            self.cfg.positional_embedding_type)
 
     def run_with_cache(self, *args, return_cache_object: bool = True, **kwargs):
         """`HookedRootModule.run_with_cache`, returning a TransformerLens `ActivationCache`."""

@@ -1,4 +1,5 @@
-"""Checks of an encoder–decoder model's inputs: token ids against one vocabulary and context, padding masks against
+"""Checks of a model's inputs (decoder-only `validate_tokens` and the encoder–decoder's): token ids against one
+vocabulary and context, padding masks against
 their tokens. Each refusal is an `InputError` naming the argument and what is allowed."""
 
 from __future__ import annotations
@@ -8,9 +9,11 @@ import torch
 from .errors import InputError
 
 
-def check_tokens(tokens, name: str, d_vocab: int, max_context: int | None, device) -> torch.Tensor:
+def check_tokens(tokens, name: str, d_vocab: int, max_context: int | None, device, positions: str = ""
+                 ) -> torch.Tensor:
     """`tokens` (a tensor, array or nested list of ints; `[pos]` or `[batch, pos]`) as int64 `[batch, pos]` on
-    `device`, its ids in `0..d_vocab-1` and its length within `max_context` (None: any)."""
+    `device`, its ids in `0..d_vocab-1` and its length within `max_context` (None: any; `positions` names the
+    positional type in the message)."""
     if not isinstance(tokens, torch.Tensor):
         try:
             tokens = torch.as_tensor(tokens)
@@ -27,11 +30,11 @@ def check_tokens(tokens, name: str, d_vocab: int, max_context: int | None, devic
         raise InputError(f"{name} must be integer token ids (int64), got dtype {tokens.dtype}")
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= d_vocab:
-        raise InputError(f"{name} holds token id {lo if lo < 0 else hi}, outside its vocabulary: allowed ids are "
-                         f"0..{d_vocab - 1}")
+        raise InputError(f"{name}: token id {lo if lo < 0 else hi} is out of range; allowed ids are 0..{d_vocab - 1}")
     if max_context is not None and tokens.shape[1] > max_context:
-        raise InputError(f"{name} has {tokens.shape[1]} positions, more than the model's {max_context} learned "
-                         f"positions; truncate it to at most {max_context}")
+        kind = f" ({positions})" if positions else ""
+        raise InputError(f"{name}: context of {tokens.shape[1]} tokens is longer than n_ctx={max_context}, the "
+                         f"number of learned positions{kind}; truncate to at most {max_context}")
     return tokens.to(device=device, dtype=torch.long)
 
 

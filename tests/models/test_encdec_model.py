@@ -86,10 +86,10 @@ def test_cross_attention_reads_the_encoder_output():
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda m: m(torch.full((1, 4), 11), torch.zeros(1, 3, dtype=torch.long)), "src holds token id 11"),
-    (lambda m: m(torch.zeros(1, 4, dtype=torch.long), torch.full((1, 3), 13)), "tgt holds token id 13"),
-    (lambda m: m(torch.zeros(1, 9, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)), "8 learned positions"),
-    (lambda m: m(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 10, dtype=torch.long)), "9 learned positions"),
+    (lambda m: m(torch.full((1, 4), 11), torch.zeros(1, 3, dtype=torch.long)), "src: token id 11 is out of range"),
+    (lambda m: m(torch.zeros(1, 4, dtype=torch.long), torch.full((1, 3), 13)), "tgt: token id 13 is out of range"),
+    (lambda m: m(torch.zeros(1, 9, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)), "longer than n_ctx=8"),
+    (lambda m: m(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 10, dtype=torch.long)), "longer than n_ctx=9"),
     (lambda m: m(torch.zeros(2, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)), "one target each"),
     (lambda m: m(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long),
                  src_mask=torch.ones(2, 5)), r"src_mask has shape \(2, 5\)"),
