@@ -122,8 +122,8 @@ def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     bias pass), on the kernel `kernel()` chose where the call fits (module docstring). A bias that is zero and
     needs no gradient (the buffers of `use_bias=False`) is skipped on the CPU; the zero test reads the values, so a
     bias written later (`circuits.fold_layer_norm`) still counts. On a GPU the test would synchronise, so the add
-    stays."""
-    skip_b = not b.requires_grad and b.device.type == "cpu" and not b.any()
+    stays; below `MIN_ROWS` rows (a decoding step) the test costs more than the add, so the add stays too."""
+    skip_b = x.shape[0] >= MIN_ROWS and not b.requires_grad and b.device.type == "cpu" and not b.any()
     if not _fits(x, W):
         return x @ W if skip_b else torch.addmm(b, x, W)
     W, bias = W.contiguous(), None if skip_b else b.contiguous()

@@ -165,6 +165,8 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
         if positions.table:
             if attention_mask is None:
                 rows = self.pos_embed(P).expand(B, P, -1)
+            elif bool(attention_mask.eq(1).all()):  # no padding: rows n_past.. (a decoding step), as the gather
+                rows = self.pos_embed(n_past + P)[n_past:].expand(B, P, -1)
             else:  # positions count real tokens only (left padding), after those in the cache
                 ids, real = position_ids(attention_mask, n_past)
                 rows = self.pos_embed(int(ids.max()) + 1)[ids] * real[..., None].to(resid.dtype)

@@ -56,7 +56,9 @@ class Bidirectional(ScoreBias):
 class Causal(ScoreBias):
     """A query at position i attends to keys j ≤ i only (decoders, `attention_dir="causal"`)."""
 
-    def keep(self, n_q: int, n_k: int, device=None) -> torch.Tensor:
+    def keep(self, n_q: int, n_k: int, device=None) -> torch.Tensor | None:
+        if n_q == 1:  # one query, the last position (a decoding step with a key/value cache): it sees every key
+            return None
         return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
 
     def sdpa_args(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> tuple[torch.Tensor | None, bool]:
