@@ -16,7 +16,7 @@ from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
 from .config import HookedTransformerConfig
-from .gemm import affine
+from .gemm import MIN_ROWS, affine
 from .positions import Rotation
 from .score_bias import ScoreBias
 
@@ -68,7 +68,9 @@ class Attention(nn.Module):
       `run_with_cache`, or a backward hook) or the scores are soft-capped.
     - fused: `F.scaled_dot_product_attention`, taken otherwise (plain forward, training, generation).
     The per-head output `hook_result [batch, pos, head, d_model]` is formed only with `cfg.use_attn_result` and when
-    hooked; otherwise z is multiplied by the flattened W_O in one matmul.
+    hooked; otherwise z is multiplied by the flattened W_O in one matmul. q, k and v come from one fused product
+    (`W_Q`, `W_K`, `W_V` side by side), or below `models.gemm.MIN_ROWS` rows (a decoding step) from one batched
+    product per input that reads the weights in place (`_per_head_project`).
     """
 
     def __init__(self, cfg: HookedTransformerConfig, layer: int = 0):
@@ -128,6 +130,8 @@ class Attention(nn.Module):
         if x_q.ndim == 4:  # per-head inputs
             q, k, v = (torch.einsum("bphd,hde->bphe", x, W) + b
                        for x, W, b in ((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
+        elif B * max(P, K) < MIN_ROWS:  # a decoding step: per-head products read the weights where they are
+            q, k, v = _per_head_project(((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
         else:
             W = torch.cat([self.W_Q, W_K, W_V]).permute(1, 0, 2).reshape(cfg.d_model, -1)
             b = torch.cat([self.b_Q, b_K, b_V]).reshape(-1)
@@ -180,6 +184,18 @@ def _own(point: HookPoint, x: torch.Tensor) -> torch.Tensor:
     if not hooked(point):
         return x
     return point(x.clone() if x.requires_grad else x)
+
+
+def _per_head_project(triples) -> list:
+    """`x @ W[h] + b[h]` for each `(x [batch, pos, d_model], W [heads, d_model, d_head], b [heads, d_head])`, one
+    batched product per input, as `[batch·pos, heads, d_head]` views. For a few rows this beats the fused
+    projection, whose weight `[d_model, (H + 2·H_kv)·d_head]` is a fresh copy of every weight on each call
+    (benchmarks/README.md, generate.py)."""
+    out = []
+    for x, W, b in triples:
+        rows = x.reshape(1, -1, x.shape[-1]).expand(W.shape[0], -1, -1)  # [heads, batch·pos, d_model], no copy
+        out.append(torch.baddbmm(b[:, None], rows, W).transpose(0, 1))
+    return out
 
 
 def _project(xs: tuple[torch.Tensor, ...], W: torch.Tensor, b: torch.Tensor, widths: tuple[int, ...]) -> list:
