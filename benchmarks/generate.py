@@ -1,17 +1,18 @@
 """Generation speed: `generate` with and without the key/value cache (`use_past_kv_cache`), CPU, one process.
 
-    python benchmarks/generate.py [--json] [--threads 1,2] [--repeats 5] [--new 256] [--budget 60]
+    python benchmarks/generate.py [--json] [--threads 1] [--repeats 5] [--new 256] [--budget 60]
+    python benchmarks/generate.py --threads 1,2     # a table per thread count
 
 Models: the zoo's `attn-only-2l` (2 layers, d_model 128, 4 heads of 32, d_vocab 512, Shortformer positions with a
 learned table of n_ctx = 128 rows: a prompt of one BOS token plus at most 127 new tokens fit, so its rows generate
 127), and the same architecture with n_ctx = 1024 and random weights (`attn-only-2l, n_ctx 1024`), which generates
-`--new` tokens (issue 15's row: 256). Batch 1 and 8, greedy (`do_sample=False`), a one-token prompt. Each row runs
-at every thread count of `--threads`.
+`--new` tokens (issue 15's row: 256). Batch 1 and 8, greedy (`do_sample=False`), a one-token prompt. Every row runs
+at each thread count of `--threads` (default one; about a minute and a half on the shared 2-core machine).
 
 Every number is the median of the timed runs after one warm-up run of each path; the two paths alternate run by run,
 so load from other processes hits both alike. A row stops repeating once it has spent `--budget` seconds (at least
 one timed run each; the table says how many it got), so the script ends in minutes even on a loaded machine, where
-two threads can be ten times slower than one (every small op waits at an OpenMP barrier for a descheduled thread).
+two threads can be many times slower than one (every small op waits at an OpenMP barrier for a descheduled thread).
 Wall time and CPU time (`time.process_time`, this process only) are both reported: with one thread the CPU time is
 what a quiet machine's wall time would be. tokens/s counts new tokens over all sequences of the batch. Both paths
 must produce the same tokens (checked; a mismatch stops the script).
@@ -129,7 +130,7 @@ def table(run: dict, malloc: bool, repeats: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts, each a table (default 1,2)")
+    ap.add_argument("--threads", default="1", help="comma-separated torch thread counts, a table each (default 1)")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per path and row, at most")
     ap.add_argument("--new", type=int, default=256, help="new tokens for the n_ctx 1024 model")
     ap.add_argument("--budget", type=float, default=60.0, help="seconds a row may spend repeating (default 60)")

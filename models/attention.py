@@ -24,7 +24,10 @@ from .score_bias import ScoreBias
 def hooked(*points: HookPoint) -> bool:
     """True when any of the hook points has a forward or backward hook attached (so the explicit path that computes
     them is needed: a backward hook only fires on a tensor that passed through its hook point)."""
-    return any(p.fwd_hooks or p.bwd_hooks for p in points)
+    for p in points:  # a loop, not any(generator): called a dozen times per decoding step
+        if p.fwd_hooks or p.bwd_hooks:
+            return True
+    return False
 
 
 def param_or_buffer(module: nn.Module, name: str, tensor: torch.Tensor, trainable: bool) -> None:
