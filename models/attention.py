@@ -72,8 +72,9 @@ class Attention(nn.Module):
     - fused: `F.scaled_dot_product_attention`, taken otherwise (plain forward, training, generation).
     The per-head output `hook_result [batch, pos, head, d_model]` is formed only with `cfg.use_attn_result` and when
     hooked; otherwise z is multiplied by the flattened W_O in one matmul. q, k and v come from one fused product
-    (`W_Q`, `W_K`, `W_V` side by side), or below `models.gemm.MIN_ROWS` rows (a decoding step) from one batched
-    product per input that reads the weights in place (`_per_head_project`).
+    (`W_Q`, `W_K`, `W_V` side by side), or, with a key/value cache and below `models.gemm.MIN_ROWS` rows (a decoding
+    step), from one batched product per input that reads the weights in place (`_per_head_project`; kept to decoding
+    so that a plain forward's results do not depend on how many rows it runs).
     """
 
     def __init__(self, cfg: HookedTransformerConfig, layer: int = 0):
@@ -133,7 +134,7 @@ class Attention(nn.Module):
         if x_q.ndim == 4:  # per-head inputs
             q, k, v = (torch.einsum("bphd,hde->bphe", x, W) + b
                        for x, W, b in ((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
-        elif B * max(P, K) < MIN_ROWS:  # a decoding step: per-head products read the weights where they are
+        elif (kv_entry is not None or cache is not None) and B * max(P, K) < MIN_ROWS:  # a decoding step
             q, k, v = _per_head_project(((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
         else:
             W = torch.cat([self.W_Q, W_K, W_V]).permute(1, 0, 2).reshape(cfg.d_model, -1)
