@@ -7,7 +7,7 @@ Models: the zoo's `attn-only-2l` (2 layers, d_model 128, 4 heads of 32, d_vocab 
 learned table of n_ctx = 128 rows: a prompt of one BOS token plus at most 127 new tokens fit, so its rows generate
 127), and the same architecture with n_ctx = 1024 and random weights (`attn-only-2l, n_ctx 1024`), which generates
 `--new` tokens (issue 15's row: 256). Batch 1 and 8, greedy (`do_sample=False`), a one-token prompt. Every row runs
-at each thread count of `--threads` (default one; about a minute and a half on the shared 2-core machine).
+at each thread count of `--threads` (default one: one to two minutes on the shared 2-core machine).
 
 Every number is the median of the timed runs after one warm-up run of each path; the two paths alternate run by run,
 so load from other processes hits both alike. A row stops repeating once it has spent `--budget` seconds (at least
