@@ -113,3 +113,14 @@ def test_field_list_matches_transformer_lens_2_18():
     assert tuple(real) == TL_FIELDS
     for field, default in TL_REFUSED.items():
         assert real[field] == default, field
+
+
+def test_load_in_4bit_field():
+    """`HookedTransformerConfig(load_in_4bit=False)` as TransformerLens (its test_attention.py passes it); True, which
+    needs bitsandbytes and CUDA, is refused by name."""
+    from models import HookedTransformerConfig
+
+    own = {k: v for k, v in SMALL.items() if k != "act_fn"}
+    assert HookedTransformerConfig(**own, load_in_4bit=False).load_in_4bit is False
+    with pytest.raises(ConfigError, match="load_in_4bit"):
+        HookedTransformerConfig(**own, load_in_4bit=True)
