@@ -134,27 +134,26 @@ def test_stack_head_results_with_apply_ln():
     assert torch.isclose(ref, scaled, atol=1e-7).all()
 
 
-def _check_remainder_stacks(model, cache, stack_fn, unit_labels):
-    """The shared body of the two ..._including_remainder tests."""
+@pytest.mark.parametrize("unit", ["head", "neuron"])
+@torch.no_grad()
+def test_stack_results_including_remainder(unit):
+    """test_stack_head_results_including_remainder and test_stack_neuron_results_including_remainder (one body;
+    upstream's neuron test passes pos_slice=Slice(-1) in its first call and -1 in the others: -1 throughout here)."""
+    model, cache, _, _ = run()
+    stack_fn = cache.stack_head_results if unit == "head" else cache.stack_neuron_results
+    n = model.cfg.n_heads if unit == "head" else model.cfg.d_mlp
     ref_resid_post = cache["resid_post", 0][None, :, -1]
-    stack, labels = stack_fn(layer=1, incl_remainder=True, return_labels=True)
+    stack, labels = stack_fn(layer=1, pos_slice=-1, incl_remainder=True, return_labels=True)
     remainder = ref_resid_post - stack[:-1].sum(dim=0)
     assert torch.isclose(remainder, stack[-1]).all()
-    assert labels[:-1] == unit_labels and labels[-1] == "remainder"
+    assert labels[:-1] == [f"L0{unit[0].upper()}{i}" for i in range(n)] and labels[-1] == "remainder"
     ref_resid_post = cache["resid_post", -1][None, :, -1]
-    stack, labels = stack_fn(layer=0, incl_remainder=True, return_labels=True)
+    stack, labels = stack_fn(layer=0, pos_slice=-1, incl_remainder=True, return_labels=True)
     assert torch.isclose(ref_resid_post, stack, atol=1e-7).all()
     assert len(labels) == 1 and labels[-1] == "remainder"
-    stack, labels = stack_fn(layer=0, incl_remainder=False, return_labels=True)
+    stack, labels = stack_fn(layer=0, pos_slice=-1, incl_remainder=False, return_labels=True)
     assert torch.isclose(stack, torch.zeros_like(stack)).all()
     assert len(labels) == 0
-
-
-@torch.no_grad()
-def test_stack_head_results_including_remainder():
-    model, cache, _, _ = run()
-    _check_remainder_stacks(model, cache, lambda **kw: cache.stack_head_results(pos_slice=-1, **kw),
-                            [f"L0H{i}" for i in range(model.cfg.n_heads)])
 
 
 @torch.no_grad()
@@ -164,14 +163,6 @@ def test_stack_neuron_results_with_apply_ln():
     ref = cache.apply_ln_to_stack(neuron_result_stack, layer=-1, pos_slice=-1)
     scaled = cache.stack_neuron_results(layer=-1, pos_slice=Slice(-1), apply_ln=True)
     assert torch.isclose(ref, scaled, atol=1e-7).all()
-
-
-@torch.no_grad()
-def test_stack_neuron_results_including_remainder():
-    """(upstream passes pos_slice=Slice(-1) in its first call and -1 in the others; here -1 throughout)"""
-    model, cache, _, _ = run()
-    _check_remainder_stacks(model, cache, lambda **kw: cache.stack_neuron_results(pos_slice=-1, **kw),
-                            [f"L0N{i}" for i in range(model.cfg.d_mlp)])
 
 
 @torch.no_grad()
