@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         CorpusError,
         InputError,
         TokenizerError,
+        TokenNotFoundError,
         ToyCircuitsError,
         TrainConfigError,
         UnsupportedByTransformerLens,

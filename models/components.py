@@ -35,7 +35,8 @@ class Embed(nn.Module):
 
 class PosEmbed(nn.Module):
     """The positional scheme's table `W_pos [n_ctx, d_model]`: a parameter when learned, a buffer (not saved) when
-    fixed; `forward(n)` gives rows 0..n-1."""
+    fixed. `forward(tokens, past_kv_pos_offset, attention_mask)` as TransformerLens 2.x's `PosEmbed`; `rows(n)` gives
+    rows 0..n-1."""
 
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
@@ -45,8 +46,21 @@ class PosEmbed(nn.Module):
         else:
             self.register_buffer("W_pos", self.scheme.fixed_table(cfg.n_ctx, cfg.torch_dtype), False)
 
-    def forward(self, n_pos: int) -> torch.Tensor:  # -> [pos, d_model]
+    def rows(self, n_pos: int) -> torch.Tensor:  # -> [pos, d_model]
         return self.scheme.rows(self.W_pos, n_pos)
+
+    def forward(self, tokens: torch.Tensor, past_kv_pos_offset: int = 0,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`[batch, pos, d_model]`, the rows of `tokens [batch, pos]`'s positions, which follow `past_kv_pos_offset`
+        cached ones. With `attention_mask [batch, past + pos]` (1 real, 0 padding) a position counts the real tokens
+        before it and padding gets zeros (`models.padding.position_ids`), as TransformerLens 2.x."""
+        from .padding import position_ids
+
+        B, P = tokens.shape[:2]
+        if attention_mask is None:
+            return self.rows(past_kv_pos_offset + P)[past_kv_pos_offset:].expand(B, P, -1)
+        ids, real = position_ids(attention_mask[:, :past_kv_pos_offset + P], past_kv_pos_offset)
+        return self.rows(int(ids.max()) + 1)[ids] * real[..., None].to(self.W_pos.dtype)
 
 
 class Norm(nn.Module):

@@ -33,6 +33,12 @@ class InputError(ToyCircuitsError, ValueError):
     a mask of the wrong shape); the message names the argument and what is allowed."""
 
 
+class TokenNotFoundError(InputError, AssertionError):
+    """`get_token_position`: the token is not in the prompt. Its message is TransformerLens 2.x's ("The token does not
+    occur in the prompt", which its tests compare), a note names the token; also an `AssertionError`, the type
+    TransformerLens raises there."""
+
+
 class UnsupportedByTransformerLens(ToyCircuitsError, NotImplementedError):
     """The configuration has no exact TransformerLens 4.x counterpart."""
 

@@ -141,7 +141,7 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
         None, and the attention mask of every position (cached ones included), None when nothing is masked and
         there is no cache. Without a mask, left-padded text (`padding_side="left"`) and cached runs derive one from
         the pad id (`models.padding.infer_attention_mask`)."""
-        from .padding import infer_attention_mask, padding_side_of, position_ids
+        from .padding import infer_attention_mask, padding_side_of
 
         if isinstance(input, str) or (isinstance(input, list) and input and isinstance(input[0], str)):
             input = self.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side)
@@ -163,11 +163,8 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
         pos_qk = None
         positions = self.cfg.positions
         if positions.table:
-            if attention_mask is None:
-                rows = self.pos_embed(P).expand(B, P, -1)
-            else:  # positions count real tokens only (left padding), after those in the cache
-                ids, real = position_ids(attention_mask, n_past)
-                rows = self.pos_embed(int(ids.max()) + 1)[ids] * real[..., None].to(resid.dtype)
+            # with a mask, positions count real tokens only (left padding), after those in the cache
+            rows = self.pos_embed(tokens, n_past, attention_mask)
             if hooked(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: hooks get a copy
                 rows = rows.clone()
             pos = self.hook_pos_embed(rows)  # [batch, pos, d_model]

@@ -78,7 +78,8 @@ class TextMixin:
     def get_token_position(self, single_token, input, mode: str = "first", prepend_bos: bool | None = None,
                            padding_side: str | None = None) -> int:
         """The index of `single_token` (a string that is one token, or an id) in `input` (text, or ids `[pos]` /
-        `[1, pos]`): its first (`mode="first"`) or last (`"last"`) occurrence; ValueError if absent."""
+        `[1, pos]`): its first (`mode="first"`) or last (`"last"`) occurrence; `TokenNotFoundError` (a ValueError and an
+        AssertionError) if absent."""
         if mode not in ("first", "last"):
             raise ValueError(f"mode={mode!r} is not supported; allowed: ('first', 'last')")
         tokens = self.to_tokens(input, prepend_bos, padding_side) if isinstance(input, str) else torch.as_tensor(input)
@@ -89,5 +90,9 @@ class TextMixin:
         token = self.to_single_token(single_token) if isinstance(single_token, str) else int(single_token)
         where = (tokens == token).nonzero()[:, 0]
         if where.numel() == 0:
-            raise ValueError(f"token {single_token!r} does not occur in the input")
+            from .errors import TokenNotFoundError
+
+            error = TokenNotFoundError("The token does not occur in the prompt")
+            error.add_note(f"token {single_token!r} (id {token}) is not among the {tokens.numel()} input tokens")
+            raise error
         return int(where[0] if mode == "first" else where[-1])
