@@ -29,14 +29,22 @@ def _check_outputs_identity(i, single, left, right, left_start, left_end, right_
     assert torch.allclose(right[i, right_start:right_end, :], single[0], atol=atol)
 
 
-@pytest.mark.parametrize("padding_side", ["left", "right"])
-@pytest.mark.parametrize("prepend_bos", [True, False])
-def test_pos_embed(model, padding_side, prepend_bos):
-    """test_left_padding.py::TestLeftPadding::test_pos_embed"""
+def _padded(model, padding_side, prepend_bos):
+    """The setup both pos_embed tests share: the prompts' tokens, str tokens and attention mask."""
     model.tokenizer.padding_side = padding_side
     tokens = model.to_tokens(PROMPTS, prepend_bos=prepend_bos)
     str_tokens = model.to_str_tokens(PROMPTS, prepend_bos=prepend_bos)
-    attention_mask = get_attention_mask(model.tokenizer, tokens, prepend_bos)  # [batch pos]
+    return tokens, str_tokens, get_attention_mask(model.tokenizer, tokens, prepend_bos)  # mask: [batch pos]
+
+
+PADDINGS = pytest.mark.parametrize("padding_side,prepend_bos", [(side, bos) for bos in (True, False)
+                                                                for side in ("left", "right")])
+
+
+@PADDINGS
+def test_pos_embed(model, padding_side, prepend_bos):
+    """test_left_padding.py::TestLeftPadding::test_pos_embed"""
+    tokens, str_tokens, attention_mask = _padded(model, padding_side, prepend_bos)
     output_pos_embed = model.pos_embed(tokens, 0, attention_mask=attention_mask)  # [batch pos d_model]
     assert output_pos_embed.shape == (tokens.shape[0], tokens.shape[1], model.pos_embed.W_pos.shape[1])
     target_position_ids = torch.tensor(sum([list(range(len(t))) for t in str_tokens], []), device=tokens.device)
@@ -46,17 +54,13 @@ def test_pos_embed(model, padding_side, prepend_bos):
     assert output_pos_embed[~attention_mask.bool()].sum() == 0  # padded positions have zero pos_embed
 
 
-@pytest.mark.parametrize("padding_side", ["left", "right"])
-@pytest.mark.parametrize("prepend_bos", [True, False])
+@PADDINGS
 def test_pos_embed_with_cache(model, padding_side, prepend_bos):
     """test_left_padding.py::TestLeftPadding::test_pos_embed_with_cache"""
-    model.tokenizer.padding_side = padding_side
-    tokens = model.to_tokens(PROMPTS, prepend_bos=prepend_bos)
+    tokens, str_tokens, attention_mask = _padded(model, padding_side, prepend_bos)
     tokens_2 = model.to_tokens(PROMPTS, prepend_bos=False)
     past_kv_cache = kv_cache_class().init_cache(model.cfg, model.cfg.device, tokens.shape[0])
-    str_tokens = model.to_str_tokens(PROMPTS, prepend_bos=prepend_bos)
     str_tokens_2 = model.to_str_tokens(PROMPTS, prepend_bos=False)
-    attention_mask = get_attention_mask(model.tokenizer, tokens, prepend_bos)  # [batch pos]
     past_kv_cache.append_attention_mask(attention_mask)
     attention_mask_2 = get_attention_mask(model.tokenizer, tokens_2, False)  # [batch pos]
     cached_attention_mask = past_kv_cache.append_attention_mask(attention_mask_2)
