@@ -287,12 +287,13 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
         return acc
 
     def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
-        """Unembedding directions W_U[:, t] of token(s) t: `[d_model]` for one token, `[..., d_model]` otherwise."""
+        """Unembedding directions W_U[:, t] of token(s) t: `[d_model]` for one token (a string, an int or a one-element
+        tensor of any shape), `[..., d_model]` otherwise."""
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)
-        if isinstance(tokens, int):
-            return self.W_U[:, tokens]
-        tokens = torch.as_tensor(tokens, device=self.W_U.device)
+        tokens = tokens if isinstance(tokens, int) else torch.as_tensor(tokens, device=self.W_U.device)
+        if isinstance(tokens, int) or tokens.numel() == 1:  # one token, in any shape: [d_model], as TransformerLens
+            return self.W_U[:, int(tokens)]
         return self.W_U[:, tokens].movedim(0, -1)
 
     def all_head_labels(self) -> list[str]:
