@@ -65,6 +65,13 @@ def test_text_helpers(model):
     assert "'z' (id 122)" in info.value.__notes__[0]
 
 
+def test_pos_embed_without_mask_follows_the_offset(model):
+    """TransformerLens 2.x's `PosEmbed(tokens, past_kv_pos_offset)` without a mask: rows offset .. offset + pos for
+    every sequence (the masked case is the ported test_left_padding.py)."""
+    out = model.pos_embed(torch.zeros(2, 3, dtype=torch.long), 5)
+    assert torch.equal(out, model.W_pos[5:8].expand(2, 3, -1))
+
+
 def test_set_tokenizer_refuses_what_it_cannot_use():
     small = models.HookedTransformer(models.HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=4, d_vocab=20))
     with pytest.raises(models.TokenizerError, match="259 ids but the model's d_vocab is 20"):
