@@ -141,7 +141,7 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
         None, and the attention mask of every position (cached ones included), None when nothing is masked and
         there is no cache. Without a mask, left-padded text (`padding_side="left"`) and cached runs derive one from
         the pad id (`models.padding.infer_attention_mask`)."""
-        from .padding import infer_attention_mask, padding_side_of, position_ids
+        from .padding import infer_attention_mask, padding_side_of
 
         if isinstance(input, str) or (isinstance(input, list) and input and isinstance(input[0], str)):
             input = self.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side)
@@ -159,23 +159,33 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
             if past_kv_cache is not None:
                 attention_mask = past_kv_cache.append_attention_mask(attention_mask)
         n_past = 0 if attention_mask is None else attention_mask.shape[1] - P
-        resid = self.hook_embed(self.embed(tokens))  # [batch, pos, d_model]
+        resid, pos_qk = self.get_residual(self.hook_embed(self.embed(tokens)), attention_mask, n_past)
+        return resid, tokens, pos_qk, attention_mask
+
+    def get_residual(self, embed: torch.Tensor, attention_mask: torch.Tensor | None = None, n_past: int = 0):
+        """TransformerLens 2.x's `get_residual`: token embeddings `[batch, pos, d_model]` of positions `n_past…` (the
+        first after a key/value cache of `n_past`) with their positions, `(residual, shortformer_pos_embed)`. A
+        positional table's rows pass `hook_pos_embed` and are added to the residual stream or, for Shortformer,
+        returned for the query/key inputs (None otherwise). `attention_mask [batch, n_past + pos]`: positions count
+        real tokens only and padding gets none."""
+        from .padding import position_ids
+
+        B, P = embed.shape[:2]
         pos_qk = None
         positions = self.cfg.positions
-        if positions.table:
-            if attention_mask is None:
-                rows = self.pos_embed(P).expand(B, P, -1)
-            else:  # positions count real tokens only (left padding), after those in the cache
-                ids, real = position_ids(attention_mask, n_past)
-                rows = self.pos_embed(int(ids.max()) + 1)[ids] * real[..., None].to(resid.dtype)
-            if hooked(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: hooks get a copy
-                rows = rows.clone()
-            pos = self.hook_pos_embed(rows)  # [batch, pos, d_model]
-            if positions.adds_to == "residual":
-                resid = resid + pos
-            else:  # "query_key": the query/key inputs only, the residual stream carries no position
-                pos_qk = pos
-        return resid, tokens, pos_qk, attention_mask
+        if not positions.table:
+            return embed, pos_qk
+        if attention_mask is None:
+            rows = self.pos_embed(n_past + P)[n_past:].expand(B, P, -1)
+        else:  # positions count real tokens only (left padding), after those in the cache
+            ids, real = position_ids(attention_mask, n_past)
+            rows = self.pos_embed(int(ids.max()) + 1)[ids] * real[..., None].to(embed.dtype)
+        if hooked(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: hooks get a copy
+            rows = rows.clone()
+        pos = self.hook_pos_embed(rows)  # [batch, pos, d_model]
+        if positions.adds_to == "residual":
+            return embed + pos, pos_qk
+        return embed, pos  # "query_key": the query/key inputs only, the residual stream carries no position
 
     def _block_inputs(self, resid: torch.Tensor, pos_qk, attention_mask, n_past: int) -> BlockInputs:
         """What every block reads besides the residual stream: the score bias (attention mask, positional bias,

@@ -183,6 +183,49 @@ def test_eos_stops_and_pads():
     assert out.shape == (1, 4)
 
 
+# --- embeddings in and out (TransformerLens 2.x) ----------------------------------------------------------
+@pytest.mark.parametrize("kind", ["rotary", "standard", "shortformer", "alibi"])
+@pytest.mark.parametrize("kv", [True, False])
+@pytest.mark.parametrize("n_ctx", [16, 6])  # 6: 3 + 5 tokens outgrow a learned table, which slides its window
+def test_generate_from_token_embeddings_equals_from_ids(kind, kv, n_ctx):
+    model = make(kind, n_ctx=n_ctx)
+    greedy = dict(max_new_tokens=5, temperature=0, use_past_kv_cache=kv)
+    ids = model.generate(PROMPT, **greedy)
+    with torch.no_grad():
+        embeds = model.W_E[PROMPT]
+        out = model.generate(embeds, **greedy)  # embeddings in: embeddings out, the new tokens' W_E rows appended
+        torch.testing.assert_close(out, model.W_E[ids], rtol=0, atol=0)
+        assert torch.equal(model.generate(embeds, return_type="tokens", **greedy), ids[:, 3:])  # the new ones only
+        torch.testing.assert_close(model.generate(PROMPT, return_type="embeds", **greedy), model.W_E[ids])
+
+
+def test_generate_from_embeddings_adds_positions_as_a_hand_loop():
+    """Perturbed embeddings (no token's): positions W_pos[0..] are added, then every block; cached = uncached."""
+    model = make("standard")
+    with torch.no_grad():
+        embeds = model.W_E[PROMPT] + 0.5 * torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(0))
+        hand = embeds
+        for _ in range(4):
+            pos = model.W_pos[: hand.shape[1]]
+            nxt = model(hand + pos, start_at_layer=0)[:, -1].argmax(-1)
+            hand = torch.cat([hand, model.W_E[nxt][:, None]], 1)
+        for kv in (True, False):
+            out = model.generate(embeds, max_new_tokens=4, temperature=0, use_past_kv_cache=kv)
+            torch.testing.assert_close(out, hand, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(input=torch.zeros(1, 3, 5)), "d_model=16"),
+    (dict(input=torch.zeros(3, 16)), r"\[batch, pos, d_model"),
+    (dict(input=torch.zeros(1, 3, 16), freq_penalty=1.0), "freq_penalty"),
+])
+def test_bad_embeddings_input(kwargs, match):
+    from models import InputError
+
+    with pytest.raises(InputError, match=match):
+        make().generate(max_new_tokens=2, **kwargs)
+
+
 @pytest.mark.parametrize("kwargs,field", [
     (dict(max_new_tokens=-1), "max_new_tokens"),
     (dict(max_new_tokens=1.5), "max_new_tokens"),
