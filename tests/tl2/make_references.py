@@ -7,13 +7,15 @@ Run INSIDE the legacy environment (tests/tl2/make_legacy_venv.sh builds it):
 For every configuration of `GRID` (a covering design, see `grid()`) it builds a random-weight TransformerLens 2.18
 model and writes, under OUT_DIR:
 - `NAME.json`: the TransformerLens config dict (`cfg.to_dict()`, JSON-safe: dtype as "torch.float32"), the
-  input tokens, the greedy generations (with and without `use_past_kv_cache`) and their smallest top-1/top-2
-  logit margin, and which hook-edit recipes were applied;
+  input tokens, the greedy generations (with and without `use_past_kv_cache`; from ids, from embeddings, and
+  from ids with pad id 0: see `generation`) with their prompt and smallest top-1/top-2 logit margins, and which
+  hook-edit recipes were applied;
 - `NAME.state.safetensors`: `model.state_dict()` exactly as a user would save it;
 - `NAME.ref.safetensors`: logits, mean and per-token loss, every activation of `run_with_cache` (`cache/…`),
   every gradient of `run_with_cache(return_type="loss", incl_bwd=True)` (`grad/…`), the caches with the opt-in
   hooks switched on (`cache_split/…`: use_attn_result + use_split_qkv_input + use_hook_mlp_in; `cache_attn_in/…`:
-  use_attn_in), the OV and QK eigenvalues (`eig/OV.real`, …), and the logits of the hook-edit runs.
+  use_attn_in), the OV and QK eigenvalues (`eig/OV.real`, …), the logits of the hook-edit runs, and the
+  embeddings generation starts from and returns (`gen_embeds/…`).
 Also `fields.json` (every `HookedTransformerConfig` field with its default) and `manifest.json` (the case names,
 written last: a folder without it is incomplete). Only torch, transformer_lens and safetensors are used.
 """
