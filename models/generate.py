@@ -200,7 +200,7 @@ def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p
         return tokens
     if return_type == "embeds":
         return embeds if embeds is not None else model.embed(tokens)
-    bos = getattr(model.tokenizer, "bos_token_id", None)
+    bos = getattr(model.tokenizer, "bos_token_id", None) if embeds is None else None  # embeddings: new tokens only
     rows = [row if mask is None else row[m.bool()] for row, m in zip(tokens, tokens if mask is None else mask)]
     texts = [model.to_string(row[1:] if len(row) and row[0] == bos else row) for row in rows]  # no padding, no BOS
     return texts if isinstance(input, list) or len(texts) > 1 else texts[0]  # one prompt: one string

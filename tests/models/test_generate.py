@@ -171,6 +171,9 @@ def test_text_in_text_out():
     assert isinstance(out, str) and out.startswith("ab")  # TransformerLens 2.x: text in, text out without the BOS
     ids = model.generate(model.to_tokens("ab"), max_new_tokens=3, temperature=0)
     assert model.to_string(ids[0, 1:]) == out
+    with torch.no_grad():
+        new = model.generate(model.W_E[model.to_tokens("ab")], max_new_tokens=3, temperature=0, return_type="str")
+    assert "ab" + new == out  # embeddings in: the text of the new tokens only
 
 
 def test_eos_stops_and_pads():
