@@ -107,7 +107,7 @@ def _embeds_logits(model, embeds: torch.Tensor, cache) -> torch.Tensor:
     n_past = cache.n_past
     new = embeds[:, n_past:]
     mask = cache.append_attention_mask(torch.ones(new.shape[:2], dtype=torch.long, device=new.device))
-    resid, pos_qk = model.get_residual(new, mask, n_past)
+    resid, pos_qk = model.get_residual(new, n_past, attention_mask=mask)
     return model(resid, start_at_layer=0, shortformer_pos_embed=pos_qk, attention_mask=mask,
                  past_kv_cache=cache)[:, -1].float()
 

@@ -217,6 +217,20 @@ def test_generate_from_embeddings_adds_positions_as_a_hand_loop():
             torch.testing.assert_close(out, hand, rtol=0, atol=0)
 
 
+def test_get_residual_adds_the_rows_after_the_offset():
+    """TransformerLens 2.x's get_residual(embed, pos_offset): W_pos[offset:offset+pos] added, or for Shortformer
+    returned apart; rotary adds nothing."""
+    e = torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        standard, shortformer = make("standard"), make("shortformer")
+        torch.testing.assert_close(standard.get_residual(e, 2, return_shortformer_pos_embed=False),
+                                   e + standard.W_pos[2:5], rtol=0, atol=0)
+        resid, pos = shortformer.get_residual(e, 1)
+        assert torch.equal(resid, e) and torch.equal(pos, shortformer.W_pos[1:4].expand(2, 3, 16))
+        resid, pos = make("rotary").get_residual(e, 4)
+        assert torch.equal(resid, e) and pos is None
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(input=torch.zeros(1, 3, 5)), "d_model=16"),
     (dict(input=torch.zeros(3, 16)), r"\[batch, pos, d_model"),
