@@ -159,20 +159,31 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
             if past_kv_cache is not None:
                 attention_mask = past_kv_cache.append_attention_mask(attention_mask)
         n_past = 0 if attention_mask is None else attention_mask.shape[1] - P
-        resid = self.hook_embed(self.embed(tokens))  # [batch, pos, d_model]
-        pos_qk = None
-        positions = self.cfg.positions
-        if positions.table:
-            # with a mask, positions count real tokens only (left padding), after those in the cache
-            rows = self.pos_embed(tokens, n_past, attention_mask)
-            if hooked(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: hooks get a copy
-                rows = rows.clone()
-            pos = self.hook_pos_embed(rows)  # [batch, pos, d_model]
-            if positions.adds_to == "residual":
-                resid = resid + pos
-            else:  # "query_key": the query/key inputs only, the residual stream carries no position
-                pos_qk = pos
+        resid, pos_qk = self.get_residual(self.hook_embed(self.embed(tokens)), n_past, attention_mask=attention_mask)
         return resid, tokens, pos_qk, attention_mask
+
+    def get_residual(self, embed: torch.Tensor, pos_offset: int = 0, prepend_bos=None, attention_mask=None,
+                     tokens=None, return_shortformer_pos_embed: bool = True):
+        """TransformerLens 2.x's `get_residual`: token embeddings `[batch, pos, d_model]` of positions `pos_offset…`
+        (the first after a key/value cache of that length) with their positions: `(residual, shortformer_pos_embed)`,
+        or the residual alone with `return_shortformer_pos_embed=False`. A positional table's rows pass
+        `hook_pos_embed` and are added to the residual stream or, for Shortformer, returned for the query/key inputs
+        (None otherwise). `attention_mask [batch, pos_offset + pos]`: positions count real tokens only and padding
+        gets none. `prepend_bos` and `tokens` are unused, as in TransformerLens (which reads only their shape)."""
+        resid, pos_qk = embed, None
+        positions = self.cfg.positions
+        if not positions.table:
+            return (resid, pos_qk) if return_shortformer_pos_embed else resid
+        # PosEmbed reads only the [batch, pos] shape of its first argument
+        rows = self.pos_embed(embed[..., 0], pos_offset, attention_mask)
+        if hooked(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: hooks get a copy
+            rows = rows.clone()
+        pos = self.hook_pos_embed(rows)  # [batch, pos, d_model]
+        if positions.adds_to == "residual":
+            resid = embed + pos
+        else:  # "query_key": the query/key inputs only, the residual stream carries no position
+            pos_qk = pos
+        return (resid, pos_qk) if return_shortformer_pos_embed else resid
 
     def _block_inputs(self, resid: torch.Tensor, pos_qk, attention_mask, n_past: int) -> BlockInputs:
         """What every block reads besides the residual stream: the score bias (attention mask, positional bias,
