@@ -33,6 +33,11 @@ class InputError(ToyCircuitsError, ValueError):
     a mask of the wrong shape); the message names the argument and what is allowed."""
 
 
+class WeightProcessingError(ToyCircuitsError, ValueError):
+    """`process_weights_` (or a loader's processing flags) asked for a step that TransformerLens 2.18 refuses or that
+    would change the model's outputs; the message names the step, the setting that blocks it and what to pass."""
+
+
 class UnsupportedByTransformerLens(ToyCircuitsError, NotImplementedError):
     """The configuration has no exact TransformerLens 4.x counterpart."""
 

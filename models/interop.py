@@ -38,6 +38,7 @@ from .checkpoint import check_size, load_state_dict, read_safetensors
 from .config import HookedTransformerConfig
 from .errors import CheckpointError, ConfigError, UnsupportedByTransformerLens
 from .model import HookedTransformer
+from .weight_processing import process_loaded
 
 
 def _half_to_adjacent(rotary_dim: int, d_head: int) -> torch.Tensor:
@@ -192,7 +193,7 @@ def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
     return HookedTransformerConfig.from_dict(ours)  # ConfigError (not TypeError) for missing fields
 
 
-def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransformer:
+def from_transformer_lens_state_dict(state_dict_or_path, cfg, **processing) -> HookedTransformer:
     """Build our model from a state dict in TransformerLens' former `HookedTransformer` layout.
 
     `state_dict_or_path`: a dict of tensors, or a `.pth`/`.pt` file (read with `weights_only=True`, never
@@ -200,8 +201,12 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
     config dict. Missing norm weights of `LNPre` models are filled with ones/zeros; missing zero biases
     of bias-free checkpoints are filled with zeros. TransformerLens 2.x keeps a `pos_embed.W_pos` in every
     non-rotary model, ALiBi included, where nothing reads it: a model without a positional table drops it.
-    Raises `CheckpointError` for unreadable or mismatched weights, `ConfigError` for an invalid config and
-    `TypeError` when `cfg` is neither a config nor a dict."""
+    `processing`: TransformerLens 2.18's flags (`fold_ln`, `center_writing_weights`, `center_unembed`,
+    `fold_value_biases`, `refactor_factored_attn_matrices`; all off by default, as its `from_pretrained_no_processing`),
+    applied as its `from_pretrained` applies them (`models.weight_processing.process_loaded`).
+    Raises `CheckpointError` for unreadable or mismatched weights, `ConfigError` for an invalid config,
+    `WeightProcessingError` for processing that cannot be done and `TypeError` when `cfg` is neither a config nor a
+    dict."""
     if not isinstance(cfg, (HookedTransformerConfig, dict)):
         raise TypeError(f"cfg must be a HookedTransformerConfig or a config dict, got {type(cfg).__name__}")
     source = "state dict"
@@ -225,6 +230,7 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
         state = state_dict_or_path
     if not isinstance(state, dict):
         raise CheckpointError(f"{source}: expected a dict of tensors, got {type(state).__name__}")
+    tl_pre_norm = isinstance(cfg, dict) and cfg.get("normalization_type") in ("LNPre", "RMSPre")
     if isinstance(cfg, dict):
         try:
             cfg = HookedTransformerConfig.from_dict(cfg)
@@ -232,7 +238,14 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
             cfg = config_from_transformer_lens(cfg)
     check_size(cfg, state, source)
     model = HookedTransformer(cfg)
-    expected = model.state_dict()
+    load_state_dict(model, tl_state_to_ours(state, model.state_dict(), source), source=source)
+    return process_loaded(model, processing, tl_pre_norm=tl_pre_norm)
+
+
+def tl_state_to_ours(state: dict, expected: dict, source: str = "state dict") -> dict:
+    """A TransformerLens 2.x state dict renamed to ours (`attn._W_K` → `attn.W_K`, …), without the buffers it
+    recomputes and the unused W_pos of models without a positional table; absent zero biases and unit norm weights
+    (LNPre checkpoints, bias-free ones) filled in, as its `fill_missing_keys` fills them from a fresh model."""
     fixed = {}
     bad_keys = [k for k in state if not isinstance(k, str)]
     if bad_keys:
@@ -248,5 +261,4 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
             fixed[name] = torch.zeros_like(target)
         elif name not in fixed and name.endswith(".w"):
             fixed[name] = torch.ones_like(target)
-    load_state_dict(model, fixed, source=source)
-    return model
+    return fixed
