@@ -76,7 +76,7 @@ def to_transformer_lens(model):
         raise UnsupportedByTransformerLens(f"normalization_position={cfg.normalization_position!r}: TransformerLens' "
                                            "native model normalises before each sublayer ('pre') only")
     unmapped = [name for name, default in _NATIVE_DEFAULTS.items() if getattr(cfg, name) != default
-                and not (name == "final_rms" and cfg.normalization_type != "LN")]  # RMS or no norm: no change
+                and not (name == "final_rms" and cfg.normalization_type not in ("LN", "LNPre"))]  # RMS or no norm: no change
     if cfg.d_vocab_out != cfg.d_vocab:
         unmapped.append("d_vocab_out")
     if unmapped:
@@ -124,8 +124,8 @@ TL_SAME = ("n_layers", "d_model", "n_ctx", "d_head", "model_name", "n_heads", "d
            "attn_only", "scale_attn_by_inverse_layer_idx", "positional_embedding_type", "final_rms",
            "parallel_attn_mlp", "rotary_dim", "use_hook_tokens", "gated_mlp", "default_prepend_bos",
            "n_key_value_heads", "rotary_base", "rotary_adjacent_pairs")
-#: converted: TransformerLens' −1 / None sentinels become our None, LNPre / RMSPre become LN / RMS with unit weights,
-#: initializer_range becomes init_range, dtype its name
+#: converted: TransformerLens' −1 / None sentinels become our None, initializer_range becomes init_range, dtype its name
+#: (normalization_type: the same five values, a default of "LN" when absent)
 TL_CONVERTED = ("normalization_type", "attn_scale", "d_vocab_out", "attn_scores_soft_cap", "output_logits_soft_cap",
                 "initializer_range", "dtype")
 #: kept in `extra["transformer_lens"]`, computing nothing: the device and seed of the run that made it (weights come
@@ -153,8 +153,8 @@ def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
 
     Every field is either computed the same way (`TL_SAME`, `TL_CONVERTED`), kept as metadata in
     `extra["transformer_lens"]` (`TL_METADATA`), or refused with `ConfigError` naming it when it is set to anything
-    but its default (`TL_REFUSED`); unknown fields are refused too. Parameter-free norms `LNPre` / `RMSPre` become
-    `LN` / `RMS` with unit weights (the same function). Bidirectional ALiBi gives future keys a zero bias, as
+    but its default (`TL_REFUSED`); unknown fields are refused too. Parameter-free norms `LNPre` / `RMSPre` stay
+    parameter-free (as TransformerLens, a SoLU-LN MLP's norm is then LNPre too). Bidirectional ALiBi gives future keys a zero bias, as
     TransformerLens (`alibi_symmetric=False`)."""
     d = dict(d)
     if d.pop("shortformer_pos", False):  # TransformerLens < 1.0
@@ -170,8 +170,7 @@ def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
             raise ConfigError(f"TransformerLens config has {name}=-1 (inferred from a hub tokenizer or model); "
                               f"set {name} explicitly")
     ours = {k: d[k] for k in own if k in d}  # TL_SAME, and our own fields where a dict mixes both
-    norm = d.get("normalization_type", "LN")
-    ours["normalization_type"] = norm[: -len("Pre")] if norm in ("LNPre", "RMSPre") else norm
+    ours["normalization_type"] = d.get("normalization_type", "LN")
     d_head = d.get("d_head")
     scale = _off(d.get("attn_scale"))
     if scale is not None and isinstance(d_head, int) and abs(scale - d_head ** 0.5) <= 1e-12 * scale:
@@ -198,7 +197,7 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg, **processing) -> H
 
     `state_dict_or_path`: a dict of tensors, or a `.pth`/`.pt` file (read with `weights_only=True`, never
     unpickling code) or a `.safetensors` file. `cfg`: our config (object or dict) or a TransformerLens
-    config dict. Missing norm weights of `LNPre` models are filled with ones/zeros; missing zero biases
+    config dict. Missing unit norm weights are filled with ones/zeros; missing zero biases
     of bias-free checkpoints are filled with zeros. TransformerLens 2.x keeps a `pos_embed.W_pos` in every
     non-rotary model, ALiBi included, where nothing reads it: a model without a positional table drops it.
     `processing`: TransformerLens 2.18's flags (`fold_ln`, `center_writing_weights`, `center_unembed`,
