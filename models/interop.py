@@ -76,7 +76,7 @@ def to_transformer_lens(model):
         raise UnsupportedByTransformerLens(f"normalization_position={cfg.normalization_position!r}: TransformerLens' "
                                            "native model normalises before each sublayer ('pre') only")
     unmapped = [name for name, default in _NATIVE_DEFAULTS.items() if getattr(cfg, name) != default
-                and not (name == "final_rms" and cfg.normalization_type not in ("LN", "LNPre"))]  # RMS or no norm: no change
+                and not (name == "final_rms" and cfg.normalization_type not in ("LN", "LNPre"))]  # RMS / no norm: same
     if cfg.d_vocab_out != cfg.d_vocab:
         unmapped.append("d_vocab_out")
     if unmapped:
@@ -154,8 +154,8 @@ def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
     Every field is either computed the same way (`TL_SAME`, `TL_CONVERTED`), kept as metadata in
     `extra["transformer_lens"]` (`TL_METADATA`), or refused with `ConfigError` naming it when it is set to anything
     but its default (`TL_REFUSED`); unknown fields are refused too. Parameter-free norms `LNPre` / `RMSPre` stay
-    parameter-free (as TransformerLens, a SoLU-LN MLP's norm is then LNPre too). Bidirectional ALiBi gives future keys a zero bias, as
-    TransformerLens (`alibi_symmetric=False`)."""
+    parameter-free (as TransformerLens, a SoLU-LN MLP's norm is then LNPre too). Bidirectional ALiBi gives future
+    keys a zero bias, as TransformerLens (`alibi_symmetric=False`)."""
     d = dict(d)
     if d.pop("shortformer_pos", False):  # TransformerLens < 1.0
         d["positional_embedding_type"] = "shortformer"
@@ -201,8 +201,9 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg, **processing) -> H
     of bias-free checkpoints are filled with zeros. TransformerLens 2.x keeps a `pos_embed.W_pos` in every
     non-rotary model, ALiBi included, where nothing reads it: a model without a positional table drops it.
     `processing`: TransformerLens 2.18's flags (`fold_ln`, `center_writing_weights`, `center_unembed`,
-    `fold_value_biases`, `refactor_factored_attn_matrices`; all off by default, as its `from_pretrained_no_processing`),
-    applied as its `from_pretrained` applies them (`models.weight_processing.process_loaded`).
+    `fold_value_biases`, `refactor_factored_attn_matrices`): none given, no processing (its
+    `from_pretrained_no_processing`); any given, the rest default and apply as in its `from_pretrained`
+    (`models.weight_processing.process_loaded`).
     Raises `CheckpointError` for unreadable or mismatched weights, `ConfigError` for an invalid config,
     `WeightProcessingError` for processing that cannot be done and `TypeError` when `cfg` is neither a config nor a
     dict."""

@@ -258,19 +258,21 @@ def process_weights_(model, fold_ln: bool = True, center_writing_weights: bool =
 
 
 def process_loaded(model, flags: dict, tl_pre_norm: bool = False):
-    """A loader's processing flags (`models.load(..., fold_ln=True)`, `from_transformer_lens_state_dict`): checked
-    by name, `loading_flags` applied, then `process_weights_` when any is set. `tl_pre_norm`: the checkpoint's
-    TransformerLens config says LNPre / RMSPre (TransformerLens 2.18 cannot fold it: KeyError 'blocks.0.ln1.b')."""
+    """A loader's processing flags (`models.load(..., fold_ln=True)`, `from_transformer_lens_state_dict`), checked
+    by name. None given: no processing (TransformerLens' `from_pretrained_no_processing`). Any given: the others take
+    `from_pretrained`'s defaults (all True but refactor_factored_attn_matrices), `loading_flags` is applied, then
+    `process_weights_`. `tl_pre_norm`: the checkpoint's TransformerLens config says LNPre / RMSPre (TransformerLens
+    2.18 cannot fold it: KeyError 'blocks.0.ln1.b')."""
     unknown = sorted(set(flags) - set(FLAGS))
     if unknown:
         raise WeightProcessingError(f"unknown processing flag(s) {unknown}; allowed: {', '.join(FLAGS)}")
-    flags = loading_flags(model.cfg, flags)
+    if not flags:
+        return model
+    flags = loading_flags(model.cfg, {**{f: f != "refactor_factored_attn_matrices" for f in FLAGS}, **flags})
     if tl_pre_norm and flags.get("fold_ln"):
         raise WeightProcessingError("fold_ln: the TransformerLens config has LNPre / RMSPre norms, whose weights "
                                     "are folded already (TransformerLens 2.18 raises KeyError); pass fold_ln=False")
-    if any(flags.values()):
-        process_weights_(model, **{name: bool(flags.get(name, False)) for name in FLAGS})
-    return model
+    return process_weights_(model, **{name: bool(flags[name]) for name in FLAGS})
 
 
 class ProcessWeights:

@@ -97,8 +97,9 @@ def build_case(name: str, overrides: dict, seed: int):
         with torch.no_grad():
             logits, cache = new.run_with_cache(tokens)
         lp = logits.double().log_softmax(-1)
-        results[recipe] = {"changed": float((lp - ref).norm() / ref.norm()), "norms": {
-            "normalization_type": new.cfg.normalization_type, "ln_final": type(getattr(new, "ln_final", None)).__name__}}
+        final = type(getattr(new, "ln_final", None)).__name__
+        results[recipe] = {"changed": float((lp - ref).norm() / ref.norm()),
+                           "norms": {"normalization_type": new.cfg.normalization_type, "ln_final": final}}
         out[f"{recipe}/logits"] = logits
         out.update({f"{recipe}/state/{k}": v for k, v in new.state_dict().items()})
         out.update({f"{recipe}/cache/{k}": v for k, v in cache.items()})

@@ -8,10 +8,10 @@ apply from_pretrained's guards, as TransformerLens' loading does). Then:
 - TransformerLens raised: we raise `WeightProcessingError`;
 - TransformerLens' processing changed the model's log-probs: we raise `WeightProcessingError` (the message says why),
   except for `EXACT_WHERE_TL_CHANGES`, where our processed model keeps the unprocessed log-probs;
-- otherwise: the processed state dicts have the same names (TransformerLens' `attn._W_K` … as our `attn.W_K` …; its
-  recomputed buffers and ALiBi's unused W_pos aside) and values, and logits and every cached activation agree, all to
-  relative error ≤ 1e-5 (float32; after `process_weights_` TransformerLens' run_with_cache lacks the norms' hook
-  points, see `test_processing_matches_transformer_lens`), and `cfg.normalization_type` and the final norm are TransformerLens' (LN → LNPre,
+- otherwise: the processed state dicts have the same names (TransformerLens' `attn._W_K` … as our `attn.W_K` …;
+  its recomputed buffers and ALiBi's unused W_pos aside) and values, logits and every cached activation agree, all
+  to relative error ≤ 1e-5 (float32; after `process_weights_` TransformerLens' run_with_cache lacks the norms' hook
+  points, see the test), and `cfg.normalization_type` and the final norm are TransformerLens' (LN → LNPre,
   RMS → RMSPre after folding).
 """
 
