@@ -137,11 +137,6 @@ def _refuse(step: str, why: str, instead: str) -> None:
     raise WeightProcessingError(f"{step}: {why}; {instead}")
 
 
-def _nonzero(model, names: list[str]) -> list[str]:
-    params = dict(model.named_parameters())
-    return [n for n in names if n in params and bool(params[n].detach().ne(0).any())]
-
-
 def check(model, fold_ln: bool, center_writing_weights: bool, center_unembed: bool, fold_value_biases: bool,
           refactor_factored_attn_matrices: bool) -> tuple[bool, bool]:
     """Refuse (`WeightProcessingError`) what TransformerLens 2.18 refuses or would compute wrongly; return the
@@ -173,11 +168,6 @@ def check(model, fold_ln: bool, center_writing_weights: bool, center_unembed: bo
         if cfg.gated_mlp and kind == "LN":
             _refuse("fold_ln", "a gated MLP with LayerNorm: x W_gate has no bias to take ln2.b W_gate "
                     "(TransformerLens 2.18 drops it, changing the outputs)", keep)
-        if not cfg.use_bias:
-            biases = _nonzero(model, [n for n, _ in model.named_parameters() if n.endswith("ln1.b") or
-                                      n.endswith("ln2.b") or n.endswith("ln.b") or n == "ln_final.b"])
-            if biases:
-                _refuse("fold_ln", f"use_bias=False leaves no bias to take the norm biases {biases[:2]}", keep)
     if center_writing_weights and (kind not in ("LN", "LNPre")):
         warnings.warn("You are not using LayerNorm, so the writing weights can't be centered! Skipping", stacklevel=3)
         center_writing_weights = False
@@ -229,7 +219,9 @@ def set_norms(model, kind: str | None) -> None:
 def process_weights_(model, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
                      fold_value_biases: bool = True, refactor_factored_attn_matrices: bool = False):
     """TransformerLens 2.18's `process_weights_` (with its `load_and_process_state_dict`'s `fold_value_biases` as a
-    flag, default True as there), in place; returns the model. See the module docstring for what is refused."""
+    flag, default True as there), in place; returns the model. See the module docstring for what is refused. A
+    `use_bias=False` model whose norm biases fold into its (zero) biases becomes `use_bias=True` (ours only:
+    TransformerLens always has biases)."""
     from .model import HookedTransformer
 
     if not isinstance(model, HookedTransformer) or hasattr(model, "mlm_head"):
@@ -246,14 +238,24 @@ def process_weights_(model, fold_ln: bool = True, center_writing_weights: bool =
         for on, step in zip(run, _STEPS):  # TransformerLens' order (load_and_process_state_dict)
             if on:
                 step(cfg, sd)
-        params = dict(model.named_parameters())
-        for name in sd:  # use_bias=False biases are zero buffers: zero in exact arithmetic after every step above
-            if name.rsplit(".", 1)[-1].startswith("b_") and name not in params:
-                sd[name] = torch.zeros_like(sd[name])
         if fold:
             set_norms(model, kind + "Pre")
+        if not cfg.use_bias and any(sd[n].ne(0).any() for n, _ in model.named_buffers() if _is_bias(n)):
+            _biases_to_parameters(model)  # norm biases folded into zero-bias buffers: they become real biases
         model.load_state_dict(sd, strict=True)
     return model
+
+
+def _is_bias(name: str) -> bool:
+    return name.rsplit(".", 1)[-1].startswith("b_")
+
+
+def _biases_to_parameters(model) -> None:
+    """`use_bias=False` → True: every zero-bias buffer becomes a parameter (what a `use_bias=True` model has)."""
+    model.cfg.use_bias = True
+    for module in model.modules():
+        for name in [n for n in module._buffers if _is_bias(n)]:
+            module.register_parameter(name, torch.nn.Parameter(module._buffers.pop(name)))
 
 
 
