@@ -120,7 +120,7 @@ def loading_flags(cfg, flags: dict) -> dict:
     cap, with a warning each (HookedTransformer.py, `from_pretrained`); the rest go to `process_weights_`."""
     flags = dict(flags)
     off = []
-    if cfg.positional_embedding_type == "shortformer":
+    if cfg.positions.adds_to == "query_key":  # Shortformer
         off = ["fold_ln", "center_writing_weights", "center_unembed"]
     elif cfg.output_logits_soft_cap is not None:
         off = ["center_unembed"]
