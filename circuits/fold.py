@@ -26,7 +26,9 @@ def fold_layer_norm(model, center_writing_weights: bool = True, center_unembed: 
     unchanged). The model's log-probs are unchanged (up to rounding); the copy is marked
     `cfg.extra["layer_norm_folded"] = True`. For our `HookedTransformer` (fold it before converting with
     `models.to_transformer_lens`). Raises `models.WeightProcessingError` (a ValueError) for what cannot be folded."""
-    if not hasattr(model, "blocks") or not hasattr(model, "ln_final") or not hasattr(model, "process_weights_"):
+    from models import HookedTransformer
+
+    if not isinstance(model, HookedTransformer):
         raise TypeError(f"fold_layer_norm needs a models.HookedTransformer, got {type(model).__name__}")
     positional_scheme(model)  # a config circuits can read
     kind = model.cfg.normalization_type
