@@ -99,6 +99,7 @@ def refactor_factored_attn_matrices(cfg, sd: dict) -> dict:
     """TransformerLens' `refactor_factored_attn_matrices`: [W_Q; b_Q] [W_K; b_K]ᵀ (the biases as a (d_model+1)-th
     input row) re-factored evenly by its SVD (`FactoredMatrix.make_even`: U√S, √S Vᵀ); value biases folded into b_O;
     W_V W_O = U S Vᵀ re-factored as W_V = U S, W_O = Vᵀ (orthonormal rows)."""
+    fold_value_biases(cfg, sd)  # its b_V handling: b_O' = b_O + Σ_head b_V W_O, b_V' = 0
     for l in range(cfg.n_layers):
         a = f"blocks.{l}.attn."
         W_Q = torch.cat([sd[a + "W_Q"], sd[a + "b_Q"][:, None, :]], dim=1)
@@ -106,8 +107,6 @@ def refactor_factored_attn_matrices(cfg, sd: dict) -> dict:
         Q, K_T = FactoredMatrix(W_Q, W_K.transpose(-1, -2)).make_even().pair
         K = K_T.transpose(-1, -2)
         sd[a + "W_Q"], sd[a + "b_Q"], sd[a + "W_K"], sd[a + "b_K"] = Q[:, :-1], Q[:, -1], K[:, :-1], K[:, -1]
-        sd[a + "b_O"] = sd[a + "b_O"] + (sd[a + "b_V"][:, :, None] * sd[a + "W_O"]).sum(1).sum(0)
-        sd[a + "b_V"] = torch.zeros_like(sd[a + "b_V"])
         U, S, Vh = FactoredMatrix(sd[a + "W_V"], sd[a + "W_O"]).svd()
         sd[a + "W_V"], sd[a + "W_O"] = U @ S.diag_embed(), Vh.transpose(-1, -2)
     return sd
