@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         ToyCircuitsError,
         TrainConfigError,
         UnsupportedByTransformerLens,
+        WeightProcessingError,
     )
     from .interop import from_transformer_lens_state_dict, to_transformer_lens
     from .kv_cache import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry

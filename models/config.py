@@ -19,7 +19,7 @@ from .score_bias import MASKS
 
 #: TransformerLens 2.18's activations (models.components._ACTIVATIONS); "solu_ln" is SoLU followed by a LayerNorm.
 ACT_FNS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "solu", "solu_ln")
-NORMALIZATION_TYPES = (None, "LN", "RMS")
+NORMALIZATION_TYPES = (None, "LN", "RMS", "LNPre", "RMSPre")  # *Pre: no weight or bias (folded away)
 NORMALIZATION_POSITIONS = ("pre", "post")  # Xiong et al. 2020 / Vaswani et al. 2017
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 RUNTIME_FIELDS = ("device",)  # chosen when a model is built or loaded; never written to config.json

@@ -39,6 +39,11 @@ class TokenNotFoundError(InputError, AssertionError):
     TransformerLens raises there."""
 
 
+class WeightProcessingError(ToyCircuitsError, ValueError):
+    """`process_weights_` (or a loader's processing flags) asked for a step that TransformerLens 2.18 refuses or that
+    would change the model's outputs; the message names the step, the setting that blocks it and what to pass."""
+
+
 class UnsupportedByTransformerLens(ToyCircuitsError, NotImplementedError):
     """The configuration has no exact TransformerLens 4.x counterpart."""
 

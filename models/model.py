@@ -22,6 +22,7 @@ from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
 from .seq2seq_inputs import check_tokens
 from .tokens import TextMixin
+from .weight_processing import ProcessWeights
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 
@@ -48,7 +49,7 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
+class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModule):
     """A transformer whose every activation is a named `HookPoint` (names as in TransformerLens).
 
     `forward(tokens)` takes int64 `[batch, pos]` (or `[pos]`) token ids, or text when a tokenizer is

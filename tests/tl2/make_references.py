@@ -231,19 +231,24 @@ def generation(model, prompt: torch.Tensor, seed: int) -> tuple[dict, dict]:
     return gen, tensors
 
 
-def build_case(name: str, overrides: dict, seed: int):
+def make_model(overrides: dict, seed: int):
+    """`(cfg, model, tokens)`: a case's random-weight TransformerLens 2.18 model (eval mode) and its input tokens
+    (also used by make_process_references.py)."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    cfg_kwargs = {**BASE, **overrides}
     torch.manual_seed(seed)
-    cfg = HookedTransformerConfig(**cfg_kwargs)
+    cfg = HookedTransformerConfig(**{**BASE, **overrides})
     model = HookedTransformer(cfg)
     randomize(model, seed + 1)
     model.eval()
-    cfg_dict = json_safe(dataclasses.asdict(cfg))
-    v_in = min(cfg.d_vocab, cfg.d_vocab_out)
     g = torch.Generator().manual_seed(seed + 2)
-    tokens = torch.randint(0, v_in, (BATCH, N_POS), generator=g)
+    tokens = torch.randint(0, min(cfg.d_vocab, cfg.d_vocab_out), (BATCH, N_POS), generator=g)
+    return cfg, model, tokens
+
+
+def build_case(name: str, overrides: dict, seed: int):
+    cfg, model, tokens = make_model(overrides, seed)
+    cfg_dict = json_safe(dataclasses.asdict(cfg))
     out: dict[str, torch.Tensor] = {"tokens": tokens}
     with torch.no_grad():
         out["logits"] = model(tokens)

@@ -96,7 +96,7 @@ def test_converted_sentinels():
                                         "initializer_range": 0.05, "dtype": "torch.float64"})
     assert (cfg.attn_scale, cfg.d_vocab_out, cfg.attn_scores_soft_cap, cfg.output_logits_soft_cap) == (
         None, 5, None, None)  # attn_scale 2.0 = TL's written-out default √d_head
-    assert (cfg.normalization_type, cfg.init_range, cfg.dtype) == ("RMS", 0.05, torch.float64)
+    assert (cfg.normalization_type, cfg.init_range, cfg.dtype) == ("RMSPre", 0.05, torch.float64)
     assert config_from_transformer_lens({**SMALL, "attn_scale": 3.0}).attn_scale == 3.0
 
 

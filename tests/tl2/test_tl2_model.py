@@ -243,3 +243,39 @@ def test_gated_mlp_forward():
     """test_gated_mlp.py::test_forward"""
     mlp = tl_model(**MLP_CFG, gated_mlp=True).blocks[0].mlp
     assert mlp(torch.randn(2, 10, 128)).shape == (2, 10, 128)
+
+
+LOSS_TEXT = "Hello world! This is a test of the loss of a processed model."
+
+
+def test_process_weights_inplace():
+    """acceptance/test_hooked_transformer.py::test_process_weights_inplace (adapted: the zoo's gelu-2l, unprocessed as
+    models.load gives it, for gpt2-small from from_pretrained_no_processing; its loss before processing stands in for
+    upstream's stored value)."""
+    from tl2_port import text_model
+
+    model = text_model()
+    ref = model(LOSS_TEXT, return_type="loss").item()
+    model.process_weights_()
+    assert abs(model(LOSS_TEXT, return_type="loss").item() - ref) < 4e-5
+    assert model.ln_final.kind == "LNPre"  # upstream: isinstance(model.ln_final, LayerNormPre)
+
+
+def test_from_pretrained_no_processing():
+    """acceptance/test_hooked_transformer.py::test_from_pretrained_no_processing (adapted: models.load(name) is
+    from_pretrained_no_processing, models.load(name, **flags) from_pretrained with those flags; gelu-2l for the hub
+    models): the flags switched off give the unprocessed config, switched on the processed one, and the same loss."""
+    from tl2_port import TEXT_MODEL
+
+    import models
+
+    plain = models.load(TEXT_MODEL)
+    ref = plain(LOSS_TEXT, return_type="loss").item()
+    off = models.load(TEXT_MODEL, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                      refactor_factored_attn_matrices=False)
+    assert off.cfg == plain.cfg
+    on = models.load(TEXT_MODEL, fold_ln=True, center_writing_weights=True, center_unembed=True,
+                     refactor_factored_attn_matrices=False)
+    assert on.cfg == plain.process_weights_().cfg and on.cfg.normalization_type == "LNPre"
+    for m in (off, on):
+        assert abs(m(LOSS_TEXT, return_type="loss").item() - ref) < 4e-5
