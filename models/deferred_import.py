@@ -102,12 +102,11 @@ class _Deferred(ModuleType):
         entry = _pending.get(self.__name__)
         if entry is not None and name in entry[1]:
             module, attr = entry[1][name]
-            with _lock:
-                try:
-                    value = import_module(module)
-                    value = value if attr is None else getattr(value, attr)
-                except (ImportError, AttributeError):
-                    value = None
+            try:  # the import system's own module locks make this thread-safe
+                value = import_module(module)
+                value = value if attr is None else getattr(value, attr)
+            except (ImportError, AttributeError):
+                value = None
             if value is not None:
                 ModuleType.__setattr__(self, name, value)
                 return value
