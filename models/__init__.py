@@ -3,10 +3,7 @@ model zoo. The names below load on first use (`models.lazy`), so `circuits --hel
 
 from typing import TYPE_CHECKING
 
-from .deferred_import import TRANSFORMER_LENS, defer_package_inits
 from .lazy import lazy_exports
-
-defer_package_inits(TRANSFORMER_LENS)  # TransformerLens' classes without its heavy package __init__ (1.3 s)
 
 if TYPE_CHECKING:
     from .checkpoint import load, save

@@ -3,7 +3,8 @@
 TransformerLens 4.3's `transformer_lens/__init__.py` and those of `transformer_lens.utilities` and
 `transformer_lens.conversion_utils` import Hugging Face `transformers`, `datasets`, `pandas` and pytest (1.3 s of CPU,
 benchmarks/README.md), while the toolkit needs `hook_points`, `HookedRootModule`, `ActivationCache` and
-`FactoredMatrix`, which need none of them. `import models` calls `defer_package_inits(TRANSFORMER_LENS)`, which puts
+`FactoredMatrix`, which need none of them. The `circuits` command line (`analyses.cli`, a process of ours) calls
+`defer_package_inits(TRANSFORMER_LENS)`; `import models` alone does not (library users get the plain import). It puts
 those packages into `sys.modules` as the module objects the import system would make (same spec, `__path__`,
 `__file__`) with their `__init__` code not yet run:
 

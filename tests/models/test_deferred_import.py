@@ -122,7 +122,7 @@ def test_switch_turns_the_deferral_off(fake):
 def test_report_path_leaves_out_hugging_face_and_keeps_transformer_lens_classes(tmp_path):
     got = _run(f"""
         import sys, json
-        import models
+        import analyses.cli, models  # the command line defers TransformerLens' package __init__
         from analyses.report import build_report
         import transformer_lens
         from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
@@ -149,7 +149,7 @@ def test_report_path_leaves_out_hugging_face_and_keeps_transformer_lens_classes(
 def test_completed_transformer_lens_is_the_normally_imported_one():
     code = """
         import json, sys
-        import models
+        import analyses.cli
         import transformer_lens as tl
         tl.TransformerBridge
         out = {}
@@ -161,3 +161,15 @@ def test_completed_transformer_lens_is_the_normally_imported_one():
         print(json.dumps(out))
     """
     assert _run(code, ROOT) == _run(code, ROOT, eager=True)
+
+
+def test_library_import_leaves_transformer_lens_alone():
+    """Only the command line defers: a program that imports `models` gets TransformerLens' plain import."""
+    got = _run("""
+        import json, sys
+        import models
+        m = models.load("attn-only-2l")
+        from models import deferred_import
+        print(json.dumps({"pending": deferred_import.pending(), "hf": "transformers" in sys.modules}))
+    """, ROOT)
+    assert got == {"pending": [], "hf": True}
