@@ -147,7 +147,7 @@ def test_all_ones_mask_reads_the_rows_as_the_gather(kind):
         model(tokens[:, :4], past_kv_cache=cache)
         steps = [model(tokens[:, i:i + 1], past_kv_cache=cache) for i in range(4, 11)]
     torch.testing.assert_close(torch.cat(steps, 1), plain[:, 4:], rtol=1e-5, atol=1e-5)
-    table = model.pos_embed(11)  # positions 0..10 of the table
+    table = model.pos_embed.rows(11)  # positions 0..10 of the table
     for i, rows in enumerate(seen[1:], start=4):
         assert torch.equal(rows, table[i].expand(3, 1, -1))
 
