@@ -16,7 +16,7 @@ from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
 from .config import HookedTransformerConfig
-from .gemm import affine
+from .gemm import affine, bmm, inference_only
 from .positions import Rotation
 from .score_bias import ScoreBias
 
@@ -152,16 +152,7 @@ class Attention(nn.Module):
         if hooked(self.hook_attn_scores, self.hook_pattern) or cfg.attn_scores_soft_cap is not None:
             if Hkv != H:  # query head h reads kv head h // (H / Hkv)
                 k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
-            scores = (q @ k.transpose(-1, -2)).mul_(scale)  # in place: the [pos, key] square once
-            scores = soft_cap(scores, cfg.attn_scores_soft_cap)
-            bias = score_bias.dense(P, K, q.dtype, q.device)  # [(head,) pos, key], −inf where masked
-            if bias is not None:
-                scores.add_(bias)
-            pattern = self.hook_attn_scores(scores).softmax(-1)  # [batch, head, pos, key]
-            if score_bias.empty_rows:  # a query with no key left (a left pad) attends nowhere
-                pattern = pattern.nan_to_num(0.0)
-            pattern = self.hook_pattern(pattern)
-            z = pattern @ v
+            z = self._explicit(q, k, v, score_bias, scale)
         else:
             mask, is_causal = score_bias.sdpa_args(P, K, q.dtype, q.device)
             default = cfg.use_attn_scale and cfg.attn_scale is None and not cfg.scale_attn_by_inverse_layer_idx
@@ -172,6 +163,34 @@ class Attention(nn.Module):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))  # [batch, pos, head, d_model]
             return result.sum(-2) + self.b_O
         return affine(self.b_O, z.reshape(B * P, H * dh), self.W_O.reshape(H * dh, -1)).view(B, P, -1)
+
+    def _explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_bias: ScoreBias,
+                  scale: float) -> torch.Tensor:
+        """The explicit path for `q [batch, head, pos, d_head]`, `k`, `v [batch, head, key, d_head]`: scores,
+        `hook_attn_scores`, softmax, `hook_pattern`; returns z = pattern·v `[batch, head, pos, d_head]`.
+        Without autograd and soft cap (`run_with_cache`, inference hooks) it writes each `[pos, key]` square once
+        per step: `torch.baddbmm` scales the product and adds the bias in one kernel, the softmax overwrites the
+        scores when no hook saw them, and both products run on `models.gemm.bmm`."""
+        P, K = q.shape[-2], k.shape[-2]
+        bias = score_bias.dense(P, K, q.dtype, q.device)  # [(head,) pos, key], −inf where masked
+        cap = self.cfg.attn_scores_soft_cap
+        fast = cap is None and inference_only(q, k, v)
+        if fast and (bias is None or bias.dim() == 2):
+            B, H, dh = q.shape[0], q.shape[1], q.shape[-1]
+            scores = torch.baddbmm(q.new_empty(()) if bias is None else bias, q.reshape(B * H, P, dh),
+                                   k.reshape(B * H, K, dh).transpose(1, 2), beta=0 if bias is None else 1,
+                                   alpha=scale).view(B, H, P, K)
+        else:
+            scores = soft_cap((q @ k.transpose(-1, -2)).mul_(scale), cap)  # in place: the square once
+            if bias is not None:
+                scores.add_(bias)
+        seen = hooked(self.hook_attn_scores)
+        scores = self.hook_attn_scores(scores)  # [batch, head, pos, key]
+        pattern = torch.softmax(scores, -1, out=scores) if fast and not seen else scores.softmax(-1)
+        if score_bias.empty_rows:  # a query with no key left (a left pad) attends nowhere
+            pattern = pattern.nan_to_num(0.0)
+        pattern = self.hook_pattern(pattern)
+        return bmm(pattern, v) if fast else pattern @ v
 
 
 def _own(point: HookPoint, x: torch.Tensor) -> torch.Tensor:

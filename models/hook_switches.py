@@ -7,7 +7,7 @@ in the config is on. `firing_hook_names()` lists the hook points that fire on a 
 
 from __future__ import annotations
 
-from .errors import ConfigError, HookSwitchError
+from .errors import ConfigError, HookSwitchError, InputError
 
 #: hook-name suffix → the config switch without which it never fires
 OPT_IN = {".hook_attn_in": "use_attn_in", ".hook_q_input": "use_split_qkv_input",
@@ -63,3 +63,20 @@ class HookSwitches:
         points that are switched off, as TransformerLens)."""
         return [name for name in self.hook_dict if not any(
             name.endswith(suffix) and not getattr(self.cfg, switch) for suffix, switch in OPT_IN.items())]
+
+    def get_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
+                          cache: dict | None = None, pos_slice=None):
+        """TransformerLens' caching hooks (`run_with_cache`), for the hook points that fire only: a switched-off
+        opt-in point never fires, so its hook would only cost adding and removing (same cache)."""
+        cache, fwd, bwd = super().get_caching_hooks(names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice)
+        firing = set(self.firing_hook_names())
+        return cache, [h for h in fwd if h[0] in firing], [h for h in bwd if h[0] in firing]
+
+    def remove_all_hook_fns(self, direction="both", including_permanent: bool = False, level: int | None = None):
+        """TransformerLens' `remove_all_hook_fns`, visiting only the hook points that hold hooks (the others have
+        nothing to remove; `reset_hooks` runs this after every `run_with_hooks` / `run_with_cache`)."""
+        if direction not in ("fwd", "bwd", "both"):
+            raise InputError(f"direction={direction!r} is not a hook direction; allowed: 'fwd', 'bwd', 'both'")
+        for point in self.hook_dict.values():
+            if point.fwd_hooks or point.bwd_hooks:
+                point.remove_hooks(direction, including_permanent=including_permanent, level=level)

@@ -37,7 +37,16 @@ class ScoreBias:
         return None
 
     def dense(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> torch.Tensor | None:
-        """`additive` with −inf where `keep` is False (`[n_q, n_k]` or `[heads, n_q, n_k]`), or None for nothing."""
+        """`additive` with −inf where `keep` is False (`[n_q, n_k]` or `[heads, n_q, n_k]`), or None for nothing.
+        Built once per shape, dtype and device on this object (the model makes one per forward pass, which every
+        layer reads): callers must not modify it."""
+        memo = self.__dict__.setdefault("_dense_memo", {})
+        key = (n_q, n_k, dtype, None if device is None else torch.device(device))
+        if key not in memo:
+            memo[key] = self._dense(n_q, n_k, dtype, device)
+        return memo[key]
+
+    def _dense(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> torch.Tensor | None:
         add, keep = self.additive(n_q, n_k, dtype, device), self.keep(n_q, n_k, device)
         if keep is None:
             return add
