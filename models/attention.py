@@ -16,7 +16,8 @@ from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
 from .config import HookedTransformerConfig
-from .gemm import affine, bmm, inference_only
+from .gemm import affine, inference_only
+from .hook_switches import only_caching
 from .positions import Rotation
 from .score_bias import ScoreBias
 
@@ -169,8 +170,10 @@ class Attention(nn.Module):
         """The explicit path for `q [batch, head, pos, d_head]`, `k`, `v [batch, head, key, d_head]`: scores,
         `hook_attn_scores`, softmax, `hook_pattern`; returns z = pattern·v `[batch, head, pos, d_head]`.
         Without autograd and soft cap (`run_with_cache`, inference hooks) it writes each `[pos, key]` square once
-        per step: `torch.baddbmm` scales the product and adds the bias in one kernel, the softmax overwrites the
-        scores when no hook saw them, and both products run on `models.gemm.bmm`."""
+        per step: `torch.baddbmm` scales the product and adds the bias in one kernel, and the softmax overwrites the
+        scores when no hook saw them. When the bias masks future keys and only `run_with_cache` watches the scores
+        and the pattern (`only_caching`), the pattern's upper triangle is exactly zero and pattern·v skips it
+        (`causal_pattern_v`)."""
         P, K = q.shape[-2], k.shape[-2]
         bias = score_bias.dense(P, K, q.dtype, q.device)  # [(head,) pos, key], −inf where masked
         cap = self.cfg.attn_scores_soft_cap
@@ -190,7 +193,22 @@ class Attention(nn.Module):
         if score_bias.empty_rows:  # a query with no key left (a left pad) attends nowhere
             pattern = pattern.nan_to_num(0.0)
         pattern = self.hook_pattern(pattern)
-        return bmm(pattern, v) if fast else pattern @ v
+        if (fast and score_bias.masks_future and only_caching(self.hook_attn_scores)
+                and only_caching(self.hook_pattern)):
+            return causal_pattern_v(pattern, v)
+        return pattern @ v
+
+
+def causal_pattern_v(pattern: torch.Tensor, v: torch.Tensor, blocks: int = 4) -> torch.Tensor:
+    """`pattern @ v` for `pattern [batch, head, pos, key]` that is zero after each query's own key (the last `pos`
+    of `key` positions) and `v [batch, head, key, d_head]`: `blocks` runs of queries, each multiplied with the keys up
+    to its last query only (5/8 of the products with 4 runs; the skipped terms are exact zeros)."""
+    B, H, P, K = pattern.shape
+    a, b = pattern.reshape(B * H, P, K), v.reshape(B * H, K, v.shape[-1])
+    step = -(-P // blocks)  # the keys of queries r0..r1-1 end at key K - P + r1
+    z = torch.cat([torch.bmm(a[:, r0:r0 + step, :K - P + min(P, r0 + step)], b[:, :K - P + min(P, r0 + step)])
+                   for r0 in range(0, P, step)], 1)
+    return z.view(B, H, P, -1)
 
 
 def _own(point: HookPoint, x: torch.Tensor) -> torch.Tensor:

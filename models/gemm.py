@@ -35,7 +35,6 @@ KERNELS = ("auto", "plain", "onednn")
 ENV = "TOY_CIRCUITS_GEMM"
 MIN_ROWS = 32
 MIN_GAIN = 1.25
-MIN_BATCHED_WORK = 1 << 21
 
 _decided: dict[str, str] = {}  # requested setting -> "plain" or "onednn", filled at first use
 _forced: str | None = None  # set by `use`
@@ -111,12 +110,8 @@ def use(setting: str):
 
 
 def _fits(x: torch.Tensor, W: torch.Tensor) -> bool:
-    return x.dim() == 2 and x.is_contiguous() and W.dim() == 2 and _usable(x, W, x.shape[0])
-
-
-def _usable(x: torch.Tensor, W: torch.Tensor, rows: int) -> bool:
-    """oneDNN may run a product of `x`'s and `W`'s kind with `rows` rows here (module docstring)."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and W.dtype == torch.float32 and rows >= MIN_ROWS
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and W.dtype == torch.float32
+            and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.is_contiguous() and W.dim() == 2
             and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
             and not getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()
             and kernel() == "onednn")
@@ -147,27 +142,10 @@ def matmul(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     return _onednn(x, W.t(), None)
 
 
-def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """`a @ b` for `a [..., m, k]`, `b [..., k, n]` with the same batch axes (attention's `q kᵀ` and
-    `pattern v`), without autograd: one oneDNN product per matrix where the call fits (`_fits` on one `[m, k]`
-    matrix, and at least `MIN_BATCHED_WORK` multiply-adds each, below which the per-call cost of ~13 µs loses to
-    MKL's batched product; benchmarks/README.md), `a @ b` otherwise, and always when a gradient is needed."""
-    *batch, m, k = a.shape
-    n = b.shape[-1]
-    if (m * k * n < MIN_BATCHED_WORK or a.numel() == 0 or b.device != a.device or list(b.shape[:-2]) != batch
-            or not inference_only(a, b) or not _usable(a, b, m)):
-        return a @ b
-    a3 = a.reshape(-1, m, k)
-    bt = b.transpose(-1, -2).reshape(-1, n, k).contiguous()  # oneDNN's weight layout [d_out, d_in], dense
-    if not a3.is_contiguous():
-        a3 = a3.contiguous()
-    return torch.stack([_onednn(x, w, None) for x, w in zip(a3, bt)]).view(*batch, m, n)
-
-
 def inference_only(*tensors: torch.Tensor) -> bool:
     """No autograd of any kind reaches `tensors`: no gradient is recorded for them, no forward-mode tangent, no
-    functorch transform (`vmap`, `grad`, `jacrev`) and no `torch.compile` tracing. Fast paths that write in place,
-    into `out=` tensors, or call oneDNN per matrix take only such calls."""
+    functorch transform (`vmap`, `grad`, `jacrev`) and no `torch.compile` tracing. Fast paths that write in place or
+    into `out=` views (attention's explicit path) take only such calls."""
     return (not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and not _dual_level()
             and not getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()
             and not torch.compiler.is_compiling())
