@@ -170,7 +170,7 @@ class Attention(nn.Module):
         """The explicit path for `q [batch, head, pos, d_head]`, `k`, `v [batch, head, key, d_head]`: scores,
         `hook_attn_scores`, softmax, `hook_pattern`; returns z = pattern·v `[batch, head, pos, d_head]`.
         Without autograd and soft cap (`run_with_cache`, inference hooks) it writes each `[pos, key]` square once
-        per step: `torch.baddbmm` scales the product and adds the bias in one kernel, and the softmax overwrites the
+        per step: `scaled_scores` scales the product and adds the bias in one kernel, and the softmax overwrites the
         scores when no hook saw them. When the bias masks future keys and only `run_with_cache` watches the scores
         and the pattern (`only_caching`), the pattern's upper triangle is exactly zero and pattern·v skips it
         (`causal_pattern_v`)."""
@@ -179,10 +179,7 @@ class Attention(nn.Module):
         cap = self.cfg.attn_scores_soft_cap
         fast = cap is None and inference_only(q, k, v)
         if fast and (bias is None or bias.dim() == 2):
-            B, H, dh = q.shape[0], q.shape[1], q.shape[-1]
-            scores = torch.baddbmm(q.new_empty(()) if bias is None else bias, q.reshape(B * H, P, dh),
-                                   k.reshape(B * H, K, dh).transpose(1, 2), beta=0 if bias is None else 1,
-                                   alpha=scale).view(B, H, P, K)
+            scores = scaled_scores(q, k, scale, bias)
         else:
             scores = soft_cap((q @ k.transpose(-1, -2)).mul_(scale), cap)  # in place: the square once
             if bias is not None:
@@ -197,6 +194,24 @@ class Attention(nn.Module):
                 and only_caching(self.hook_pattern)):
             return causal_pattern_v(pattern, v)
         return pattern @ v
+
+
+def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None,
+                  max_loop: int = 32) -> torch.Tensor:
+    """`q kᵀ · scale + bias` for `q [batch, head, pos, d_head]`, `k [batch, head, key, d_head]` and `bias [pos, key]`
+    or None, as `torch.baddbmm` (one kernel: the bias is the product's starting value). Up to `max_loop` sequences
+    one call each, reading the strided q and k of the fused QKV projection as they are; more in one call over
+    copies of q and k (where one call per sequence would cost more than the copies)."""
+    B, H, P, dh = q.shape
+    K = k.shape[-2]
+    start, beta = (q.new_zeros(()), 0) if bias is None else (bias, 1)
+    if B > max_loop:
+        return torch.baddbmm(start, q.reshape(B * H, P, dh), k.reshape(B * H, K, dh).transpose(1, 2), beta=beta,
+                             alpha=scale).view(B, H, P, K)
+    scores = q.new_empty(B, H, P, K)
+    for b in range(B):
+        torch.baddbmm(start, q[b], k[b].transpose(-1, -2), beta=beta, alpha=scale, out=scores[b])
+    return scores
 
 
 def causal_pattern_v(pattern: torch.Tensor, v: torch.Tensor, blocks: int = 4) -> torch.Tensor:

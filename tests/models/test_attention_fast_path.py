@@ -11,7 +11,7 @@ from helpers import randomize
 from transformer_lens.hook_points import HookPoint
 
 from models import HookedTransformer, HookedTransformerConfig, InputError
-from models.attention import causal_pattern_v
+from models.attention import causal_pattern_v, scaled_scores
 from models.hook_switches import CacheHook, only_caching
 from models.positions import ALiBiBias
 from models.score_bias import Bidirectional, Causal, Padding, combine
@@ -128,6 +128,18 @@ def test_no_hook_sees_the_softmax_overwrite_its_scores():
         _, cache = model.run_with_cache(toks, names_filter=lambda n: n.startswith("blocks.0.attn.hook_attn_sc"))
     torch.testing.assert_close(kept["s"], cache["blocks.0.attn.hook_attn_scores"])
     assert torch.isneginf(kept["s"]).any()
+
+
+@pytest.mark.parametrize("batch,bias", [(3, True), (3, False), (40, True), (40, False)])
+def test_scaled_scores_per_sequence_and_batched(batch, bias):
+    """Both ways of `scaled_scores` (one call per sequence on strided views; one call on copies) against the
+    plain formula, with the strided q and k views of a fused projection."""
+    g = torch.Generator().manual_seed(batch)
+    qkv = torch.randn(batch, 6, 3 * 4 * 5, generator=g, dtype=torch.float64)  # [batch, pos, 3 · heads · d_head]
+    q, k, _ = (t.view(batch, 6, 4, 5).transpose(1, 2) for t in qkv.split(20, -1))
+    b = Causal().dense(6, 6, torch.float64) if bias else None
+    expected = q @ k.transpose(-1, -2) * 0.3 + (0 if b is None else b)
+    torch.testing.assert_close(scaled_scores(q, k, 0.3, b), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("P,K,blocks", [(1, 1, 4), (7, 7, 4), (5, 9, 3), (64, 64, 4), (10, 13, 1)])
