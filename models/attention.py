@@ -199,13 +199,14 @@ class Attention(nn.Module):
 def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None,
                   max_loop: int = 32) -> torch.Tensor:
     """`q kᵀ · scale + bias` for `q [batch, head, pos, d_head]`, `k [batch, head, key, d_head]` and `bias [pos, key]`
-    or None, as `torch.baddbmm` (one kernel: the bias is the product's starting value). Up to `max_loop` sequences
-    one call each, reading the strided q and k of the fused QKV projection as they are; more in one call over
-    copies of q and k (where one call per sequence would cost more than the copies)."""
+    or None, as `torch.baddbmm` (one kernel: the bias is the product's starting value). On one thread and up to
+    `max_loop` sequences one call each, reading the strided q and k of the fused QKV projection as they are;
+    otherwise one call over copies of q and k (fewer calls: each parallel region of several threads waits for all
+    of them, which costs most on a busy machine; benchmarks/README.md)."""
     B, H, P, dh = q.shape
     K = k.shape[-2]
     start, beta = (q.new_zeros(()), 0) if bias is None else (bias, 1)
-    if B > max_loop:
+    if B > max_loop or torch.get_num_threads() > 1:
         return torch.baddbmm(start, q.reshape(B * H, P, dh), k.reshape(B * H, K, dh).transpose(1, 2), beta=beta,
                              alpha=scale).view(B, H, P, K)
     scores = q.new_empty(B, H, P, K)
