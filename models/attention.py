@@ -190,7 +190,7 @@ class Attention(nn.Module):
         if score_bias.empty_rows:  # a query with no key left (a left pad) attends nowhere
             pattern = pattern.nan_to_num(0.0)
         pattern = self.hook_pattern(pattern)
-        if (fast and score_bias.masks_future and only_caching(self.hook_attn_scores)
+        if (fast and score_bias.masks_future and K >= P and only_caching(self.hook_attn_scores)
                 and only_caching(self.hook_pattern)):
             return causal_pattern_v(pattern, v)
         return pattern @ v
