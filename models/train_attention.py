@@ -1,0 +1,191 @@
+"""Attention for training (autograd, no hooks) with its six batched products on oneDNN's float32 matmul.
+
+`softmax(q kᵀ · scale + bias) v` for every (sequence, head) pair is a batch of small products (at the `attn-only-2l`
+preset: 128 pairs of `[128, 32] @ [32, 128]`). torch's CPU flash attention runs them, `32 × 128` blocks at a time,
+on MKL, and `torch.bmm` runs them on MKL too; on CPUs where MKL takes its AVX2 kernels (AMD Zen 4/5) both reach
+50–70 GFLOP/s on one thread, while oneDNN's AVX-512 batched matmul (`brg_matmul:avx512_core`) runs the same
+products 2–3× faster (benchmarks/README.md).
+
+torch sends a float32 `torch.bmm` to oneDNN only when `torch.backends.mkldnn.matmul.fp32_precision` (a public
+setting) allows reduced precision (`"bf16"`). oneDNN implements that down-conversion for float32 matmuls only on CPUs
+with AMX; elsewhere it runs its float32 kernel, whose results agree with MKL's to float32 rounding. So the setting is
+switched on only around our own `torch.bmm` calls (`_onednn_bmm`), and only after a probe showed, on this CPU, that
+those products match a float64 reference to float32 accuracy (a bfloat16 product would be ~1000× further off) and
+that the attention beats `F.scaled_dot_product_attention` forward + backward (`_decide`, once per process). The
+setting is process-wide while switched on: another thread's float32 `bmm` in that window also runs on oneDNN.
+
+The products (Vaswani et al. 2017, §3.2.1; the backward as Dao et al. 2022, §B.2, without the tiling):
+forward `S = scale · q kᵀ + bias` (one `baddbmm`), `P = softmax(S)`, `z = P v`; backward `dP = dz vᵀ`,
+`dS = P ⊙ (dP − rowsum(dP ⊙ P))` (`torch._softmax_backward_data`, the softmax's own backward), `dq = scale · dS k`,
+`dkᵀ = scale · qᵀ dS` and `dvᵀ = dzᵀ P` (the small operand transposed: oneDNN reads a transposed view in place, a
+transposed pattern it would not). The pattern is saved for the backward (`B · H · T²` floats, as the explicit path
+keeps), so `usable` caps the length at `MAX_LEN`; longer sequences keep the flash kernel's O(T) memory. A double
+backward (`create_graph=True`) differentiates `F.scaled_dot_product_attention` instead. Our own code:
+TransformerLens has no training-specific attention kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+
+import torch
+import torch.nn.functional as F
+
+from . import gemm
+
+MAX_LEN = 512  # longest sequence on this path (the saved pattern grows as T²)
+MIN_GAIN = 1.15  # the probe's forward + backward must beat the flash kernel's by this factor
+PROBE_RTOL = 1e-5  # the probe products' largest error over their largest entry (float32: ~1e-7; bfloat16: ~1e-3)
+
+
+@contextlib.contextmanager
+def _onednn_bmm():
+    """Within the block, float32 `torch.bmm` runs on oneDNN (module docstring)."""
+    setting = torch.backends.mkldnn.matmul
+    before = setting.fp32_precision
+    setting.fp32_precision = "bf16"
+    try:
+        yield
+    finally:
+        setting.fp32_precision = before
+
+
+_NOTHING = torch.zeros(())  # baddbmm's added term where there is none (beta=0 ignores it)
+
+
+def _reference(q, k, v, bias, is_causal, scale):
+    """The same function with plain differentiable ops (double backward, and the probe's reference)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=is_causal, scale=scale)
+
+
+def _batched(t: torch.Tensor) -> torch.Tensor:
+    """`[batch, head, pos, d] -> [batch·head, pos, d]`, contiguous (a copy of a strided view)."""
+    return t.reshape(-1, *t.shape[-2:])
+
+
+class _BmmAttention(torch.autograd.Function):
+    """softmax(q kᵀ · scale + bias) v for `q, k, v [batch, head, pos, d_head]`; z in the same shape."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, is_causal, scale):
+        B, H, T, dh = q.shape
+        qb, kb, vb = _batched(q), _batched(k), _batched(v)
+        if is_causal:
+            bias = _causal(T, q.dtype)
+        with _onednn_bmm():
+            added = _NOTHING if bias is None else bias if bias.dim() == 2 else bias.expand(B, H, T, T).flatten(0, 1)
+            S = torch.baddbmm(added, qb, kb.transpose(1, 2), beta=0 if bias is None else 1, alpha=scale)
+            P = S.softmax(-1)
+            del S
+            z = torch.bmm(P, vb)
+        ctx.save_for_backward(q, k, v, qb, kb, vb, P)  # q, k, v: for a double backward
+        ctx.bias, ctx.is_causal, ctx.scale = bias if not is_causal else None, is_causal, scale
+        return z.view(B, H, T, dh)
+
+    @staticmethod
+    def backward(ctx, dz):
+        q, k, v, qb, kb, vb, P = ctx.saved_tensors
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        if torch.is_grad_enabled():  # double backward: differentiate the plain ops
+            return _double_backward(ctx, q, k, v, dz)
+        B, H, T, dh = q.shape
+        dZ = _batched(dz)
+        dq = dk = dv = None
+        with _onednn_bmm():
+            dS = torch._softmax_backward_data(torch.bmm(dZ, vb.transpose(1, 2)), P, -1, P.dtype)
+            if need_q:
+                dq = torch.baddbmm(_NOTHING, dS, kb, beta=0, alpha=ctx.scale)
+                dq = dq.view(B, H, T, dh)
+            if need_k:  # dkᵀ = scale · qᵀ dS
+                dk = torch.baddbmm(_NOTHING, qb.transpose(1, 2), dS, beta=0,
+                                   alpha=ctx.scale)
+                dk = dk.view(B, H, dh, T).transpose(-1, -2)
+            if need_v:  # dvᵀ = dzᵀ P
+                dv = torch.bmm(dZ.transpose(1, 2), P).view(B, H, dh, T).transpose(-1, -2)
+        return dq, dk, dv, None, None, None
+
+
+def _double_backward(ctx, q, k, v, dz):
+    """The gradients as differentiable functions of `q, k, v` and `dz` (for `create_graph=True`)."""
+    wrt = [t for t, need in zip((q, k, v), ctx.needs_input_grad[:3]) if need]
+    z = _reference(q, k, v, ctx.bias, ctx.is_causal, ctx.scale)
+    got = iter(torch.autograd.grad(z, wrt, dz, create_graph=True))
+    return (*(next(got) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
+
+
+@functools.lru_cache(maxsize=8)
+def _causal(T: int, dtype: torch.dtype) -> torch.Tensor:
+    """`[T, T]`: −inf above the diagonal (the keys a causal query must not see), 0 elsewhere."""
+    return torch.full((T, T), float("-inf"), dtype=dtype).triu(1)
+
+
+def attention(q, k, v, bias: torch.Tensor | None, is_causal: bool, scale: float) -> torch.Tensor:
+    """softmax(q kᵀ · scale + bias) v on the oneDNN path, `q, k, v [batch, head, pos, d_head]` (check `usable`
+    first); `bias` and `is_causal` as `F.scaled_dot_product_attention`'s `attn_mask` and `is_causal`."""
+    return _BmmAttention.apply(q, k, v, bias, is_causal, scale)
+
+
+def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, empty_rows: bool) -> bool:
+    """The oneDNN attention applies to this call: training (a gradient is needed), float32 CPU tensors, one key/value
+    head per query head, a square of at most `MAX_LEN` positions, a bias without a batch axis or fully masked rows;
+    no functorch transform, `torch.compile` tracing, autocast or forward-mode AD; `models.gemm.kernel()` is oneDNN
+    (so `TOY_CIRCUITS_GEMM=plain` turns this path off too) and the probe passed (`_decide`)."""
+    T = q.shape[2]
+    return (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+            and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
+            and q.shape == k.shape == v.shape and 1 < T <= MAX_LEN and not empty_rows
+            and (bias is None or (bias.dtype == q.dtype and bias.dim() in (2, 3) and bias.shape[-2:] == (T, T)
+                                  and (bias.dim() == 2 or bias.shape[0] == q.shape[1])))
+            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
+            and not getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()
+            and getattr(torch.autograd.forward_ad, "_current_level", -1) < 0
+            and gemm.kernel() == "onednn" and _decide())
+
+
+_decided: dict[str, bool] = {}
+
+
+def _decide() -> bool:
+    """Once per GEMM setting: oneDNN's batched products are float32-exact here and faster than the plain ones."""
+    key = gemm._requested()
+    if key not in _decided:
+        _decided[key] = _capable() and _faster()
+    return _decided[key]
+
+
+def _capable() -> bool:
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.backends.mkldnn, "matmul")
+            and hasattr(torch, "_softmax_backward_data")):
+        return False
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 128, 32, generator=g), torch.randn(8, 32, 128, generator=g)
+    try:
+        with _onednn_bmm():
+            got = [torch.bmm(a, b), torch.bmm(b.transpose(1, 2), a.transpose(1, 2)), torch.bmm(b, a)]
+    except (RuntimeError, AttributeError, ValueError):
+        return False
+    want = [torch.bmm(x.double(), y.double()) for x, y in ((a, b), (b.transpose(1, 2), a.transpose(1, 2)), (b, a))]
+    return all(float((x - y).abs().max()) <= PROBE_RTOL * float(y.abs().max()) for x, y in zip(got, want))
+
+
+def _faster(repeats: int = 7) -> bool:
+    """oneDNN's batched product beats the plain `torch.bmm` by `MIN_GAIN` on `[32, 128, 32] @ [32, 32, 128]` (best of
+    `repeats`, alternated; as `models.gemm` measures its kernel: a wide margin, so that processes decide alike)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(32, 128, 32, generator=g), torch.randn(32, 32, 128, generator=g)
+
+    def fast():
+        with _onednn_bmm():
+            torch.bmm(a, b)
+
+    best = {fast: float("inf"), (lambda: torch.bmm(a, b)): float("inf")}
+    for i in range(repeats + 1):
+        for f in best:
+            t0 = time.perf_counter()
+            f()
+            if i:  # the first round warms up (oneDNN builds its primitive)
+                best[f] = min(best[f], time.perf_counter() - t0)
+    plain = [t for f, t in best.items() if f is not fast][0]
+    return plain >= MIN_GAIN * best[fast]
