@@ -20,7 +20,8 @@ forward `S = scale · q kᵀ + bias` (one `baddbmm`), `P = softmax(S)`, `z = P v
 `dkᵀ = scale · qᵀ dS` and `dvᵀ = dzᵀ P` (the small operand transposed: oneDNN reads a transposed view in place, a
 transposed pattern it would not). The pattern is saved for the backward (`B · H · T²` floats, as the explicit path
 keeps), so `usable` caps the length at `MAX_LEN`; longer sequences keep the flash kernel's O(T) memory. A double
-backward (`create_graph=True`) differentiates `F.scaled_dot_product_attention` instead. Our own code:
+backward (`create_graph=True`) differentiates the explicit softmax attention instead (`_explicit`; torch's flash kernel
+has no double backward). Our own code:
 TransformerLens has no training-specific attention kernel.
 """
 
@@ -31,7 +32,6 @@ import functools
 import time
 
 import torch
-import torch.nn.functional as F
 
 from . import gemm
 
@@ -53,11 +53,6 @@ def _onednn_bmm():
 
 
 _NOTHING = torch.zeros(())  # baddbmm's added term where there is none (beta=0 ignores it)
-
-
-def _reference(q, k, v, bias, is_causal, scale):
-    """The same function with plain differentiable ops (double backward, and the probe's reference)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=is_causal, scale=scale)
 
 
 def _batched(t: torch.Tensor) -> torch.Tensor:
@@ -107,10 +102,20 @@ class _BmmAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+def _explicit(q, k, v, bias, is_causal, scale):
+    """The same function as differentiable ops that have a double backward (torch's CPU flash kernel has none)."""
+    s = (q @ k.transpose(-1, -2)) * scale
+    if is_causal:
+        s = s + _causal(q.shape[-2], q.dtype)
+    elif bias is not None:
+        s = s + bias
+    return s.softmax(-1) @ v
+
+
 def _double_backward(ctx, q, k, v, dz):
     """The gradients as differentiable functions of `q, k, v` and `dz` (for `create_graph=True`)."""
     wrt = [t for t, need in zip((q, k, v), ctx.needs_input_grad[:3]) if need]
-    z = _reference(q, k, v, ctx.bias, ctx.is_causal, ctx.scale)
+    z = _explicit(q, k, v, ctx.bias, ctx.is_causal, ctx.scale)
     got = iter(torch.autograd.grad(z, wrt, dz, create_graph=True))
     return (*(next(got) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
 
