@@ -12,7 +12,9 @@ with AMX; elsewhere it runs its float32 kernel, whose results agree with MKL's t
 switched on only around our own `torch.bmm` calls (`_onednn_bmm`), and only after a probe showed, on this CPU, that
 those products match a float64 reference to float32 accuracy (a bfloat16 product would be ~1000× further off) and
 that the attention beats `F.scaled_dot_product_attention` forward + backward (`_decide`, once per process). The
-setting is process-wide while switched on: another thread's float32 `bmm` in that window also runs on oneDNN.
+setting is process-wide while switched on (threads share one switch: the first in turns it on, the last out
+restores it): another thread's float32 `bmm` in that window also runs on oneDNN, exact on the CPUs that pass the
+probe.
 
 The products (Vaswani et al. 2017, §3.2.1; the backward as Dao et al. 2022, §B.2, without the tiling):
 forward `S = scale · q kᵀ + bias` (one `baddbmm`), `P = softmax(S)`, `z = P v`; backward `dP = dz vᵀ`,
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 
 import torch
@@ -40,16 +43,28 @@ MIN_GAIN = 1.15  # the probe's forward + backward must beat the flash kernel's b
 PROBE_RTOL = 1e-5  # the probe products' largest error over their largest entry (float32: ~1e-7; bfloat16: ~1e-3)
 
 
+_switch = threading.Lock()
+_inside = 0  # threads within `_onednn_bmm`: the first switches the setting on, the last restores it
+_saved: list[str] = []
+
+
 @contextlib.contextmanager
 def _onednn_bmm():
     """Within the block, float32 `torch.bmm` runs on oneDNN (module docstring)."""
+    global _inside
     setting = torch.backends.mkldnn.matmul
-    before = setting.fp32_precision
-    setting.fp32_precision = "bf16"
+    with _switch:
+        if _inside == 0:
+            _saved[:] = [setting.fp32_precision]
+            setting.fp32_precision = "bf16"
+        _inside += 1
     try:
         yield
     finally:
-        setting.fp32_precision = before
+        with _switch:
+            _inside -= 1
+            if _inside == 0:
+                setting.fp32_precision = _saved.pop()
 
 
 _NOTHING = torch.zeros(())  # baddbmm's added term where there is none (beta=0 ignores it)

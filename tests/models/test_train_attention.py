@@ -3,6 +3,8 @@ and with `F.scaled_dot_product_attention` (values, gradients, double backward), 
 found it, carries a model's training step to the plain path's gradients, and is not taken where it must not be.
 Comparisons use tolerances: the kernels round differently."""
 
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -103,6 +105,35 @@ def test_matmul_setting_is_restored(exact):
     assert setting.fp32_precision == before
     with pytest.raises(RuntimeError):  # an error inside the block restores it too
         ta.attention(q, k[:, :, :5], v, None, False, 0.35)
+    assert setting.fp32_precision == before
+
+
+def test_overlapping_threads_restore_the_setting_once_all_left():
+    """Thread A enters, B enters, A leaves (B still computing: oneDNN stays allowed), B leaves: restored."""
+    setting = torch.backends.mkldnn.matmul
+    before = setting.fp32_precision
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with ta._onednn_bmm():
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def b():
+        a_in.wait(5)
+        with ta._onednn_bmm():
+            b_in.set()
+            a_out.wait(5)
+            seen["after A left"] = setting.fp32_precision
+
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen["after A left"] == "bf16"
     assert setting.fp32_precision == before
 
 
