@@ -149,14 +149,15 @@ def attention(q, k, v, bias: torch.Tensor | None, is_causal: bool, scale: float)
 
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, empty_rows: bool) -> bool:
     """The oneDNN attention applies to this call: training (a gradient is needed), float32 CPU tensors, one key/value
-    head per query head, a square of at most `MAX_LEN` positions, a bias without a batch axis or fully masked rows;
-    no functorch transform, `torch.compile` tracing, autocast or forward-mode AD; `models.gemm.kernel()` is oneDNN
+    head per query head, a square of at most `MAX_LEN` positions, a bias (needing no gradient) without a batch axis
+    or fully masked rows; no functorch transform, `torch.compile` tracing, autocast or forward-mode AD; `models.gemm.kernel()` is oneDNN
     (so `TOY_CIRCUITS_GEMM=plain` turns this path off too) and the probe passed (`_decide`)."""
     T = q.shape[2]
     return (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
             and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
             and q.shape == k.shape == v.shape and 1 < T <= MAX_LEN and not empty_rows
-            and (bias is None or (bias.dtype == q.dtype and bias.dim() in (2, 3) and bias.shape[-2:] == (T, T)
+            and (bias is None or (bias.dtype == q.dtype and not bias.requires_grad and bias.dim() in (2, 3)
+                                  and bias.shape[-2:] == (T, T)
                                   and (bias.dim() == 2 or bias.shape[0] == q.shape[1])))
             and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
             and not getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()

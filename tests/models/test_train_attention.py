@@ -172,6 +172,7 @@ def test_not_taken_where_it_must_not_be(fast_path, monkeypatch):
     assert not ta.usable(q, k[:, :2], v[:, :2], None, False)  # grouped-query heads
     assert not ta.usable(q, k, v, torch.zeros(3, 1, 24, 24), False)  # a per-sequence mask
     assert not ta.usable(q, k, v, None, True)  # rows that may be masked throughout (padding)
+    assert not ta.usable(q, k, v, torch.zeros(24, 24, requires_grad=True), False)  # a learned bias
     long_qkv, (lq, lk, lv) = _qkv(B=1, H=1, T=ta.MAX_LEN + 1, dh=4)
     assert not ta.usable(lq, lk, lv, None, False)
     monkeypatch.setenv("TOY_CIRCUITS_GEMM", "plain")
