@@ -144,18 +144,22 @@ def _causal(T: int, dtype: torch.dtype) -> torch.Tensor:
 def attention(q, k, v, bias: torch.Tensor | None, is_causal: bool, scale: float) -> torch.Tensor:
     """softmax(q kᵀ · scale + bias) v on the oneDNN path, `q, k, v [batch, head, pos, d_head]` (check `usable`
     first); `bias` and `is_causal` as `F.scaled_dot_product_attention`'s `attn_mask` and `is_causal`."""
+    if k.shape[1] != q.shape[1]:  # grouped-query: query head h reads key/value head h // (H / H_kv)
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], 1) for t in (k, v))
     return _BmmAttention.apply(q, k, v, bias, is_causal, scale)
 
 
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, empty_rows: bool) -> bool:
-    """The oneDNN attention applies to this call: training (a gradient is needed), float32 CPU tensors, one key/value
-    head per query head, a square of at most `MAX_LEN` positions, a bias (needing no gradient) without a batch axis
-    or fully masked rows; no functorch transform, `torch.compile` tracing, autocast or forward-mode AD; `models.gemm.kernel()` is oneDNN
-    (so `TOY_CIRCUITS_GEMM=plain` turns this path off too) and the probe passed (`_decide`)."""
+    """The oneDNN attention applies to this call: training (a gradient is needed), float32 CPU tensors, key/value
+    heads dividing the query heads (grouped-query heads are repeated, as `enable_gqa`), a square of at most
+    `MAX_LEN` positions, a bias (needing no gradient) without a batch axis or fully masked rows; no functorch
+    transform, `torch.compile` tracing, autocast or forward-mode AD; `models.gemm.kernel()` is oneDNN (so
+    `TOY_CIRCUITS_GEMM=plain` turns this path off too) and the probe passed (`_decide`)."""
     T = q.shape[2]
     return (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
             and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
-            and q.shape == k.shape == v.shape and 1 < T <= MAX_LEN and not empty_rows
+            and k.shape == v.shape and q.shape[0] == k.shape[0] and q.shape[2:] == k.shape[2:]
+            and q.shape[1] % k.shape[1] == 0 and 1 < T <= MAX_LEN and not empty_rows
             and (bias is None or (bias.dtype == q.dtype and not bias.requires_grad and bias.dim() in (2, 3)
                                   and bias.shape[-2:] == (T, T)
                                   and (bias.dim() == 2 or bias.shape[0] == q.shape[1])))

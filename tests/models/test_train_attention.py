@@ -85,6 +85,19 @@ def test_values_and_gradients_match_float64_and_sdpa(exact, kind):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
 
 
+def test_grouped_query_heads_match_sdpa(exact):
+    """Two key/value heads for four query heads (query head h reads key/value head h // 2), as `enable_gqa`."""
+    out = {}
+    for name in ("fast", "sdpa"):
+        qkv, (q, k, v) = _qkv()
+        k, v = k[:, :2], v[:, :2]
+        z = ta.attention(q, k, v, None, True, 0.35) if name == "fast" else F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=0.35, enable_gqa=True)
+        out[name] = z, *torch.autograd.grad(z.sin().sum(), qkv)
+    for got, want in zip(out["fast"], out["sdpa"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
+
+
 def test_double_backward_matches_explicit(exact):
     """`create_graph=True` (which torch's flash kernel does not support) gives the explicit attention's gradients."""
     grads = {}
@@ -169,7 +182,8 @@ def test_not_taken_where_it_must_not_be(fast_path, monkeypatch):
         assert not ta.usable(q, k, v, None, False)
     q64, k64, v64 = (t.double() for t in (q, k, v))
     assert not ta.usable(q64, k64, v64, None, False)
-    assert not ta.usable(q, k[:, :2], v[:, :2], None, False)  # grouped-query heads
+    assert ta.usable(q, k[:, :2], v[:, :2], None, False)  # grouped-query heads: repeated
+    assert not ta.usable(q, k[:, :3], v[:, :3], None, False)  # 3 key/value heads for 4 query heads
     assert not ta.usable(q, k, v, torch.zeros(3, 1, 24, 24), False)  # a per-sequence mask
     assert not ta.usable(q, k, v, None, True)  # rows that may be masked throughout (padding)
     assert not ta.usable(q, k, v, torch.zeros(24, 24, requires_grad=True), False)  # a learned bias
