@@ -6,15 +6,8 @@ on MKL, and `torch.bmm` runs them on MKL too; on CPUs where MKL takes its AVX2 k
 50–70 GFLOP/s on one thread, while oneDNN's AVX-512 batched matmul (`brg_matmul:avx512_core`) runs the same
 products 2–3× faster (benchmarks/README.md).
 
-torch sends a float32 `torch.bmm` to oneDNN only when `torch.backends.mkldnn.matmul.fp32_precision` (a public
-setting) allows reduced precision (`"bf16"`). oneDNN implements that down-conversion for float32 matmuls only on CPUs
-with AMX; elsewhere it runs its float32 kernel, whose results agree with MKL's to float32 rounding. So the setting is
-switched on only around our own `torch.bmm` calls (`_onednn_bmm`), and only after a probe showed, on this CPU, that
-those products match a float64 reference to float32 accuracy (a bfloat16 product would be ~1000× further off) and
-that the attention beats `F.scaled_dot_product_attention` forward + backward (`_decide`, once per process). The
-setting is process-wide while switched on (threads share one switch: the first in turns it on, the last out
-restores it): another thread's float32 `bmm` in that window also runs on oneDNN, exact on the CPUs that pass the
-probe.
+The products run inside `models.gemm.onednn_matmuls()`, which lets torch send float32 `bmm` to oneDNN, and only where
+`models.gemm.onednn_matmuls_ok()` found them float32-exact and faster than MKL's on this CPU (see there).
 
 The products (Vaswani et al. 2017, §3.2.1; the backward as Dao et al. 2022, §B.2, without the tiling):
 forward `S = scale · q kᵀ + bias` (one `baddbmm`), `P = softmax(S)`, `z = P v`; backward `dP = dz vᵀ`,
@@ -29,44 +22,13 @@ TransformerLens has no training-specific attention kernel.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
-import time
 
 import torch
 
 from . import gemm
 
 MAX_LEN = 512  # longest sequence on this path (the saved pattern grows as T²)
-MIN_GAIN = 1.15  # the probe's forward + backward must beat the flash kernel's by this factor
-PROBE_RTOL = 1e-5  # the probe products' largest error over their largest entry (float32: ~1e-7; bfloat16: ~1e-3)
-
-
-_switch = threading.Lock()
-_inside = 0  # threads within `_onednn_bmm`: the first switches the setting on, the last restores it
-_saved: list[str] = []
-
-
-@contextlib.contextmanager
-def _onednn_bmm():
-    """Within the block, float32 `torch.bmm` runs on oneDNN (module docstring)."""
-    global _inside
-    setting = torch.backends.mkldnn.matmul
-    with _switch:
-        if _inside == 0:
-            _saved[:] = [setting.fp32_precision]
-            setting.fp32_precision = "bf16"
-        _inside += 1
-    try:
-        yield
-    finally:
-        with _switch:
-            _inside -= 1
-            if _inside == 0:
-                setting.fp32_precision = _saved.pop()
-
-
 _NOTHING = torch.zeros(())  # baddbmm's added term where there is none (beta=0 ignores it)
 
 
@@ -84,7 +46,7 @@ class _BmmAttention(torch.autograd.Function):
         qb, kb, vb = _batched(q), _batched(k), _batched(v)
         if is_causal:
             bias = _causal(T, q.dtype)
-        with _onednn_bmm():
+        with gemm.onednn_matmuls():
             added = _NOTHING if bias is None else bias if bias.dim() == 2 else bias.expand(B, H, T, T).flatten(0, 1)
             S = torch.baddbmm(added, qb, kb.transpose(1, 2), beta=0 if bias is None else 1, alpha=scale)
             P = S.softmax(-1)
@@ -103,7 +65,7 @@ class _BmmAttention(torch.autograd.Function):
         B, H, T, dh = q.shape
         dZ = _batched(dz)
         dq = dk = dv = None
-        with _onednn_bmm():
+        with gemm.onednn_matmuls():
             dS = torch._softmax_backward_data(torch.bmm(dZ, vb.transpose(1, 2)), P, -1, P.dtype)
             if need_q:
                 dq = torch.baddbmm(_NOTHING, dS, kb, beta=0, alpha=ctx.scale)
@@ -169,48 +131,11 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             and gemm.kernel() == "onednn" and _decide())
 
 
-_decided: dict[str, bool] = {}
+_decided: dict[str, bool] = {}  # GEMM setting -> whether this path applies (`models.gemm.onednn_matmuls_ok`)
 
 
 def _decide() -> bool:
-    """Once per GEMM setting: oneDNN's batched products are float32-exact here and faster than the plain ones."""
     key = gemm._requested()
     if key not in _decided:
-        _decided[key] = _capable() and _faster()
+        _decided[key] = hasattr(torch, "_softmax_backward_data") and gemm.onednn_matmuls_ok()
     return _decided[key]
-
-
-def _capable() -> bool:
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.backends.mkldnn, "matmul")
-            and hasattr(torch, "_softmax_backward_data")):
-        return False
-    g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(8, 128, 32, generator=g), torch.randn(8, 32, 128, generator=g)
-    try:
-        with _onednn_bmm():
-            got = [torch.bmm(a, b), torch.bmm(b.transpose(1, 2), a.transpose(1, 2)), torch.bmm(b, a)]
-    except (RuntimeError, AttributeError, ValueError):
-        return False
-    want = [torch.bmm(x.double(), y.double()) for x, y in ((a, b), (b.transpose(1, 2), a.transpose(1, 2)), (b, a))]
-    return all(float((x - y).abs().max()) <= PROBE_RTOL * float(y.abs().max()) for x, y in zip(got, want))
-
-
-def _faster(repeats: int = 7) -> bool:
-    """oneDNN's batched product beats the plain `torch.bmm` by `MIN_GAIN` on `[32, 128, 32] @ [32, 32, 128]` (best of
-    `repeats`, alternated; as `models.gemm` measures its kernel: a wide margin, so that processes decide alike)."""
-    g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(32, 128, 32, generator=g), torch.randn(32, 32, 128, generator=g)
-
-    def fast():
-        with _onednn_bmm():
-            torch.bmm(a, b)
-
-    best = {fast: float("inf"), (lambda: torch.bmm(a, b)): float("inf")}
-    for i in range(repeats + 1):
-        for f in best:
-            t0 = time.perf_counter()
-            f()
-            if i:  # the first round warms up (oneDNN builds its primitive)
-                best[f] = min(best[f], time.perf_counter() - t0)
-    plain = [t for f, t in best.items() if f is not fast][0]
-    return plain >= MIN_GAIN * best[fast]

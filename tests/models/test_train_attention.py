@@ -15,8 +15,8 @@ from models import train_attention as ta
 
 @pytest.fixture
 def exact():
-    """oneDNN's batched float32 products are exact here (elsewhere the path is never taken: `_capable` fails)."""
-    if not ta._capable():
+    """oneDNN's batched float32 products are exact here (elsewhere the path is never taken: the probe fails)."""
+    if not gemm._matmuls_exact():
         pytest.skip("oneDNN's batched float32 matmul is absent or not float32-exact on this CPU")
 
 
@@ -129,14 +129,14 @@ def test_overlapping_threads_restore_the_setting_once_all_left():
     seen = {}
 
     def a():
-        with ta._onednn_bmm():
+        with gemm.onednn_matmuls():
             a_in.set()
             b_in.wait(5)
         a_out.set()
 
     def b():
         a_in.wait(5)
-        with ta._onednn_bmm():
+        with gemm.onednn_matmuls():
             b_in.set()
             a_out.wait(5)
             seen["after A left"] = setting.fp32_precision
