@@ -16,9 +16,12 @@ kernel of its compiler's CPU linear), so it is used only where all of these hold
   one first, a copy of `d_in · d_out` numbers beside a product of `rows` times as many multiply-adds.
 
 Forward and backward both run on oneDNN (`_OneDNNAffine`; its double backward uses plain differentiable ops, and
-forward-mode AD has a `jvp`). Switch: the environment variable `TOY_CIRCUITS_GEMM` = `auto` (the default),
-`plain` (never oneDNN) or `onednn` (skip the measurement, keep the capability check); `use(kernel)` sets it in
-code. Results agree with the plain kernel to rounding (float32), not bitwise.
+forward-mode AD has a `jvp`). torch's own `mm` / `bmm` reach oneDNN only through a public precision setting
+(`onednn_matmuls`, used where `onednn_matmuls_ok` found it float32-exact and faster): the weight gradient `xᵀ g`
+takes it (oneDNN reads `xᵀ` in place; `_linear_pointwise` copies it), and so does `models.train_attention`.
+Switch: the environment variable `TOY_CIRCUITS_GEMM` = `auto` (the default), `plain` (never oneDNN) or `onednn`
+(skip the measurement, keep the capability check); `use(kernel)` sets it in code. Results agree with the plain kernel
+to rounding (float32), not bitwise.
 """
 
 from __future__ import annotations
