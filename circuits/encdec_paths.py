@@ -39,6 +39,7 @@ def encdec_term_name(path: tuple[str, ...], source: str) -> str:
 
 def _norm(module) -> NormParams:
     kind = getattr(module, "kind", None)
+    kind = {"LNPre": "LN", "RMSPre": "RMS"}.get(kind, kind)  # parameter-free: the same centring and scale
     w, b = getattr(module, "w", None), getattr(module, "b", None)
     return NormParams(kind, None if w is None else w.detach(), None if b is None else b.detach(),
                       float(getattr(module, "eps", 1e-5)))

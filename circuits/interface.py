@@ -125,13 +125,15 @@ def _tensor_attr(module, names):
 def norm_params(model, layer: int | None) -> NormParams:
     """The norm read before attention in `layer` (`blocks[layer].ln1`), or the final norm for `layer=None`."""
     cfg = model.cfg
-    kind = cfg.normalization_type
+    kind, module = cfg.normalization_type, None
+    if kind is not None:
+        module = model.ln_final if layer is None else model.blocks[layer].ln1
+        kind = getattr(module, "kind", kind)  # our Norm knows its own kind (ln_final with final_rms)
     if kind in (None, "LNPre", "RMSPre"):
         kind = {None: None, "LNPre": "LN", "RMSPre": "RMS"}[kind]
         return NormParams(kind, None, None, float(getattr(cfg, "eps", 1e-5)))
     if kind not in ("LN", "RMS"):
         raise NotImplementedError(f"normalization_type={kind!r} is not supported by circuits")
-    module = model.ln_final if layer is None else model.blocks[layer].ln1
     w = _tensor_attr(module, ("w", "weight"))
     b = _tensor_attr(module, ("b", "bias")) if kind == "LN" else None
     return NormParams(kind, w, b, float(getattr(cfg, "eps", 1e-5)))

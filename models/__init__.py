@@ -17,9 +17,11 @@ if TYPE_CHECKING:
         CorpusError,
         InputError,
         TokenizerError,
+        TokenNotFoundError,
         ToyCircuitsError,
         TrainConfigError,
         UnsupportedByTransformerLens,
+        WeightProcessingError,
     )
     from .interop import from_transformer_lens_state_dict, to_transformer_lens
     from .kv_cache import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry

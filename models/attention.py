@@ -17,7 +17,8 @@ from transformer_lens.hook_points import HookPoint
 
 from . import train_attention
 from .config import HookedTransformerConfig
-from .gemm import affine
+from .gemm import affine, inference_only
+from .hook_switches import only_caching
 from .positions import Rotation
 from .score_bias import ScoreBias
 
@@ -154,16 +155,7 @@ class Attention(nn.Module):
         if hooked(self.hook_attn_scores, self.hook_pattern) or cfg.attn_scores_soft_cap is not None:
             if Hkv != H:  # query head h reads kv head h // (H / Hkv)
                 k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
-            scores = (q @ k.transpose(-1, -2)).mul_(scale)  # in place: the [pos, key] square once
-            scores = soft_cap(scores, cfg.attn_scores_soft_cap)
-            bias = score_bias.dense(P, K, q.dtype, q.device)  # [(head,) pos, key], −inf where masked
-            if bias is not None:
-                scores.add_(bias)
-            pattern = self.hook_attn_scores(scores).softmax(-1)  # [batch, head, pos, key]
-            if score_bias.empty_rows:  # a query with no key left (a left pad) attends nowhere
-                pattern = pattern.nan_to_num(0.0)
-            pattern = self.hook_pattern(pattern)
-            z = pattern @ v
+            z = self._explicit(q, k, v, score_bias, scale)
         else:
             mask, is_causal = score_bias.sdpa_args(P, K, q.dtype, q.device)
             default = cfg.use_attn_scale and cfg.attn_scale is None and not cfg.scale_attn_by_inverse_layer_idx
@@ -177,6 +169,67 @@ class Attention(nn.Module):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))  # [batch, pos, head, d_model]
             return result.sum(-2) + self.b_O
         return affine(self.b_O, z.reshape(B * P, H * dh), self.W_O.reshape(H * dh, -1)).view(B, P, -1)
+
+    def _explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_bias: ScoreBias,
+                  scale: float) -> torch.Tensor:
+        """The explicit path for `q [batch, head, pos, d_head]`, `k`, `v [batch, head, key, d_head]`: scores,
+        `hook_attn_scores`, softmax, `hook_pattern`; returns z = pattern·v `[batch, head, pos, d_head]`.
+        Without autograd and soft cap (`run_with_cache`, inference hooks) it writes each `[pos, key]` square once
+        per step: `scaled_scores` scales the product and adds the bias in one kernel, and the softmax overwrites the
+        scores when no hook saw them. When the bias masks future keys and only `run_with_cache` watches the scores
+        and the pattern (`only_caching`), the pattern's upper triangle is exactly zero and pattern·v skips it
+        (`causal_pattern_v`)."""
+        P, K = q.shape[-2], k.shape[-2]
+        bias = score_bias.dense(P, K, q.dtype, q.device)  # [(head,) pos, key], −inf where masked
+        cap = self.cfg.attn_scores_soft_cap
+        fast = cap is None and inference_only(q, k, v)
+        if fast and (bias is None or bias.dim() == 2):
+            scores = scaled_scores(q, k, scale, bias)
+        else:
+            scores = soft_cap((q @ k.transpose(-1, -2)).mul_(scale), cap)  # in place: the square once
+            if bias is not None:
+                scores.add_(bias)
+        seen = hooked(self.hook_attn_scores)
+        scores = self.hook_attn_scores(scores)  # [batch, head, pos, key]
+        pattern = torch.softmax(scores, -1, out=scores) if fast and not seen else scores.softmax(-1)
+        if score_bias.empty_rows:  # a query with no key left (a left pad) attends nowhere
+            pattern = pattern.nan_to_num(0.0)
+        pattern = self.hook_pattern(pattern)
+        if (fast and score_bias.masks_future and K >= P and only_caching(self.hook_attn_scores)
+                and only_caching(self.hook_pattern)):
+            return causal_pattern_v(pattern, v)
+        return pattern @ v
+
+
+def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None,
+                  max_loop: int = 32) -> torch.Tensor:
+    """`q kᵀ · scale + bias` for `q [batch, head, pos, d_head]`, `k [batch, head, key, d_head]` and `bias [pos, key]`
+    or None, as `torch.baddbmm` (one kernel: the bias is the product's starting value). On one thread and up to
+    `max_loop` sequences one call each, reading the strided q and k of the fused QKV projection as they are;
+    otherwise one call over copies of q and k (fewer calls: each parallel region of several threads waits for all
+    of them, which costs most on a busy machine; benchmarks/README.md)."""
+    B, H, P, dh = q.shape
+    K = k.shape[-2]
+    start, beta = (q.new_zeros(()), 0) if bias is None else (bias, 1)
+    if B > max_loop or torch.get_num_threads() > 1:
+        return torch.baddbmm(start, q.reshape(B * H, P, dh), k.reshape(B * H, K, dh).transpose(1, 2), beta=beta,
+                             alpha=scale).view(B, H, P, K)
+    scores = q.new_empty(B, H, P, K)
+    for b in range(B):
+        torch.baddbmm(start, q[b], k[b].transpose(-1, -2), beta=beta, alpha=scale, out=scores[b])
+    return scores
+
+
+def causal_pattern_v(pattern: torch.Tensor, v: torch.Tensor, blocks: int = 4) -> torch.Tensor:
+    """`pattern @ v` for `pattern [batch, head, pos, key]` that is zero after each query's own key (the last `pos`
+    of `key` positions) and `v [batch, head, key, d_head]`: `blocks` runs of queries, each multiplied with the keys up
+    to its last query only (5/8 of the products with 4 runs; the skipped terms are exact zeros)."""
+    B, H, P, K = pattern.shape
+    a, b = pattern.reshape(B * H, P, K), v.reshape(B * H, K, v.shape[-1])
+    step = -(-P // blocks)  # the keys of queries r0..r1-1 end at key K - P + r1
+    z = torch.cat([torch.bmm(a[:, r0:r0 + step, :K - P + min(P, r0 + step)], b[:, :K - P + min(P, r0 + step)])
+                   for r0 in range(0, P, step)], 1)
+    return z.view(B, H, P, -1)
 
 
 def _own(point: HookPoint, x: torch.Tensor) -> torch.Tensor:

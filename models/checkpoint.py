@@ -298,10 +298,11 @@ def read_safetensors(path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
 
 
-def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
+def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransformer:
     """Load a model folder or a zoo model by name (`models.load("attn-only-2l")`), offline. `device` (default the
     CPU, whatever device the model was trained on) and `dtype` (a `torch.dtype` or its name, e.g. "float16") are
-    checked before anything is read: `ConfigError` names an unknown or absent device or an unsupported dtype."""
+    checked before anything is read: `ConfigError` names an unknown or absent device or an unsupported dtype.
+    `processing`: TransformerLens 2.18's `fold_ln=`, `center_writing_weights=`, … (`models.weight_processing`)."""
     dtype = None if dtype is None else getattr(torch, dtype_name(dtype))
     device = None if device is None else available_device(device)
     folder = resolve(path_or_name)
@@ -325,6 +326,10 @@ def load(path_or_name, device=None, dtype=None) -> HookedTransformer:
     if dtype is not None:
         model.to(dtype)
         model.cfg.dtype = dtype
+    if processing:
+        from .weight_processing import process_loaded
+
+        process_loaded(model, processing)
     return model.eval()  # as TransformerLens' from_pretrained (transformer_lens.patching refuses training mode)
 
 

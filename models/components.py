@@ -35,7 +35,8 @@ class Embed(nn.Module):
 
 class PosEmbed(nn.Module):
     """The positional scheme's table `W_pos [n_ctx, d_model]`: a parameter when learned, a buffer (not saved) when
-    fixed; `forward(n)` gives rows 0..n-1."""
+    fixed. `forward(tokens, past_kv_pos_offset, attention_mask)` as TransformerLens 2.x's `PosEmbed`; `rows(n)` gives
+    rows 0..n-1."""
 
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
@@ -45,45 +46,65 @@ class PosEmbed(nn.Module):
         else:
             self.register_buffer("W_pos", self.scheme.fixed_table(cfg.n_ctx, cfg.torch_dtype), False)
 
-    def forward(self, n_pos: int) -> torch.Tensor:  # -> [pos, d_model]
+    def rows(self, n_pos: int) -> torch.Tensor:  # -> [pos, d_model]
         return self.scheme.rows(self.W_pos, n_pos)
+
+    def forward(self, tokens: torch.Tensor, past_kv_pos_offset: int = 0,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`[batch, pos, d_model]`, the rows of `tokens [batch, pos]`'s positions, which follow `past_kv_pos_offset`
+        cached ones. With `attention_mask [batch, past + pos]` (1 real, 0 padding) a position counts the real tokens
+        before it and padding gets zeros (`models.padding.position_ids`), as TransformerLens 2.x."""
+        from .padding import position_ids
+
+        B, P = tokens.shape[:2]
+        if attention_mask is None:
+            return self.rows(past_kv_pos_offset + P)[past_kv_pos_offset:].expand(B, P, -1)
+        ids, real = position_ids(attention_mask[:, :past_kv_pos_offset + P], past_kv_pos_offset)
+        return self.rows(int(ids.max()) + 1)[ids] * real[..., None].to(self.W_pos.dtype)
 
 
 class Norm(nn.Module):
-    """Pre-norm (Xiong et al. 2020): LayerNorm ("LN", Ba et al. 2016), RMSNorm ("RMS", Zhang & Sennrich 2019) or
-    none (the identity, with no hook points, as TransformerLens' `nn.Identity`).
+    """Pre-norm (Xiong et al. 2020): LayerNorm ("LN", Ba et al. 2016), RMSNorm ("RMS", Zhang & Sennrich 2019), their
+    parameter-free forms "LNPre" / "RMSPre" (TransformerLens' LayerNormPre / RMSNormPre: the norm left once its weight
+    and bias are folded into the weights that read it, `models.weight_processing`) or none (the identity, with no hook
+    points, as TransformerLens' `nn.Identity`).
 
     LN: x ← x − mean(x); scale = √(mean(x²) + ε); out = x / scale · w + b (TransformerLens' formula), hooked at
     `hook_scale` and `hook_normalized` (the output). RMS skips the centring and the bias and hooks `hook_normalized`
-    at x / scale, before the weight (as TransformerLens' RMSNorm). The fused `F.layer_norm` / `F.rms_norm` kernels
-    are used unless a hook point is hooked. `kind` overrides `cfg.normalization_type`; `d` the width (d_model).
+    at x / scale, before the weight (as TransformerLens' RMSNorm); the *Pre forms stop at x / scale. The fused
+    `F.layer_norm` / `F.rms_norm` kernels are used unless a hook point is hooked. `kind` overrides
+    `cfg.normalization_type`; `d` the width (d_model).
     """
 
     def __init__(self, cfg: HookedTransformerConfig, d: int | None = None, kind: str | None = "cfg"):
         super().__init__()
         self.kind = cfg.normalization_type if kind == "cfg" else kind
+        self.centre = self.kind in ("LN", "LNPre")
         self.eps = cfg.eps
         d = d or cfg.d_model
         if self.kind is not None:
-            self.w = nn.Parameter(torch.ones(d, dtype=cfg.torch_dtype))
             self.hook_scale = HookPoint()  # [batch, pos, 1]
             self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+        if self.kind in ("LN", "RMS"):
+            self.w = nn.Parameter(torch.ones(d, dtype=cfg.torch_dtype))
         if self.kind == "LN":
             self.b = nn.Parameter(torch.zeros(d, dtype=cfg.torch_dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind is None:
             return x
+        w, b = getattr(self, "w", None), getattr(self, "b", None)
         if not hooked(self.hook_scale, self.hook_normalized):
-            if self.kind == "LN":
-                return F.layer_norm(x, x.shape[-1:], self.w, self.b, self.eps)
-            return F.rms_norm(x, x.shape[-1:], self.w, self.eps)
-        if self.kind == "LN":
+            if self.centre:
+                return F.layer_norm(x, x.shape[-1:], w, b, self.eps)
+            return F.rms_norm(x, x.shape[-1:], w, self.eps)
+        if self.centre:
             x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         if self.kind == "LN":
-            return self.hook_normalized(x / scale * self.w + self.b)
-        return self.hook_normalized(x / scale) * self.w
+            return self.hook_normalized(x / scale * w + b)
+        out = self.hook_normalized(x / scale)
+        return out * w if w is not None else out
 
 
 def final_norm(cfg: HookedTransformerConfig) -> Norm:
@@ -91,7 +112,9 @@ def final_norm(cfg: HookedTransformerConfig) -> Norm:
     blocks, whose output is normalised already (Vaswani et al. 2017)."""
     if cfg.normalization_position == "post":
         return Norm(cfg, kind=None)
-    return Norm(cfg, kind="RMS" if cfg.final_rms and cfg.normalization_type else "cfg")
+    if cfg.final_rms and cfg.normalization_type:
+        return Norm(cfg, kind="RMSPre" if cfg.normalization_type.endswith("Pre") else "RMS")
+    return Norm(cfg)
 
 
 def gelu_fast(x: torch.Tensor) -> torch.Tensor:
@@ -142,7 +165,7 @@ class MLP(nn.Module):
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
         if cfg.act_fn == "solu_ln":
             self.hook_mid = HookPoint()  # [batch, pos, d_mlp]
-            self.ln = Norm(cfg, cfg.d_mlp, kind="LN")
+            self.ln = Norm(cfg, cfg.d_mlp, kind="LNPre" if cfg.normalization_type in ("LNPre", "RMSPre") else "LN")
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

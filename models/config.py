@@ -19,14 +19,14 @@ from .score_bias import MASKS
 
 #: TransformerLens 2.18's activations (models.components._ACTIVATIONS); "solu_ln" is SoLU followed by a LayerNorm.
 ACT_FNS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "solu", "solu_ln")
-NORMALIZATION_TYPES = (None, "LN", "RMS")
+NORMALIZATION_TYPES = (None, "LN", "RMS", "LNPre", "RMSPre")  # *Pre: no weight or bias (folded away)
 NORMALIZATION_POSITIONS = ("pre", "post")  # Xiong et al. 2020 / Vaswani et al. 2017
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 RUNTIME_FIELDS = ("device",)  # chosen when a model is built or loaded; never written to config.json
 BOOL_FIELDS = ("attn_only", "rotary_adjacent_pairs", "use_bias", "default_prepend_bos", "gated_mlp",
                "parallel_attn_mlp", "final_rms", "use_attn_scale", "scale_attn_by_inverse_layer_idx", "alibi_symmetric",
                "ungroup_grouped_query_attention", "use_attn_result", "use_split_qkv_input", "use_attn_in",
-               "use_hook_mlp_in", "use_hook_tokens")
+               "use_hook_mlp_in", "use_hook_tokens", "load_in_4bit")
 
 
 def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
@@ -95,6 +95,7 @@ class HookedTransformerConfig:
     use_attn_in: bool = False
     use_hook_mlp_in: bool = False
     use_hook_tokens: bool = False
+    load_in_4bit: bool = False  # TransformerLens' field; only False (4-bit weights need bitsandbytes and CUDA)
     original_architecture: str | None = None  # metadata (TransformerLens' field)
     tokenizer_name: str | None = None  # metadata: stored, never fetched
     init_range: float = 0.02
@@ -176,6 +177,9 @@ class HookedTransformerConfig:
         for name in BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.load_in_4bit:
+            raise ConfigError("load_in_4bit=True (bitsandbytes 4-bit weights, CUDA only) is not supported; allowed: "
+                              "False")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ConfigError(f"seed must be an int or None, got {self.seed!r}")
         if not isinstance(self.extra, dict):

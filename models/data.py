@@ -56,12 +56,14 @@ def stdlib_source() -> TextSource:
     root = Path(sysconfig.get_paths()["stdlib"])
     if not root.is_dir():
         raise CorpusError(f"the standard library folder {root} does not exist; pass a text folder instead")
+    found = []
+    for folder, dirs, files in os.walk(root):  # as root.rglob("*.py"), never entering installed packages
+        dirs[:] = [d for d in dirs if d not in ("site-packages", "dist-packages")]
+        found += [Path(folder, f) for f in files if f.endswith(".py")]
     train, val = [], []
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root).parts
-        if "site-packages" in rel or "dist-packages" in rel or not p.is_file():
-            continue
-        (val if _is_test_path(rel) else train).append(p)
+    for p in sorted(found):
+        if p.is_file():
+            (val if _is_test_path(p.relative_to(root).parts) else train).append(p)
     if not train:
         raise CorpusError(f"no *.py files found under the standard library folder {root}")
     return TextSource(f"python{sysconfig.get_python_version()}-stdlib", train, val)

@@ -172,7 +172,7 @@ class HookedEncoderDecoder(HookedRootModule):
         """Rows `offset .. offset + n_pos` of the source or target positional table, hooked, or None without one."""
         if not hasattr(self, "pos_embed_src"):
             return None
-        rows = getattr(self, f"pos_embed_{which}")(offset + n_pos)[offset:]
+        rows = getattr(self, f"pos_embed_{which}").rows(offset + n_pos)[offset:]
         return getattr(self, f"hook_pos_embed_{which}")(rows.expand(batch, n_pos, -1))
 
     def _embed(self, which: str, tokens: torch.Tensor, offset: int = 0) -> tuple:

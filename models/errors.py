@@ -33,6 +33,17 @@ class InputError(ToyCircuitsError, ValueError):
     a mask of the wrong shape); the message names the argument and what is allowed."""
 
 
+class TokenNotFoundError(InputError, AssertionError):
+    """`get_token_position`: the token is not in the prompt. Its message is TransformerLens 2.x's ("The token does not
+    occur in the prompt", which its tests compare), a note names the token; also an `AssertionError`, the type
+    TransformerLens raises there."""
+
+
+class WeightProcessingError(ToyCircuitsError, ValueError):
+    """`process_weights_` (or a loader's processing flags) asked for a step that TransformerLens 2.18 refuses or that
+    would change the model's outputs; the message names the step, the setting that blocks it and what to pass."""
+
+
 class UnsupportedByTransformerLens(ToyCircuitsError, NotImplementedError):
     """The configuration has no exact TransformerLens 4.x counterpart."""
 

@@ -228,6 +228,15 @@ def matmul(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     return _onednn(x, W.t(), None)
 
 
+def inference_only(*tensors: torch.Tensor) -> bool:
+    """No autograd of any kind reaches `tensors`: no gradient is recorded for them, no forward-mode tangent, no
+    functorch transform (`vmap`, `grad`, `jacrev`) and no `torch.compile` tracing. Fast paths that write in place or
+    into `out=` views (attention's explicit path) take only such calls."""
+    return (not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and not _dual_level()
+            and not getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()
+            and not torch.compiler.is_compiling())
+
+
 def _dual_level() -> bool:
     """Inside `torch.autograd.forward_ad.dual_level` (tangents must flow through `_OneDNNAffine.jvp`)."""
     return getattr(torch.autograd.forward_ad, "_current_level", 0) >= 0

@@ -64,7 +64,7 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
     return logits
 
 
-RETURN_TYPES = ("input", "str", "tokens")
+RETURN_TYPES = ("input", "str", "tokens", "embeds")
 
 
 def sample(logits: torch.Tensor, tokens: torch.Tensor, gen: torch.Generator, do_sample: bool, temperature: float,
@@ -82,18 +82,52 @@ def sample(logits: torch.Tensor, tokens: torch.Tensor, gen: torch.Generator, do_
     return torch.multinomial(probs, 1, generator=gen)[:, 0]
 
 
+def prompt_embeds(model, embeds: torch.Tensor) -> torch.Tensor:
+    """A prompt given as token embeddings `[batch, pos, d_model]` (float), on the model's device and dtype, or
+    `InputError`. Past a learned positional table the model sees the last `n_ctx` of them (`ContextWindowWarning`)."""
+    from .errors import InputError
+
+    if embeds.ndim != 3 or embeds.shape[-1] != model.cfg.d_model or 0 in embeds.shape[:2]:
+        raise InputError(f"embeddings to generate from must be a float tensor [batch, pos, d_model={model.cfg.d_model}]"
+                         f" with batch, pos >= 1, got shape {tuple(embeds.shape)}")
+    limit = model.cfg.positions.max_context
+    if limit is not None and embeds.shape[1] > limit:
+        warnings.warn(f"the prompt has {embeds.shape[1]} embeddings, more than n_ctx={limit}: the model sees its last "
+                      f"{limit}", ContextWindowWarning, stacklevel=3)
+    return embeds.to(model.W_E.device, model.W_E.dtype)
+
+
+def _embeds_logits(model, embeds: torch.Tensor, cache) -> torch.Tensor:
+    """The last position's logits `[batch, d_vocab_out]` from token embeddings, as TransformerLens 2.x's `generate`:
+    positions added by `get_residual` (`hook_embed` does not fire: there are no ids), then every block. With a
+    key/value cache only the positions it does not hold yet run."""
+    if cache is None:
+        resid, pos_qk = model.get_residual(_context(model, embeds))
+        return model(resid, start_at_layer=0, shortformer_pos_embed=pos_qk)[:, -1].float()
+    n_past = cache.n_past
+    new = embeds[:, n_past:]
+    mask = cache.append_attention_mask(torch.ones(new.shape[:2], dtype=torch.long, device=new.device))
+    resid, pos_qk = model.get_residual(new, n_past, attention_mask=mask)
+    return model(resid, start_at_layer=0, shortformer_pos_embed=pos_qk, attention_mask=mask,
+                 past_kv_cache=cache)[:, -1].float()
+
+
 @torch.no_grad()
 def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p=None, seed=None,
              stop_at_eos: bool = False, eos_token_id: int | None = None, do_sample: bool = True,
              freq_penalty: float = 0.0, use_past_kv_cache: bool = True, prepend_bos: bool | None = None,
              padding_side: str | None = None, return_type: str = "input", verbose: bool = False):
-    """Continue `input` (text, a list of texts, or ids `[batch, pos]`) by `max_new_tokens` tokens, TransformerLens
-    2.x's `generate`. Greedy when `do_sample=False` or `temperature=0`; sampling is seeded by `seed` with its own
-    generator (the global RNG is untouched). With `stop_at_eos` a sequence that produced `eos_token_id` (default:
-    the tokenizer's) continues with it, and generation stops once every sequence has. `use_past_kv_cache` runs each
-    step on the new token only (`models.kv_cache`); it falls back to the full forward when the sequence would outgrow
-    a learned positional table (the cache-free path then keeps the last n_ctx tokens). `return_type`: `"input"`
-    (text for text, ids for ids), `"str"` (text without the BOS) or `"tokens"` `[batch, pos + new]`."""
+    """Continue `input` (text, a list of texts, ids `[batch, pos]`, or token embeddings `[batch, pos, d_model]`) by
+    `max_new_tokens` tokens, TransformerLens 2.x's `generate`. Greedy when `do_sample=False` or `temperature=0`;
+    sampling is seeded by `seed` with its own generator (the global RNG is untouched). With `stop_at_eos` a sequence
+    that produced `eos_token_id` (default: the tokenizer's) continues with it, and generation stops once every
+    sequence has. `use_past_kv_cache` runs each step on the new token only (`models.kv_cache`); it falls back to the
+    full forward when the sequence would outgrow a learned positional table (the cache-free path then keeps the last
+    n_ctx positions). `return_type`: `"input"` (text for text, ids for ids, embeddings for embeddings), `"str"` (text
+    without the BOS), `"tokens"` `[batch, pos + new]` (from embeddings: the new tokens only, as TransformerLens) or
+    `"embeds"` `[batch, pos + new, d_model]` (the input's embeddings, then `model.embed` of each new token).
+    `freq_penalty` needs ids or text (embeddings have no ids to count)."""
+    from .errors import InputError
     from .kv_cache import HookedTransformerKeyValueCache
     from .padding import infer_attention_mask
 
@@ -101,11 +135,19 @@ def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p
     if return_type not in RETURN_TYPES:
         raise ValueError(f"return_type={return_type!r} is not supported; allowed: {RETURN_TYPES}")
     text_in = isinstance(input, str) or (isinstance(input, list) and input and isinstance(input[0], str))
-    if text_in:
+    embeds = None
+    if isinstance(input, torch.Tensor) and input.is_floating_point():
+        if freq_penalty:
+            raise InputError("freq_penalty needs token ids or text to count; embeddings have none")
+        embeds = prompt_embeds(model, input)
+        tokens = torch.empty(embeds.shape[0], 0, dtype=torch.long, device=embeds.device)  # the new tokens only
+    elif text_in:
         tokens = prompt_ids(model, model.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side,
                                                    truncate=False))
     else:
         tokens = prompt_ids(model, input)
+    if return_type == "input":
+        return_type = "str" if text_in else "embeds" if embeds is not None else "tokens"
     if stop_at_eos and eos_token_id is None:
         eos_token_id = getattr(model.tokenizer, "eos_token_id", None)
         if eos_token_id is None:
@@ -115,12 +157,15 @@ def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p
         gen.manual_seed(seed)
     else:
         gen.seed()
-    mask = infer_attention_mask(model, tokens, prepend_bos, padding_side) if model.tokenizer is not None else None
-    if mask is not None and bool(mask.all()):
-        mask = None  # nothing padded: the plain forward
+    mask = None
+    if model.tokenizer is not None and embeds is None:
+        mask = infer_attention_mask(model, tokens, prepend_bos, padding_side)
+        if bool(mask.all()):
+            mask = None  # nothing padded: the plain forward
     limit = model.cfg.positions.max_context
+    n_prompt = tokens.shape[1] if embeds is None else embeds.shape[1]
     cache = None
-    if use_past_kv_cache and (limit is None or tokens.shape[1] + max_new_tokens <= limit):
+    if use_past_kv_cache and (limit is None or n_prompt + max_new_tokens <= limit):
         cache = HookedTransformerKeyValueCache.init_cache(model.cfg, tokens.device, tokens.shape[0])
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     steps = range(max_new_tokens)
@@ -130,7 +175,9 @@ def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p
         steps = tqdm(steps, desc="generate")
     new = tokens
     for _ in steps:
-        if cache is not None:
+        if embeds is not None:
+            logits = _embeds_logits(model, embeds, cache)
+        elif cache is not None:
             step_mask = None if mask is None else mask[:, -new.shape[1]:]
             logits = model(new, past_kv_cache=cache, attention_mask=step_mask)[:, -1].float()
         elif mask is not None:
@@ -143,15 +190,19 @@ def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p
             done |= nxt == eos_token_id
         new = nxt[:, None]
         tokens = torch.cat([tokens, new], dim=1)
+        if embeds is not None:
+            embeds = torch.cat([embeds, model.embed(new)], dim=1)
         if mask is not None:
             mask = torch.cat([mask, torch.ones_like(new)], dim=1)
         if stop_at_eos and bool(done.all()):
             break
-    if return_type == "tokens" or (return_type == "input" and not text_in):
+    if return_type == "tokens":
         return tokens
-    bos = getattr(model.tokenizer, "bos_token_id", None)
+    if return_type == "embeds":
+        return embeds if embeds is not None else model.embed(tokens)
+    bos = getattr(model.tokenizer, "bos_token_id", None) if embeds is None else None  # embeddings: new tokens only
     rows = [row if mask is None else row[m.bool()] for row, m in zip(tokens, tokens if mask is None else mask)]
-    texts = [model.to_string(row[1:] if row[0] == bos else row) for row in rows]  # no padding, no BOS
+    texts = [model.to_string(row[1:] if len(row) and row[0] == bos else row) for row in rows]  # no padding, no BOS
     return texts if isinstance(input, list) or len(texts) > 1 else texts[0]  # one prompt: one string
 
 

@@ -7,7 +7,7 @@ in the config is on. `firing_hook_names()` lists the hook points that fire on a 
 
 from __future__ import annotations
 
-from .errors import ConfigError, HookSwitchError
+from .errors import ConfigError, HookSwitchError, InputError
 
 #: hook-name suffix → the config switch without which it never fires
 OPT_IN = {".hook_attn_in": "use_attn_in", ".hook_q_input": "use_split_qkv_input",
@@ -61,5 +61,54 @@ class HookSwitches:
     def firing_hook_names(self) -> list[str]:
         """The hook points that fire on a forward pass with the current switches (`hook_dict` also holds the opt-in
         points that are switched off, as TransformerLens)."""
-        return [name for name in self.hook_dict if not any(
-            name.endswith(suffix) and not getattr(self.cfg, switch) for suffix, switch in OPT_IN.items())]
+        off = self._switched_off()
+        return [name for name in self.hook_dict if not name.endswith(off)]
+
+    def _switched_off(self) -> tuple[str, ...]:
+        """The name suffixes of the opt-in hook points whose switch is off now."""
+        return tuple(suffix for suffix, switch in OPT_IN.items() if not getattr(self.cfg, switch))
+
+    def get_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
+                          cache: dict | None = None, pos_slice=None):
+        """TransformerLens' caching hooks (`run_with_cache`), for the hook points that fire only (a switched-off
+        opt-in point never fires: its hook would only cost adding and removing), each a `CacheHook`."""
+        from transformer_lens.utilities.slice import Slice
+
+        cache, fwd, bwd = super().get_caching_hooks(names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice)
+        off = self._switched_off()
+        plain = device is None and not remove_batch_dim and Slice.unwrap(pos_slice).mode == "identity"
+        fwd = [(name, CacheHook(cache, None if plain else save)) for name, save in fwd if not name.endswith(off)]
+        return cache, fwd, [(name, save) for name, save in bwd if not name.endswith(off)]
+
+    def remove_all_hook_fns(self, direction="both", including_permanent: bool = False, level: int | None = None):
+        """TransformerLens' `remove_all_hook_fns`, visiting only the hook points that hold hooks (the others have
+        nothing to remove; `reset_hooks` runs this after every `run_with_hooks` / `run_with_cache`)."""
+        if direction not in ("fwd", "bwd", "both"):
+            raise InputError(f"direction={direction!r} is not a hook direction; allowed: 'fwd', 'bwd', 'both'")
+        for point in self.hook_dict.values():
+            if point.fwd_hooks or point.bwd_hooks:
+                point.remove_hooks(direction, including_permanent=including_permanent, level=level)
+
+
+class CacheHook:
+    """A forward hook of `run_with_cache`: it stores what its hook point sees in `cache` and changes nothing, so a
+    layer may rely on the tensor keeping its values (`only_caching`). `save` is TransformerLens' save hook, used when
+    `run_with_cache` moves, slices or un-batches what it stores; without one the tensor is stored as TransformerLens
+    stores it then (`tensor.detach()`, a view of the same values)."""
+
+    __slots__ = ("cache", "save")
+
+    def __init__(self, cache: dict, save=None):
+        self.cache, self.save = cache, save
+
+    def __call__(self, tensor, hook):
+        if self.save is not None:
+            return self.save(tensor, hook=hook)
+        self.cache[hook.name] = tensor.detach()
+        return None
+
+
+def only_caching(point) -> bool:
+    """Every hook on the TransformerLens `HookPoint` `point` is a forward `CacheHook` (vacuously true without hooks):
+    what passes through keeps its values."""
+    return not point.bwd_hooks and all(isinstance(getattr(h, "user_hook", None), CacheHook) for h in point.fwd_hooks)

@@ -38,6 +38,7 @@ from .checkpoint import check_size, load_state_dict, read_safetensors
 from .config import HookedTransformerConfig
 from .errors import CheckpointError, ConfigError, UnsupportedByTransformerLens
 from .model import HookedTransformer
+from .weight_processing import process_loaded
 
 
 def _half_to_adjacent(rotary_dim: int, d_head: int) -> torch.Tensor:
@@ -75,7 +76,7 @@ def to_transformer_lens(model):
         raise UnsupportedByTransformerLens(f"normalization_position={cfg.normalization_position!r}: TransformerLens' "
                                            "native model normalises before each sublayer ('pre') only")
     unmapped = [name for name, default in _NATIVE_DEFAULTS.items() if getattr(cfg, name) != default
-                and not (name == "final_rms" and cfg.normalization_type != "LN")]  # RMS or no norm: no change
+                and not (name == "final_rms" and cfg.normalization_type not in ("LN", "LNPre"))]  # RMS / no norm: same
     if cfg.d_vocab_out != cfg.d_vocab:
         unmapped.append("d_vocab_out")
     if unmapped:
@@ -123,8 +124,8 @@ TL_SAME = ("n_layers", "d_model", "n_ctx", "d_head", "model_name", "n_heads", "d
            "attn_only", "scale_attn_by_inverse_layer_idx", "positional_embedding_type", "final_rms",
            "parallel_attn_mlp", "rotary_dim", "use_hook_tokens", "gated_mlp", "default_prepend_bos",
            "n_key_value_heads", "rotary_base", "rotary_adjacent_pairs")
-#: converted: TransformerLens' −1 / None sentinels become our None, LNPre / RMSPre become LN / RMS with unit weights,
-#: initializer_range becomes init_range, dtype its name
+#: converted: TransformerLens' −1 / None sentinels become our None, initializer_range becomes init_range, dtype its name
+#: (normalization_type: the same five values, a default of "LN" when absent)
 TL_CONVERTED = ("normalization_type", "attn_scale", "d_vocab_out", "attn_scores_soft_cap", "output_logits_soft_cap",
                 "initializer_range", "dtype")
 #: kept in `extra["transformer_lens"]`, computing nothing: the device and seed of the run that made it (weights come
@@ -152,9 +153,9 @@ def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
 
     Every field is either computed the same way (`TL_SAME`, `TL_CONVERTED`), kept as metadata in
     `extra["transformer_lens"]` (`TL_METADATA`), or refused with `ConfigError` naming it when it is set to anything
-    but its default (`TL_REFUSED`); unknown fields are refused too. Parameter-free norms `LNPre` / `RMSPre` become
-    `LN` / `RMS` with unit weights (the same function). Bidirectional ALiBi gives future keys a zero bias, as
-    TransformerLens (`alibi_symmetric=False`)."""
+    but its default (`TL_REFUSED`); unknown fields are refused too. Parameter-free norms `LNPre` / `RMSPre` stay
+    parameter-free (as TransformerLens, a SoLU-LN MLP's norm is then LNPre too). Bidirectional ALiBi gives future
+    keys a zero bias, as TransformerLens (`alibi_symmetric=False`)."""
     d = dict(d)
     if d.pop("shortformer_pos", False):  # TransformerLens < 1.0
         d["positional_embedding_type"] = "shortformer"
@@ -169,8 +170,7 @@ def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
             raise ConfigError(f"TransformerLens config has {name}=-1 (inferred from a hub tokenizer or model); "
                               f"set {name} explicitly")
     ours = {k: d[k] for k in own if k in d}  # TL_SAME, and our own fields where a dict mixes both
-    norm = d.get("normalization_type", "LN")
-    ours["normalization_type"] = norm[: -len("Pre")] if norm in ("LNPre", "RMSPre") else norm
+    ours["normalization_type"] = d.get("normalization_type", "LN")
     d_head = d.get("d_head")
     scale = _off(d.get("attn_scale"))
     if scale is not None and isinstance(d_head, int) and abs(scale - d_head ** 0.5) <= 1e-12 * scale:
@@ -192,16 +192,21 @@ def config_from_transformer_lens(d: dict) -> HookedTransformerConfig:
     return HookedTransformerConfig.from_dict(ours)  # ConfigError (not TypeError) for missing fields
 
 
-def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransformer:
+def from_transformer_lens_state_dict(state_dict_or_path, cfg, **processing) -> HookedTransformer:
     """Build our model from a state dict in TransformerLens' former `HookedTransformer` layout.
 
     `state_dict_or_path`: a dict of tensors, or a `.pth`/`.pt` file (read with `weights_only=True`, never
     unpickling code) or a `.safetensors` file. `cfg`: our config (object or dict) or a TransformerLens
-    config dict. Missing norm weights of `LNPre` models are filled with ones/zeros; missing zero biases
+    config dict. Missing unit norm weights are filled with ones/zeros; missing zero biases
     of bias-free checkpoints are filled with zeros. TransformerLens 2.x keeps a `pos_embed.W_pos` in every
     non-rotary model, ALiBi included, where nothing reads it: a model without a positional table drops it.
-    Raises `CheckpointError` for unreadable or mismatched weights, `ConfigError` for an invalid config and
-    `TypeError` when `cfg` is neither a config nor a dict."""
+    `processing`: TransformerLens 2.18's flags (`fold_ln`, `center_writing_weights`, `center_unembed`,
+    `fold_value_biases`, `refactor_factored_attn_matrices`): none given, no processing (its
+    `from_pretrained_no_processing`); any given, the rest default and apply as in its `from_pretrained`
+    (`models.weight_processing.process_loaded`).
+    Raises `CheckpointError` for unreadable or mismatched weights, `ConfigError` for an invalid config,
+    `WeightProcessingError` for processing that cannot be done and `TypeError` when `cfg` is neither a config nor a
+    dict."""
     if not isinstance(cfg, (HookedTransformerConfig, dict)):
         raise TypeError(f"cfg must be a HookedTransformerConfig or a config dict, got {type(cfg).__name__}")
     source = "state dict"
@@ -225,6 +230,7 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
         state = state_dict_or_path
     if not isinstance(state, dict):
         raise CheckpointError(f"{source}: expected a dict of tensors, got {type(state).__name__}")
+    tl_pre_norm = isinstance(cfg, dict) and cfg.get("normalization_type") in ("LNPre", "RMSPre")
     if isinstance(cfg, dict):
         try:
             cfg = HookedTransformerConfig.from_dict(cfg)
@@ -232,7 +238,14 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
             cfg = config_from_transformer_lens(cfg)
     check_size(cfg, state, source)
     model = HookedTransformer(cfg)
-    expected = model.state_dict()
+    load_state_dict(model, tl_state_to_ours(state, model.state_dict(), source), source=source)
+    return process_loaded(model, processing, tl_pre_norm=tl_pre_norm)
+
+
+def tl_state_to_ours(state: dict, expected: dict, source: str = "state dict") -> dict:
+    """A TransformerLens 2.x state dict renamed to ours (`attn._W_K` → `attn.W_K`, …), without the buffers it
+    recomputes and the unused W_pos of models without a positional table; absent zero biases and unit norm weights
+    (LNPre checkpoints, bias-free ones) filled in, as its `fill_missing_keys` fills them from a fresh model."""
     fixed = {}
     bad_keys = [k for k in state if not isinstance(k, str)]
     if bad_keys:
@@ -248,5 +261,4 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg) -> HookedTransform
             fixed[name] = torch.zeros_like(target)
         elif name not in fixed and name.endswith(".w"):
             fixed[name] = torch.ones_like(target)
-    load_state_dict(model, fixed, source=source)
-    return model
+    return fixed

@@ -22,6 +22,7 @@ from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
 from .seq2seq_inputs import check_tokens
 from .tokens import TextMixin
+from .weight_processing import ProcessWeights
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 
@@ -48,7 +49,7 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
+class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModule):
     """A transformer whose every activation is a named `HookPoint` (names as in TransformerLens).
 
     `forward(tokens)` takes int64 `[batch, pos]` (or `[pos]`) token ids, or text when a tokenizer is
@@ -141,7 +142,7 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
         None, and the attention mask of every position (cached ones included), None when nothing is masked and
         there is no cache. Without a mask, left-padded text (`padding_side="left"`) and cached runs derive one from
         the pad id (`models.padding.infer_attention_mask`)."""
-        from .padding import infer_attention_mask, padding_side_of, position_ids
+        from .padding import infer_attention_mask, padding_side_of
 
         if isinstance(input, str) or (isinstance(input, list) and input and isinstance(input[0], str)):
             input = self.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side)
@@ -159,23 +160,31 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
             if past_kv_cache is not None:
                 attention_mask = past_kv_cache.append_attention_mask(attention_mask)
         n_past = 0 if attention_mask is None else attention_mask.shape[1] - P
-        resid = self.hook_embed(self.embed(tokens))  # [batch, pos, d_model]
-        pos_qk = None
-        positions = self.cfg.positions
-        if positions.table:
-            if attention_mask is None:
-                rows = self.pos_embed(P).expand(B, P, -1)
-            else:  # positions count real tokens only (left padding), after those in the cache
-                ids, real = position_ids(attention_mask, n_past)
-                rows = self.pos_embed(int(ids.max()) + 1)[ids] * real[..., None].to(resid.dtype)
-            if hooked(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: hooks get a copy
-                rows = rows.clone()
-            pos = self.hook_pos_embed(rows)  # [batch, pos, d_model]
-            if positions.adds_to == "residual":
-                resid = resid + pos
-            else:  # "query_key": the query/key inputs only, the residual stream carries no position
-                pos_qk = pos
+        resid, pos_qk = self.get_residual(self.hook_embed(self.embed(tokens)), n_past, attention_mask=attention_mask)
         return resid, tokens, pos_qk, attention_mask
+
+    def get_residual(self, embed: torch.Tensor, pos_offset: int = 0, prepend_bos=None, attention_mask=None,
+                     tokens=None, return_shortformer_pos_embed: bool = True):
+        """TransformerLens 2.x's `get_residual`: token embeddings `[batch, pos, d_model]` of positions `pos_offset…`
+        (the first after a key/value cache of that length) with their positions: `(residual, shortformer_pos_embed)`,
+        or the residual alone with `return_shortformer_pos_embed=False`. A positional table's rows pass
+        `hook_pos_embed` and are added to the residual stream or, for Shortformer, returned for the query/key inputs
+        (None otherwise). `attention_mask [batch, pos_offset + pos]`: positions count real tokens only and padding
+        gets none. `prepend_bos` and `tokens` are unused, as in TransformerLens (which reads only their shape)."""
+        resid, pos_qk = embed, None
+        positions = self.cfg.positions
+        if not positions.table:
+            return (resid, pos_qk) if return_shortformer_pos_embed else resid
+        # PosEmbed reads only the [batch, pos] shape of its first argument
+        rows = self.pos_embed(embed[..., 0], pos_offset, attention_mask)
+        if hooked(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: hooks get a copy
+            rows = rows.clone()
+        pos = self.hook_pos_embed(rows)  # [batch, pos, d_model]
+        if positions.adds_to == "residual":
+            resid = embed + pos
+        else:  # "query_key": the query/key inputs only, the residual stream carries no position
+            pos_qk = pos
+        return (resid, pos_qk) if return_shortformer_pos_embed else resid
 
     def _block_inputs(self, resid: torch.Tensor, pos_qk, attention_mask, n_past: int) -> BlockInputs:
         """What every block reads besides the residual stream: the score bias (attention mask, positional bias,
@@ -290,12 +299,13 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
         return acc
 
     def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
-        """Unembedding directions W_U[:, t] of token(s) t: `[d_model]` for one token, `[..., d_model]` otherwise."""
+        """Unembedding directions W_U[:, t] of token(s) t: `[d_model]` for one token (a string, an int or a one-element
+        tensor of any shape), `[..., d_model]` otherwise."""
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)
-        if isinstance(tokens, int):
-            return self.W_U[:, tokens]
-        tokens = torch.as_tensor(tokens, device=self.W_U.device)
+        tokens = tokens if isinstance(tokens, int) else torch.as_tensor(tokens, device=self.W_U.device)
+        if isinstance(tokens, int) or tokens.numel() == 1:  # one token, in any shape: [d_model], as TransformerLens
+            return self.W_U[:, int(tokens)]
         return self.W_U[:, tokens].movedim(0, -1)
 
     def all_head_labels(self) -> list[str]:

@@ -27,6 +27,9 @@ class ScoreBias:
     #: True when `keep` may mask every key of a query (a padding mask): the explicit path then reads the softmax's
     #: NaN row as zeros, as `F.scaled_dot_product_attention` does.
     empty_rows = False
+    #: True when `keep` masks every key after its query (key j > query i + n_k − n_q): a causal mask, alone or in a
+    #: `Sum`. The explicit attention path then skips the pattern's zero upper triangle.
+    masks_future = False
 
     def additive(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> torch.Tensor | None:
         """The finite term added to the scores, `[heads or 1, n_q, n_k]`, or None."""
@@ -37,7 +40,16 @@ class ScoreBias:
         return None
 
     def dense(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> torch.Tensor | None:
-        """`additive` with −inf where `keep` is False (`[n_q, n_k]` or `[heads, n_q, n_k]`), or None for nothing."""
+        """`additive` with −inf where `keep` is False (`[n_q, n_k]` or `[heads, n_q, n_k]`), or None for nothing.
+        Built once per shape, dtype and device on this object (the model makes one per forward pass, which every
+        layer reads): callers must not modify it."""
+        memo = self.__dict__.setdefault("_dense_memo", {})
+        key = (n_q, n_k, dtype, None if device is None else torch.device(device))
+        if key not in memo:
+            memo[key] = self._dense(n_q, n_k, dtype, device)
+        return memo[key]
+
+    def _dense(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> torch.Tensor | None:
         add, keep = self.additive(n_q, n_k, dtype, device), self.keep(n_q, n_k, device)
         if keep is None:
             return add
@@ -55,6 +67,8 @@ class Bidirectional(ScoreBias):
 
 class Causal(ScoreBias):
     """A query at position i attends to keys j ≤ i only (decoders, `attention_dir="causal"`)."""
+
+    masks_future = True
 
     def keep(self, n_q: int, n_k: int, device=None) -> torch.Tensor:
         return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
@@ -88,6 +102,7 @@ class Sum(ScoreBias):
     def __init__(self, *parts: ScoreBias):
         self.parts = parts
         self.empty_rows = any(p.empty_rows for p in parts)
+        self.masks_future = any(p.masks_future for p in parts)
 
     def additive(self, n_q, n_k, dtype, device=None):
         terms = [t for p in self.parts if (t := p.additive(n_q, n_k, dtype, device)) is not None]

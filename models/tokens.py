@@ -1,5 +1,5 @@
 """Text in and out of `HookedTransformer`, with TransformerLens 2.x's names and arguments (`to_tokens`,
-`to_str_tokens`, `to_string`, `to_single_token`, `to_single_str_token`, `get_token_position`)."""
+`to_str_tokens`, `to_string`, `to_single_token`, `to_single_str_token`, `get_token_position`, `set_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ class TextMixin:
         return self.tokenizer
 
     def to_tokens(self, text, prepend_bos: bool | None = None, padding_side: str | None = None,
-                  truncate: bool = True) -> torch.Tensor:
+                  move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
         """Text (or a list of texts) to `[batch, pos]` int64 ids; a list is padded with the pad id (the BOS id
-        without one) on `padding_side` (default: the tokenizer's, else right)."""
+        without one) on `padding_side` (default: the tokenizer's, else right). `truncate`: keep the first n_ctx ids;
+        `move_to_device`: on the model's device (else the CPU), as TransformerLens 2.x."""
         tok = self._need_tokenizer()
         prepend_bos = self.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
         side = padding_side_of(self, padding_side)
@@ -33,7 +34,27 @@ class TextMixin:
         for i, x in enumerate(ids):
             if x:
                 (out[i, : len(x)] if side == "right" else out[i, width - len(x):]).copy_(torch.tensor(x))
-        return out.to(self.W_E.device)
+        return out.to(self.W_E.device) if move_to_device else out
+
+    def set_tokenizer(self, tokenizer, default_padding_side: str = "right") -> None:
+        """Attach `tokenizer` (TransformerLens 2.x's `set_tokenizer`), one of ours (`models.tokenizer`: its
+        `ByteTokenizer`, `BPETokenizer` or `load_tokenizer`'s result), padding on `default_padding_side`.
+        `TokenizerError` for another kind of tokenizer or one with more ids than the model's d_vocab."""
+        from .errors import TokenizerError
+        from .padding import PADDING_SIDES
+        from .tokenizer import HFSurface
+
+        if not isinstance(tokenizer, HFSurface):
+            raise TokenizerError(f"set_tokenizer takes one of models.tokenizer's tokenizers (ByteTokenizer, "
+                                 f"BPETokenizer), got {type(tokenizer).__name__}")
+        if default_padding_side not in PADDING_SIDES:
+            raise TokenizerError(f"default_padding_side={default_padding_side!r} is not supported; allowed: "
+                                 f"{PADDING_SIDES}")
+        if tokenizer.vocab_size > self.cfg.d_vocab:
+            raise TokenizerError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's d_vocab is "
+                                 f"{self.cfg.d_vocab}")
+        tokenizer.padding_side = default_padding_side
+        self.tokenizer = tokenizer
 
     def to_string(self, tokens):
         """Token ids (`[pos]`, `[batch, pos]` or a list) to text (or a list of texts)."""
@@ -78,7 +99,8 @@ class TextMixin:
     def get_token_position(self, single_token, input, mode: str = "first", prepend_bos: bool | None = None,
                            padding_side: str | None = None) -> int:
         """The index of `single_token` (a string that is one token, or an id) in `input` (text, or ids `[pos]` /
-        `[1, pos]`): its first (`mode="first"`) or last (`"last"`) occurrence; ValueError if absent."""
+        `[1, pos]`): its first (`mode="first"`) or last (`"last"`) occurrence; `TokenNotFoundError` (a ValueError and an
+        AssertionError) if absent."""
         if mode not in ("first", "last"):
             raise ValueError(f"mode={mode!r} is not supported; allowed: ('first', 'last')")
         tokens = self.to_tokens(input, prepend_bos, padding_side) if isinstance(input, str) else torch.as_tensor(input)
@@ -89,5 +111,9 @@ class TextMixin:
         token = self.to_single_token(single_token) if isinstance(single_token, str) else int(single_token)
         where = (tokens == token).nonzero()[:, 0]
         if where.numel() == 0:
-            raise ValueError(f"token {single_token!r} does not occur in the input")
+            from .errors import TokenNotFoundError
+
+            error = TokenNotFoundError("The token does not occur in the prompt")
+            error.add_note(f"token {single_token!r} (id {token}) is not among the {tokens.numel()} input tokens")
+            raise error
         return int(where[0] if mode == "first" else where[-1])

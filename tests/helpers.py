@@ -52,7 +52,7 @@ def checked_report(monkeypatch, model, out, **kw) -> tuple[dict, object]:
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        r = build_report(model, out, progress=False, **kw)
+        r = build_report(model, out, progress=False, parallel=False, **kw)  # every figure saved in this process
     finally:
         torch.set_num_threads(n)
     assert r.failed == {}, r.failed

@@ -34,14 +34,9 @@ def _readable(model):
     from circuits.interface import norms_are_trivial
 
     m = model if norms_are_trivial(model) else fold_layer_norm(model)
-    if any(bool(b.attn.b_V.any()) for b in m.blocks):
+    if any(bool(b.attn.b_V.any()) for b in m.blocks):  # TransformerLens' fold_value_biases (models.weight_processing)
         m = copy.deepcopy(m) if m is model else m
-        group = m.cfg.n_heads // m.cfg.n_key_value_heads
-        with torch.no_grad():
-            for b in m.blocks:
-                b_V = b.attn.b_V.repeat_interleave(group, 0)  # [head, d_head]
-                b.attn.b_O.add_(torch.einsum("hd,hdm->m", b_V, b.attn.W_O))
-                b.attn.b_V.zero_()
+        m.process_weights_(fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=True)
     return m.eval()
 
 

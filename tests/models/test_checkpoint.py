@@ -315,7 +315,7 @@ def test_legacy_state_dict_from_pth_file(tmp_path):
 
 
 def test_legacy_lnpre_state_dict_without_norm_weights():
-    """LNPre models have no ln weights; they load as LN with w = 1, b = 0 (the same function)."""
+    """LNPre models have no ln weights; they load as LNPre, TransformerLens' parameter-free LayerNorm."""
     model = make("ln-mlp-standard")
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -326,8 +326,9 @@ def test_legacy_lnpre_state_dict_without_norm_weights():
     sd = legacy_state_dict(model, drop_ln=True)
     assert not any(k.endswith((".w", "ln1.b", "ln2.b", "ln_final.b")) for k in sd)
     back = models.from_transformer_lens_state_dict(sd, tl_config_dict(model.cfg, normalization_type="LNPre"))
-    assert back.cfg.normalization_type == "LN"
-    check_same(model, back)
+    assert back.cfg.normalization_type == "LNPre" and not any(".ln" in k or "ln_final" in k for k in back.state_dict())
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(model(tokens), back(tokens), atol=1e-5, rtol=0)  # unit-weight LN: the same function
 
 
 def test_legacy_state_dict_errors(tmp_path):

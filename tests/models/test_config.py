@@ -27,7 +27,7 @@ def cfg(**changes):
 @pytest.mark.parametrize("field,value,also", [
     ("act_fn", "tanh", "gelu"),
     ("normalization_type", "LayerNorm", "'RMS'"),
-    ("normalization_type", "LNPre", "'LN'"),
+    ("normalization_type", "LNpre", "'LNPre'"),
     ("positional_embedding_type", "learned", "'shortformer'"),
     ("attention_dir", "forward", "'causal'"),
     ("dtype", "float8", "float32"),

@@ -36,6 +36,25 @@ def test_stdlib_source_holds_out_tests():
     assert not any(p.parts[-2] in ("test", "tests") for p in src.train_files)
 
 
+def test_stdlib_source_lists_what_rglob_lists(tmp_path, monkeypatch):
+    """The walk that skips installed packages finds the files of the definition: every `*.py` file below the
+    standard library by `Path.rglob`, in sorted order, less those under site-packages / dist-packages."""
+    import sysconfig
+
+    for rel in ["a/x.py", "a-b/y.py", "a/b/.h.py", "site-packages/p/z.py", "q/dist-packages/w.py", "test/t.py",
+                "tests/u/v.py", "d.py/m.py", "A.PY", "n.pyc", "top.py"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    (tmp_path / "linked").symlink_to(tmp_path / "a", target_is_directory=True)
+    (tmp_path / "f-link.py").symlink_to(tmp_path / "top.py")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    src = stdlib_source()
+    want = [p for p in sorted(tmp_path.rglob("*.py")) if p.is_file()
+            and not {"site-packages", "dist-packages"} & set(p.relative_to(tmp_path).parts)]
+    assert src.train_files + src.val_files == sorted(want, key=lambda p: "test" in p.parts or "tests" in p.parts)
+    assert [p.name for p in src.val_files] == ["t.py", "v.py"]
+
+
 def test_token_corpus_memmap_cache(corpus, tmp_path):
     assert isinstance(corpus.train, np.memmap) and corpus.train.dtype == np.uint16
     n = corpus.train.size + corpus.val.size

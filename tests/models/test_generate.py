@@ -171,6 +171,9 @@ def test_text_in_text_out():
     assert isinstance(out, str) and out.startswith("ab")  # TransformerLens 2.x: text in, text out without the BOS
     ids = model.generate(model.to_tokens("ab"), max_new_tokens=3, temperature=0)
     assert model.to_string(ids[0, 1:]) == out
+    with torch.no_grad():
+        new = model.generate(model.W_E[model.to_tokens("ab")], max_new_tokens=3, temperature=0, return_type="str")
+    assert "ab" + new == out  # embeddings in: the text of the new tokens only
 
 
 def test_eos_stops_and_pads():
@@ -181,6 +184,63 @@ def test_eos_stops_and_pads():
     assert (out[0, 3:] == eos).all()  # row 0 finished: padded with eos
     out = model.generate(PROMPT[:1], max_new_tokens=6, temperature=0, eos_token_id=eos, stop_at_eos=True)
     assert out.shape == (1, 4)
+
+
+# --- embeddings in and out (TransformerLens 2.x) ----------------------------------------------------------
+@pytest.mark.parametrize("kind", ["rotary", "standard", "shortformer", "alibi"])
+@pytest.mark.parametrize("kv", [True, False])
+@pytest.mark.parametrize("n_ctx", [16, 6])  # 6: 3 + 5 tokens outgrow a learned table, which slides its window
+def test_generate_from_token_embeddings_equals_from_ids(kind, kv, n_ctx):
+    model = make(kind, n_ctx=n_ctx)
+    greedy = dict(max_new_tokens=5, temperature=0, use_past_kv_cache=kv)
+    ids = model.generate(PROMPT, **greedy)
+    with torch.no_grad():
+        embeds = model.W_E[PROMPT]
+        out = model.generate(embeds, **greedy)  # embeddings in: embeddings out, the new tokens' W_E rows appended
+        torch.testing.assert_close(out, model.W_E[ids], rtol=0, atol=0)
+        assert torch.equal(model.generate(embeds, return_type="tokens", **greedy), ids[:, 3:])  # the new ones only
+        torch.testing.assert_close(model.generate(PROMPT, return_type="embeds", **greedy), model.W_E[ids])
+
+
+def test_generate_from_embeddings_adds_positions_as_a_hand_loop():
+    """Perturbed embeddings (no token's): positions W_pos[0..] are added, then every block; cached = uncached."""
+    model = make("standard")
+    with torch.no_grad():
+        embeds = model.W_E[PROMPT] + 0.5 * torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(0))
+        hand = embeds
+        for _ in range(4):
+            pos = model.W_pos[: hand.shape[1]]
+            nxt = model(hand + pos, start_at_layer=0)[:, -1].argmax(-1)
+            hand = torch.cat([hand, model.W_E[nxt][:, None]], 1)
+        for kv in (True, False):
+            out = model.generate(embeds, max_new_tokens=4, temperature=0, use_past_kv_cache=kv)
+            torch.testing.assert_close(out, hand, rtol=0, atol=0)
+
+
+def test_get_residual_adds_the_rows_after_the_offset():
+    """TransformerLens 2.x's get_residual(embed, pos_offset): W_pos[offset:offset+pos] added, or for Shortformer
+    returned apart; rotary adds nothing."""
+    e = torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        standard, shortformer = make("standard"), make("shortformer")
+        torch.testing.assert_close(standard.get_residual(e, 2, return_shortformer_pos_embed=False),
+                                   e + standard.W_pos[2:5], rtol=0, atol=0)
+        resid, pos = shortformer.get_residual(e, 1)
+        assert torch.equal(resid, e) and torch.equal(pos, shortformer.W_pos[1:4].expand(2, 3, 16))
+        resid, pos = make("rotary").get_residual(e, 4)
+        assert torch.equal(resid, e) and pos is None
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(input=torch.zeros(1, 3, 5)), "d_model=16"),
+    (dict(input=torch.zeros(3, 16)), r"\[batch, pos, d_model"),
+    (dict(input=torch.zeros(1, 3, 16), freq_penalty=1.0), "freq_penalty"),
+])
+def test_bad_embeddings_input(kwargs, match):
+    from models import InputError
+
+    with pytest.raises(InputError, match=match):
+        make().generate(max_new_tokens=2, **kwargs)
 
 
 @pytest.mark.parametrize("kwargs,field", [

@@ -176,8 +176,8 @@ def test_long_context_works_for_fixed_positions(kind):
 
 def test_sinusoidal_long_context_extends_the_same_table():
     model = make("sinusoidal")
-    torch.testing.assert_close(model.pos_embed(20)[:8], model.W_pos, rtol=0, atol=0)
-    torch.testing.assert_close(model.pos_embed(20), sinusoidal_table(20, 16, torch.float64))
+    torch.testing.assert_close(model.pos_embed.rows(20)[:8], model.W_pos, rtol=0, atol=0)
+    torch.testing.assert_close(model.pos_embed.rows(20), sinusoidal_table(20, 16, torch.float64))
 
 
 @pytest.mark.parametrize("kind", ["standard", "shortformer"])

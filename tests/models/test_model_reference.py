@@ -150,6 +150,10 @@ def assert_matches_reference(model: HookedTransformer, n_pos: int = 7, seed: int
     assert fused.dtype == torch.float64
     assert rel_err(fused, expected) < RTOL, "fused path (scaled_dot_product_attention) disagrees"
     assert rel_err(explicit, expected) < RTOL, "explicit path (run_with_cache) disagrees"
+    with torch.no_grad():  # the explicit path's inference-only fast path (models.attention.Attention._explicit)
+        for names_filter in (None, lambda name: name.endswith("hook_pattern")):
+            fast, _ = model.run_with_cache(tokens, names_filter=names_filter)
+            assert rel_err(fast, expected) < RTOL, "explicit path without autograd disagrees"
     if model.cfg.n_layers:
         assert "blocks.0.attn.hook_pattern" in cache  # the explicit path really ran
     return tokens

@@ -59,8 +59,28 @@ def test_text_helpers(model):
     assert model.get_token_position("l", "hello", mode="last") == 4
     assert model.to_str_tokens(["ab", "c"]) == [["<|bos|>", "a", "b"], ["<|bos|>", "c"]]
     assert model.to_str_tokens("ab", prepend_bos=False) == ["a", "b"]
-    with pytest.raises(ValueError, match="does not occur"):
+    with pytest.raises(models.TokenNotFoundError, match="does not occur") as info:
         model.get_token_position("z", "hello")
+    assert isinstance(info.value, ValueError) and isinstance(info.value, AssertionError)
+    assert "'z' (id 122)" in info.value.__notes__[0]
+
+
+def test_pos_embed_without_mask_follows_the_offset(model):
+    """TransformerLens 2.x's `PosEmbed(tokens, past_kv_pos_offset)` without a mask: rows offset .. offset + pos for
+    every sequence (the masked case is the ported test_left_padding.py)."""
+    out = model.pos_embed(torch.zeros(2, 3, dtype=torch.long), 5)
+    assert torch.equal(out, model.W_pos[5:8].expand(2, 3, -1))
+
+
+def test_set_tokenizer_refuses_what_it_cannot_use():
+    small = models.HookedTransformer(models.HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=4, d_vocab=20))
+    with pytest.raises(models.TokenizerError, match="259 ids but the model's d_vocab is 20"):
+        small.set_tokenizer(ByteTokenizer())
+    with pytest.raises(models.TokenizerError, match="ByteTokenizer, BPETokenizer"):
+        small.set_tokenizer("gpt2")
+    with pytest.raises(models.TokenizerError, match="allowed: \\('left', 'right'\\)"):
+        small.set_tokenizer(ByteTokenizer(), default_padding_side="top")
+    assert small.tokenizer is None
 
 
 def test_weight_helpers_match_transformer_lens_definitions(model):

@@ -7,13 +7,15 @@ Run INSIDE the legacy environment (tests/tl2/make_legacy_venv.sh builds it):
 For every configuration of `GRID` (a covering design, see `grid()`) it builds a random-weight TransformerLens 2.18
 model and writes, under OUT_DIR:
 - `NAME.json`: the TransformerLens config dict (`cfg.to_dict()`, JSON-safe: dtype as "torch.float32"), the
-  input tokens, the greedy generations (with and without `use_past_kv_cache`) and their smallest top-1/top-2
-  logit margin, and which hook-edit recipes were applied;
+  input tokens, the greedy generations (with and without `use_past_kv_cache`; from ids, from embeddings, and
+  from ids with pad id 0: see `generation`) with their prompt and smallest top-1/top-2 logit margins, and which
+  hook-edit recipes were applied;
 - `NAME.state.safetensors`: `model.state_dict()` exactly as a user would save it;
 - `NAME.ref.safetensors`: logits, mean and per-token loss, every activation of `run_with_cache` (`cache/…`),
   every gradient of `run_with_cache(return_type="loss", incl_bwd=True)` (`grad/…`), the caches with the opt-in
   hooks switched on (`cache_split/…`: use_attn_result + use_split_qkv_input + use_hook_mlp_in; `cache_attn_in/…`:
-  use_attn_in), the OV and QK eigenvalues (`eig/OV.real`, …), and the logits of the hook-edit runs.
+  use_attn_in), the OV and QK eigenvalues (`eig/OV.real`, …), the logits of the hook-edit runs, and the
+  embeddings generation starts from and returns (`gen_embeds/…`).
 Also `fields.json` (every `HookedTransformerConfig` field with its default) and `manifest.json` (the case names,
 written last: a folder without it is incomplete). Only torch, transformer_lens and safetensors are used.
 """
@@ -32,6 +34,7 @@ from safetensors.torch import save_file
 BASE = dict(n_layers=2, d_model=16, d_head=4, n_heads=4, n_ctx=12, d_vocab=23, d_mlp=32, act_fn="gelu",
             normalization_type="LN", positional_embedding_type="standard", default_prepend_bos=False)
 BATCH, N_POS, PROMPT, NEW = 2, 8, 4, 6
+MIN_MARGIN = 2.5e-3  # top-1/top-2 logit gap of every greedy step, far above float32 rounding (test_legacy_parity)
 POSITIONS = ("standard", "shortformer", "rotary", "alibi")  # every positional type TransformerLens 2.18 has
 NORMS = (None, "LN", "LNPre", "RMS", "RMSPre")
 BLOCKS = {
@@ -107,16 +110,19 @@ def json_safe(d: dict) -> dict:
     return {k: v if isinstance(v, (bool, int, float, str, type(None), list)) else str(v) for k, v in d.items()}
 
 
-def local_tokenizer(d_vocab: int):
-    """A word-level tokenizer `t0 … t{d_vocab-1}` (t0 = BOS/EOS/pad): TransformerLens 2.18's `generate` needs one,
-    and the hub is out of reach. Greedy generation from token ids never reads its text."""
+def local_tokenizer(d_vocab: int, pad_id: int):
+    """A word-level tokenizer `t0 … t{d_vocab-1}`, t0 = BOS = EOS and `t{pad_id}` = pad: TransformerLens 2.18's
+    `generate` needs one, and the hub is out of reach. Greedy generation from token ids never reads its text, but
+    the pad id matters: TL 2.18's `generate` derives the attention mask of its absolute positions from a tensor of
+    zeros (`tokens = torch.zeros(...)`, HookedTransformer.py), so with pad id 0 every position counts as padding
+    and `W_pos` is dropped while generating (see `generation`)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(d_vocab)}, unk_token="t1"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok, name_or_path="local-wordlevel", add_bos_token=True,
-                                   bos_token="t0", eos_token="t0", pad_token="t0", unk_token="t1")
+                                   bos_token="t0", eos_token="t0", pad_token=f"t{pad_id}", unk_token="t1")
 
 
 def randomize(model, seed: int) -> None:
@@ -163,27 +169,86 @@ def apply_recipe(recipe: str):
     return hook
 
 
-def greedy_margin(model, prompt: torch.Tensor, generated: torch.Tensor) -> float:
-    """The smallest gap between the top two logits over the greedy steps (a step with a near-tie could flip on
-    rounding; the parity test checks the margin is far above the tolerance)."""
-    logits = model(generated[:, :-1])[:, prompt.shape[1] - 1:]  # the logits each generated token was chosen from
+def greedy_margin(logits: torch.Tensor) -> float:
+    """The smallest gap between the top two logits `[batch, steps, vocab]` the greedy tokens were chosen from (a step
+    with a near-tie could flip on rounding; the parity test checks the margin is far above the tolerance)."""
     top2 = logits.topk(2, dim=-1).values
     return float((top2[..., 0] - top2[..., 1]).min())
 
 
-def build_case(name: str, overrides: dict, seed: int):
+def fresh_alibi(model) -> None:
+    """TL 2.18 keeps each layer's ALiBi bias (`attn.alibi`) from the longest input so far and reads its last rows:
+    after a longer input a shorter one gets a later query's rows (a constant per row for causal attention, so
+    harmless there; another bias for bidirectional attention). Each generation starts from a fresh model's state."""
+    for block in model.blocks:
+        if hasattr(block.attn, "alibi"):
+            block.attn.alibi = None
+
+
+def generation(model, prompt: torch.Tensor, seed: int) -> tuple[dict, dict]:
+    """Greedy generations (with and without `use_past_kv_cache`; TL 2.18's KV cache fails on
+    ungroup_grouped_query_attention) and the smallest top-1/top-2 margin of each kind:
+    - `kv=…`: from token ids, tokenizer pad id d_vocab−1 (not 0, as GPT-2's 50256);
+    - `embeds/…`: from perturbed token embeddings `[batch, pos, d_model]`, returned as embeddings (tensors
+      `gen_embeds/…`) and as tokens (the new ones only, as TL 2.18);
+    - `pad0/kv=…`: from token ids with pad id 0 (BOS = EOS = pad = 0: what TL's `set_tokenizer` makes of a tokenizer
+      without a pad token whose EOS is id 0, such as GPT-NeoX-20B's): TL 2.18 then drops `W_pos`
+      (`local_tokenizer`). Its margin is that of the model with `W_pos` zeroed."""
+    cfg, n_prompt = model.cfg, prompt.shape[1]
+    kvs = [kv for kv in (True, False) if not (kv and cfg.ungroup_grouped_query_attention)]
+
+    def run(inp, kv, **kw):
+        fresh_alibi(model)
+        return model.generate(inp, max_new_tokens=NEW, do_sample=False, stop_at_eos=False, use_past_kv_cache=kv,
+                              verbose=False, **kw)
+
+    def token_margin(tokens):
+        fresh_alibi(model)
+        return greedy_margin(model(tokens[:, :-1])[:, n_prompt - 1:])
+
+    model.set_tokenizer(local_tokenizer(cfg.d_vocab, cfg.d_vocab - 1))
+    gen = {f"kv={kv}": run(prompt, kv).tolist() for kv in kvs}
+    gen["min_margin"] = token_margin(torch.tensor(gen["kv=False"]))
+    g = torch.Generator().manual_seed(seed)
+    embeds = model.embed(prompt) + 0.3 * torch.randn(*prompt.shape, cfg.d_model, generator=g)
+    tensors = {"gen_embeds/input": embeds}
+    for kv in kvs:
+        tensors[f"gen_embeds/kv={kv}"] = run(embeds, kv)
+        gen[f"embeds/kv={kv}"] = run(embeds, kv, return_type="tokens").tolist()
+    fresh_alibi(model)
+    resid, shortformer = model.get_residual(tensors["gen_embeds/kv=False"][:, :-1].contiguous(), 0)
+    gen["embeds_margin"] = greedy_margin(model(resid, start_at_layer=0, shortformer_pos_embed=shortformer)
+                                         [:, n_prompt - 1:])
+    model.set_tokenizer(local_tokenizer(cfg.d_vocab, 0))
+    for kv in kvs:
+        gen[f"pad0/kv={kv}"] = run(prompt, kv).tolist()
+    saved = model.pos_embed.W_pos.clone() if cfg.positional_embedding_type in ("standard", "shortformer") else None
+    if saved is not None:
+        model.pos_embed.W_pos.zero_()
+    gen["pad0_margin"] = token_margin(torch.tensor(gen["pad0/kv=False"]))
+    if saved is not None:
+        model.pos_embed.W_pos.copy_(saved)
+    return gen, tensors
+
+
+def make_model(overrides: dict, seed: int):
+    """`(cfg, model, tokens)`: a case's random-weight TransformerLens 2.18 model (eval mode) and its input tokens
+    (also used by make_process_references.py)."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    cfg_kwargs = {**BASE, **overrides}
     torch.manual_seed(seed)
-    cfg = HookedTransformerConfig(**cfg_kwargs)
+    cfg = HookedTransformerConfig(**{**BASE, **overrides})
     model = HookedTransformer(cfg)
     randomize(model, seed + 1)
     model.eval()
-    cfg_dict = json_safe(dataclasses.asdict(cfg))
-    v_in = min(cfg.d_vocab, cfg.d_vocab_out)
     g = torch.Generator().manual_seed(seed + 2)
-    tokens = torch.randint(0, v_in, (BATCH, N_POS), generator=g)
+    tokens = torch.randint(0, min(cfg.d_vocab, cfg.d_vocab_out), (BATCH, N_POS), generator=g)
+    return cfg, model, tokens
+
+
+def build_case(name: str, overrides: dict, seed: int):
+    cfg, model, tokens = make_model(overrides, seed)
+    cfg_dict = json_safe(dataclasses.asdict(cfg))
     out: dict[str, torch.Tensor] = {"tokens": tokens}
     with torch.no_grad():
         out["logits"] = model(tokens)
@@ -220,18 +285,15 @@ def build_case(name: str, overrides: dict, seed: int):
             hooks = [(k, apply_recipe(r)) for k, r in recipes.items()]
             out[f"edit/{kind}"] = model.run_with_hooks(tokens, fwd_hooks=hooks)
             out[f"edit/{kind}_after"] = model(tokens)  # a clean run after the edit: nothing persisted
-        model.set_tokenizer(local_tokenizer(cfg.d_vocab))
-        prompt = tokens[:, :PROMPT]
-        gen = {}
-        for kv in (True, False):
-            if kv and cfg.ungroup_grouped_query_attention:  # TL 2.18's KV cache fails on it (shape error)
-                continue
-            gen[f"kv={kv}"] = model.generate(prompt, max_new_tokens=NEW, do_sample=False, stop_at_eos=False,
-                                             use_past_kv_cache=kv, verbose=False).tolist()
-        margin = greedy_margin(model, prompt, torch.tensor(gen["kv=False"]))
+        for start in range(N_POS - PROMPT + 1):  # the first prompt window without a near-tie in any generation
+            prompt = tokens[:, start:start + PROMPT]
+            gen, gen_tensors = generation(model, prompt, seed + 3)
+            if min(v for k, v in gen.items() if k.endswith("margin")) >= MIN_MARGIN:
+                break
+        out.update(gen_tensors)
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     meta = dict(name=name, seed=seed, overrides=json_safe(overrides), cfg=cfg_dict, variants=variants,
-                generation=dict(prompt=prompt.tolist(), max_new_tokens=NEW, **gen, min_margin=margin),
+                generation=dict(prompt=prompt.tolist(), max_new_tokens=NEW, **gen),
                 edits=dict(inplace=inplace, replace=replace))
     return meta, state, {k: v.detach().contiguous().clone() for k, v in out.items()}
 

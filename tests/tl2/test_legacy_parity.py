@@ -67,6 +67,16 @@ def _close(ours, ref, what):
     assert e <= TOL, f"{what}: rel err {e:.3g} (ours {tuple(ours.shape)}, TransformerLens {tuple(ref.shape)})"
 
 
+def _kvs(gen: dict) -> list[bool]:
+    return [kv for kv in (True, False) if f"kv={kv}" in gen]  # TL 2.18's cache fails on gqa-ungrouped
+
+
+def _greedy(model, prompt, gen, kv: bool, **kw):
+    with torch.no_grad():
+        return model.generate(prompt, max_new_tokens=gen["max_new_tokens"], do_sample=False, stop_at_eos=False,
+                              use_past_kv_cache=kv, verbose=False, **kw)
+
+
 @pytest.mark.parametrize("name, check", _params())
 def test_legacy_parity(folder, name, check):
     case = _case(folder, name)
@@ -129,10 +139,24 @@ def test_legacy_parity(folder, name, check):
         kv = check == "generate_kv"
         gen = case.meta["generation"]
         assert gen["min_margin"] > 100 * TOL, "reference has a near-tie: greedy tokens could flip on rounding"
-        prompt = torch.tensor(gen["prompt"])
-        with torch.no_grad():
-            out = model.generate(prompt, max_new_tokens=gen["max_new_tokens"], do_sample=False, stop_at_eos=False,
-                                 use_past_kv_cache=kv, verbose=False)
-        assert torch.as_tensor(out).tolist() == gen[f"kv={kv}"], f"greedy tokens (use_past_kv_cache={kv})"
+        out = _greedy(model, torch.tensor(gen["prompt"]), gen, kv)
+        assert out.tolist() == gen[f"kv={kv}"], f"greedy tokens (use_past_kv_cache={kv})"
+    elif check == "generate_embeds":  # embeddings in; embeddings and (new) tokens out
+        gen = case.meta["generation"]
+        assert gen["embeds_margin"] > 100 * TOL, "reference has a near-tie: greedy tokens could flip on rounding"
+        embeds = case.ref["gen_embeds/input"]
+        for kv in _kvs(gen):
+            _close(_greedy(model, embeds, gen, kv), case.ref[f"gen_embeds/kv={kv}"], f"embeddings (kv={kv})")
+            tokens = _greedy(model, embeds, gen, kv, return_type="tokens")
+            assert tokens.tolist() == gen[f"embeds/kv={kv}"], f"greedy tokens from embeddings (kv={kv})"
+    elif check == "generate_pad0":  # TL 2.18 with pad id 0 = ours without positional table (README, tl2_gaps)
+        gen = case.meta["generation"]
+        assert gen["pad0_margin"] > 100 * TOL, "reference has a near-tie: greedy tokens could flip on rounding"
+        if model.cfg.positional_embedding_type in ("standard", "shortformer"):
+            with torch.no_grad():
+                model.pos_embed.W_pos.zero_()
+        for kv in _kvs(gen):
+            out = _greedy(model, torch.tensor(gen["prompt"]), gen, kv)
+            assert out.tolist() == gen[f"pad0/kv={kv}"], f"greedy tokens, W_pos zeroed (kv={kv})"
     else:  # pragma: no cover
         raise AssertionError(check)

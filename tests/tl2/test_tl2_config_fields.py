@@ -96,7 +96,7 @@ def test_converted_sentinels():
                                         "initializer_range": 0.05, "dtype": "torch.float64"})
     assert (cfg.attn_scale, cfg.d_vocab_out, cfg.attn_scores_soft_cap, cfg.output_logits_soft_cap) == (
         None, 5, None, None)  # attn_scale 2.0 = TL's written-out default √d_head
-    assert (cfg.normalization_type, cfg.init_range, cfg.dtype) == ("RMS", 0.05, torch.float64)
+    assert (cfg.normalization_type, cfg.init_range, cfg.dtype) == ("RMSPre", 0.05, torch.float64)
     assert config_from_transformer_lens({**SMALL, "attn_scale": 3.0}).attn_scale == 3.0
 
 
@@ -113,3 +113,14 @@ def test_field_list_matches_transformer_lens_2_18():
     assert tuple(real) == TL_FIELDS
     for field, default in TL_REFUSED.items():
         assert real[field] == default, field
+
+
+def test_load_in_4bit_field():
+    """`HookedTransformerConfig(load_in_4bit=False)` as TransformerLens (its test_attention.py passes it); True, which
+    needs bitsandbytes and CUDA, is refused by name."""
+    from models import HookedTransformerConfig
+
+    own = {k: v for k, v in SMALL.items() if k != "act_fn"}
+    assert HookedTransformerConfig(**own, load_in_4bit=False).load_in_4bit is False
+    with pytest.raises(ConfigError, match="load_in_4bit"):
+        HookedTransformerConfig(**own, load_in_4bit=True)

@@ -118,12 +118,8 @@ def test_kv_cache_and_start_at_layer(model):
 
 
 # --- tests/acceptance/test_hooked_transformer.py::test_different_inputs_for_generation ---------------------------
-EMBEDS = pytest.mark.xfail(strict=True, reason="generate() from or to embeddings [batch, pos, d_model] is not "
-                           "implemented (text and token ids are)")
-
-
-@pytest.mark.parametrize("input_type", ["str", "tokens", pytest.param("embeds", marks=EMBEDS)])
-@pytest.mark.parametrize("return_type", ["input", "str", "tokens", pytest.param("embeds", marks=EMBEDS)])
+@pytest.mark.parametrize("input_type", ["str", "tokens", "embeds"])
+@pytest.mark.parametrize("return_type", ["input", "str", "tokens", "embeds"])
 def test_different_inputs_for_generation(model, input_type, return_type):
     """test_hooked_transformer.py::test_different_inputs_for_generation: text, tokens or embeddings in (one prompt
     and a batch), text, tokens or embeddings out."""

@@ -9,9 +9,10 @@ import copy
 
 import pytest
 import torch
-from tl2_port import CONFIG, gap, tl_model
+from tl2_port import tl_model
 
-from models import HookedTransformerConfig
+from models import HookedTransformer, HookedTransformerConfig
+from models.interop import config_from_transformer_lens
 
 
 # --- tests/integration/test_attention_mask.py --------------------------------------------------------------------
@@ -37,10 +38,16 @@ def test_attention_mask():
 
 # --- tests/unit/components/test_abstract_attention.py (through a model whose Q·K is zero) -------------------------
 def _alibi_scores(attention_dir, n_heads=2, n_ctx=6):
-    model = tl_model(n_layers=1, d_model=8, n_heads=n_heads, d_head=4, n_ctx=n_ctx, d_vocab=5, attn_only=True,
-                     positional_embedding_type="alibi", attention_dir=attention_dir)
+    """A model built from a TransformerLens config (`config_from_transformer_lens`, the documented way to load one:
+    bidirectional ALiBi then leaves future keys unbiased, as TransformerLens; our own configs default to the
+    symmetric bias, docs/coming-from-transformerlens.md), with zero queries, so its scores are the ALiBi bias."""
+    torch.manual_seed(0)
+    cfg = config_from_transformer_lens(dict(n_layers=1, d_model=8, n_heads=n_heads, d_head=4, n_ctx=n_ctx,
+                                            d_vocab=5, attn_only=True, positional_embedding_type="alibi",
+                                            attention_dir=attention_dir))
+    model = HookedTransformer(cfg)
     with torch.no_grad():
-        model.blocks[0].attn.W_Q.zero_()  # scores are then the ALiBi bias alone
+        model.blocks[0].attn.W_Q.zero_()
     _, cache = model.run_with_cache(torch.zeros((1, n_ctx), dtype=torch.long))
     return cache["blocks.0.attn.hook_attn_scores"][0]  # [head, pos, key]
 
@@ -54,11 +61,10 @@ def test_create_alibi_slope():
     torch.testing.assert_close(scores[0][lower] / 2.0 ** (-8 / 2), expected[lower])
 
 
-@gap("issue 14 bug 2: bidirectional ALiBi: TransformerLens 2.18 gives keys after the query a zero bias; we use "
-     "-slope*|i-j|")
 def test_create_alibi_bias():
     """test_abstract_attention.py::test_create_alibi_bias: per head, zeros on and above the diagonal, -slope·(i-j)
-    below (ported: bidirectional scores of a model whose queries are zero, so no mask hides the upper triangle)."""
+    below (ported: bidirectional scores of a model loaded from a TransformerLens config whose queries are zero, so no
+    mask hides the upper triangle; upstream calls AbstractAttention.create_alibi_bias directly)."""
     for matrix in _alibi_scores("bidirectional", n_heads=2, n_ctx=4):
         slope = -matrix[1, 0]
         assert torch.equal(torch.triu(matrix), torch.zeros_like(matrix))
@@ -179,13 +185,14 @@ def test_is_layer_norm_activation_fails():
 
 
 # --- tests/unit/components/test_attention.py ---------------------------------------------------------------------
-@gap(CONFIG + " (load_in_4bit field; cfg.dtype must be a torch.dtype)")
 def test_attention_hooked_transformer_config():
-    """test_attention.py::test_attention_hooked_transformer_config (2 layers instead of 12): config fields as given,
-    K/V weights [n_heads, d_model, d_head] parameters, zero K/V biases at initialisation."""
+    """test_attention.py::test_attention_hooked_transformer_config (2 layers instead of 12; d_vocab and d_mlp set,
+    which TransformerLens infers): config fields as given, K/V weights [n_heads, d_model, d_head] parameters, zero K/V
+    biases at initialisation."""
     cfg = HookedTransformerConfig(n_layers=2, d_model=512, n_ctx=1024, d_head=64, n_heads=8, d_vocab=10,
                                   load_in_4bit=False, dtype=torch.float32, act_fn="relu", d_mlp=2048)
-    attn = tl_model(**cfg.to_dict()).blocks[0].attn
+    attn = HookedTransformer(cfg).blocks[0].attn
+    assert attn.cfg == cfg
     assert (attn.cfg.n_layers, attn.cfg.d_model, attn.cfg.n_ctx, attn.cfg.d_head, attn.cfg.n_heads) == (
         2, 512, 1024, 64, 8)
     assert attn.cfg.load_in_4bit is False and attn.cfg.dtype == torch.float32 and attn.cfg.act_fn == "relu"
@@ -236,3 +243,39 @@ def test_gated_mlp_forward():
     """test_gated_mlp.py::test_forward"""
     mlp = tl_model(**MLP_CFG, gated_mlp=True).blocks[0].mlp
     assert mlp(torch.randn(2, 10, 128)).shape == (2, 10, 128)
+
+
+LOSS_TEXT = "Hello world! This is a test of the loss of a processed model."
+
+
+def test_process_weights_inplace():
+    """acceptance/test_hooked_transformer.py::test_process_weights_inplace (adapted: the zoo's gelu-2l, unprocessed as
+    models.load gives it, for gpt2-small from from_pretrained_no_processing; its loss before processing stands in for
+    upstream's stored value)."""
+    from tl2_port import text_model
+
+    model = text_model()
+    ref = model(LOSS_TEXT, return_type="loss").item()
+    model.process_weights_()
+    assert abs(model(LOSS_TEXT, return_type="loss").item() - ref) < 4e-5
+    assert model.ln_final.kind == "LNPre"  # upstream: isinstance(model.ln_final, LayerNormPre)
+
+
+def test_from_pretrained_no_processing():
+    """acceptance/test_hooked_transformer.py::test_from_pretrained_no_processing (adapted: models.load(name) is
+    from_pretrained_no_processing, models.load(name, **flags) from_pretrained with those flags; gelu-2l for the hub
+    models): the flags switched off give the unprocessed config, switched on the processed one, and the same loss."""
+    from tl2_port import TEXT_MODEL
+
+    import models
+
+    plain = models.load(TEXT_MODEL)
+    ref = plain(LOSS_TEXT, return_type="loss").item()
+    off = models.load(TEXT_MODEL, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                      refactor_factored_attn_matrices=False)
+    assert off.cfg == plain.cfg
+    on = models.load(TEXT_MODEL, fold_ln=True, center_writing_weights=True, center_unembed=True,
+                     refactor_factored_attn_matrices=False)
+    assert on.cfg == plain.process_weights_().cfg and on.cfg.normalization_type == "LNPre"
+    for m in (off, on):
+        assert abs(m(LOSS_TEXT, return_type="loss").item() - ref) < 4e-5

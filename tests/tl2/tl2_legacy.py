@@ -27,15 +27,16 @@ class LegacyUnavailable(RuntimeError):
     """The TransformerLens 2.18 environment could not be built here."""
 
 
-def _digest() -> str:
+def _digest(script: str) -> str:
     h = hashlib.sha256()
-    for name in ("make_references.py", "legacy-requirements.txt"):
+    for name in dict.fromkeys((script, "make_references.py", "legacy-requirements.txt")):
         h.update((HERE / name).read_bytes())
     return h.hexdigest()[:16]
 
 
-def references() -> Path:
-    """The folder of reference cases (built on first use)."""
+def references(script: str = "make_references.py", prefix: str = "refs") -> Path:
+    """The folder of reference cases written by `script` (built on first use): make_references.py's into
+    `refs-<hash>/`, make_process_references.py's (prefix "proc-refs") into `proc-refs-<hash>/`."""
     try:
         done = subprocess.run(["bash", str(HERE / "make_legacy_venv.sh"), str(VENV)], capture_output=True,
                               text=True, timeout=1800)
@@ -46,12 +47,12 @@ def references() -> Path:
         raise LegacyUnavailable(f"the TransformerLens 2.18 environment cannot be built here (make_legacy_venv.sh "
                                 f"exit {done.returncode}: {tail})")
     python = done.stdout.strip().splitlines()[-1]
-    out = VENV / f"refs-{_digest()}"
+    out = VENV / f"{prefix}-{_digest(script)}"
     if not (out / "manifest.json").is_file():
-        gen = subprocess.run([python, str(HERE / "make_references.py"), str(out)], capture_output=True, text=True,
-                             timeout=1800)
+        gen = subprocess.run([python, str(HERE / script), str(out)], capture_output=True, text=True, timeout=1800,
+                             cwd=HERE)
         if gen.returncode != 0:  # the environment exists, so this is a defect of the generator: fail, don't skip
-            raise RuntimeError(f"make_references.py failed (exit {gen.returncode}):\n{gen.stderr[-4000:]}")
+            raise RuntimeError(f"{script} failed (exit {gen.returncode}):\n{gen.stderr[-4000:]}")
     return out
 
 

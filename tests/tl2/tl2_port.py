@@ -33,6 +33,36 @@ def text_model() -> HookedTransformer:
     return copy.deepcopy(_text_model()).eval()
 
 
+# tests/acceptance/test_activation_cache.py's IOI prompts
+PROMPT_FORMATS = ["When John and Mary went to the shops,{} gave the bag to",
+                  "When Tom and James went to the park,{} gave the ball to",
+                  "When Dan and Sid went to the shops,{} gave an apple to",
+                  "After Martin and Amy went to the park,{} gave a drink to"]
+NAMES = [(" Mary", " John"), (" Tom", " James"), (" Dan", " Sid"), (" Martin", " Amy")]
+
+
+def ioi_tokens_and_answer_tokens(model):
+    """Upstream's get_ioi_tokens_and_answer_tokens; an answer is the name's first letter (one byte token)."""
+    prompts, answer_tokens = [], []
+    for fmt, names in zip(PROMPT_FORMATS, NAMES):
+        for j in range(2):
+            correct, incorrect = names[j], names[1 - j]
+            answer_tokens.append((model.to_single_token(correct.strip()[0]),
+                                  model.to_single_token(incorrect.strip()[0])))
+            prompts.append(fmt.format(incorrect))
+    return model.to_tokens(prompts, prepend_bos=True), torch.tensor(answer_tokens)
+
+
+def ioi_cache_run(name=TEXT_MODEL, batch=None):
+    """(model, its cache of the IOI prompts (rows `batch`), tokens, answer tokens), as upstream's tests start."""
+    import models
+
+    model = text_model() if name == TEXT_MODEL else models.load(name).eval()
+    tokens, answer_tokens = ioi_tokens_and_answer_tokens(model)
+    _, cache = model.run_with_cache(tokens if batch is None else tokens[batch])
+    return model, cache, tokens, answer_tokens
+
+
 def tl_model(**cfg) -> HookedTransformer:
     """`HookedTransformer(HookedTransformerConfig(**cfg))` seeded, as upstream builds its small models."""
     torch.manual_seed(0)
@@ -61,4 +91,3 @@ OPT_IN = "issue 14 opt-in hooks: set_use_* and their hook points missing"
 KV = "issue 14 generation: HookedTransformerKeyValueCache and forward(past_kv_cache=) missing"
 GENERATE = "issue 14 generation: TL 2.x generate() arguments (input types, return_type, verbose, ...) missing"
 MASKS = "issue 14 padding and masks: attention_mask=, padding_side=, prepend_bos= on forward/to_tokens missing"
-CONFIG = "issue 14 bug 6 / config API: TransformerLens 2.18 HookedTransformerConfig fields and methods missing"

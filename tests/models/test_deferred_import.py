@@ -1,0 +1,175 @@
+"""`models.deferred_import`: packages whose `__init__` runs late. Checked on a package built here (what runs when,
+against the same package imported normally) and on TransformerLens itself (the report path imports none of
+`transformers`, `datasets`, `pandas`; the classes are TransformerLens' own; once completed, the package is the
+one a normal import makes). Each check runs in a fresh interpreter, so `sys.modules` starts clean."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from models.deferred_import import leading_imports
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("transformers", "datasets", "pandas")
+
+FAKE = {
+    "__init__.py": '''"""A package whose __init__ has a side effect and binds names several ways."""
+from . import light
+from .Thing import Thing
+from .sub import helper
+from .rebound import name_x
+import fakepkg.side as _side
+_side.ran.append("init")
+name_x = 2
+from .late import Late
+''',
+    "light.py": "VALUE = 1\n",
+    "Thing.py": "from fakepkg.dep import D\n\nclass Thing:\n    pass\n",
+    "dep.py": "D = 3\n",
+    "side.py": "ran = []\n",
+    "rebound.py": "name_x = 1\n",
+    "late.py": "class Late:\n    pass\n",
+    "heavy.py": "import fakepkg.side as s\ns.ran.append('heavy')\n",
+    "sub/__init__.py": "from .helper_mod import helper\nimport fakepkg.side as s\ns.ran.append('sub')\n",
+    "sub/helper_mod.py": "def helper():\n    return 'h'\n",
+}
+
+
+def _run(code: str, cwd: Path, eager: bool = False, prefix: str = "") -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT)])}
+    env.pop("TOY_CIRCUITS_EAGER_IMPORTS", None)
+    if eager:
+        env["TOY_CIRCUITS_EAGER_IMPORTS"] = "1"
+    out = subprocess.run([sys.executable, "-c", prefix + textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def fake(tmp_path):
+    for name, text in FAKE.items():
+        (tmp_path / "fakepkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fakepkg" / name).write_text(text)
+    return tmp_path
+
+
+def test_leading_imports_takes_opening_imports_bound_once():
+    names, subs = leading_imports(FAKE["__init__.py"], "fakepkg")
+    assert names == {"light": ("fakepkg.light", None), "Thing": ("fakepkg.Thing", "Thing"),
+                     "helper": ("fakepkg.sub", "helper")}  # name_x is rebound, Late comes after a statement
+    assert subs == {"light", "Thing", "sub", "rebound", "side"}
+    src = ("import os\nfrom .a import x\ntry:\n    from .b import y\nexcept ImportError:\n    y = None\n"
+           "from .c import z\n")
+    assert leading_imports(src, "p") == ({"x": ("p.a", "x")}, {"a"})
+    src = "from ..up import u\nfrom p.s.q import w\ndef f():\n    global w\n    w = 1\n"
+    assert leading_imports(src, "p.s") == ({}, {"q"})
+
+
+DEFER = "from models.deferred_import import defer_package_inits, pending\n" \
+        "assert defer_package_inits(('fakepkg', 'fakepkg.sub'))\n"
+
+
+def test_light_names_import_their_submodule_only(fake):
+    got = _run("""
+        import sys
+        import fakepkg.Thing
+        from fakepkg import Thing, helper
+        import fakepkg.light
+        import json
+        print(json.dumps({"thing": isinstance(Thing, type) and Thing.__module__, "helper": helper(),
+                          "attr": type(fakepkg.Thing).__name__, "light": fakepkg.light.VALUE,
+                          "loaded": sorted(m for m in sys.modules if m.startswith("fakepkg")),
+                          "pending": [p for p in pending() if p.startswith("fakepkg")]}))
+    """, fake, prefix=DEFER)
+    assert got["thing"] == "fakepkg.Thing" and got["helper"] == "h" and got["light"] == 1
+    assert got["attr"] == "type"  # the class the __init__ binds, not the submodule of the same-named import
+    assert got["loaded"] == ["fakepkg", "fakepkg.Thing", "fakepkg.dep", "fakepkg.light", "fakepkg.sub",
+                             "fakepkg.sub.helper_mod"]  # no side.py: neither __init__ has run
+    assert got["pending"] == ["fakepkg", "fakepkg.sub"]
+
+
+@pytest.mark.parametrize("trigger", ["import fakepkg.heavy", "fakepkg.name_x", "dir(fakepkg)", "fakepkg.Late"])
+def test_anything_else_runs_the_inits_first_and_matches_a_normal_import(fake, trigger):
+    report = """
+        import fakepkg, fakepkg.heavy, fakepkg.side, json
+        def kinds(m):
+            return {k: type(v).__name__ + ":" + str(getattr(v, "__name__", v)) for k, v in vars(m).items()
+                    if k not in ("__builtins__", "__loader__", "__spec__", "__cached__")}
+        print(json.dumps({"ran": fakepkg.side.ran, "top": kinds(fakepkg), "sub": kinds(fakepkg.sub),
+                          "name_x": fakepkg.name_x, "pending": [p for p in pending() if p.startswith("fakepkg")]}))
+    """
+    late = _run(report, fake, prefix=DEFER + f"import fakepkg\nfrom fakepkg import Thing\n{trigger}\n")
+    normal = _run(report, fake, prefix="def pending():\n    return []\n")
+    assert late["ran"] == ["sub", "init", "heavy"] == normal["ran"]
+    assert late == normal
+
+
+def test_switch_turns_the_deferral_off(fake):
+    got = _run("""
+        from models.deferred_import import defer_package_inits
+        import json
+        print(json.dumps(defer_package_inits(("fakepkg", "fakepkg.sub"))))
+    """, fake, eager=True)
+    assert got is False
+
+
+def test_report_path_leaves_out_hugging_face_and_keeps_transformer_lens_classes(tmp_path):
+    got = _run(f"""
+        import sys, json
+        import analyses.cli, models  # the command line defers TransformerLens' package __init__
+        from analyses.report import build_report
+        import transformer_lens
+        from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
+        from transformer_lens.hook_points import HookPoint
+        report = build_report("attn-only-2l", {str(tmp_path / "r")!r}, sections=["overview", "attention", "copying",
+                              "composition", "path_patching", "term_importance"], progress=False)
+        m = models.load("attn-only-2l")
+        _, cache = m.run_with_cache(m.to_tokens("def f(x):"))
+        before = [h for h in {HEAVY!r} if h in sys.modules]
+        checks = [isinstance(m, HookedRootModule), isinstance(m.hook_dict["hook_embed"], HookPoint),
+                  type(cache) is ActivationCache, isinstance(m.OV, FactoredMatrix), not report.failed]
+        bridge = transformer_lens.TransformerBridge  # completes the package
+        from transformer_lens.ActivationCache import ActivationCache as again
+        fm = sys.modules["transformer_lens.FactoredMatrix"].FactoredMatrix
+        checks += [again is ActivationCache, fm is FactoredMatrix, transformer_lens.FactoredMatrix is FactoredMatrix,
+                   transformer_lens.HookedRootModule is HookedRootModule]
+        print(json.dumps({{"before": before, "after": [h for h in {HEAVY!r} if h in sys.modules],
+                          "checks": checks, "pending": models.deferred_import.pending()}}))
+    """, ROOT)
+    assert got["before"] == [] and got["after"] == ["transformers", "datasets", "pandas"]
+    assert all(got["checks"]) and got["pending"] == []
+
+
+def test_completed_transformer_lens_is_the_normally_imported_one():
+    code = """
+        import json, sys
+        import analyses.cli
+        import transformer_lens as tl
+        tl.TransformerBridge
+        out = {}
+        for name in ("transformer_lens", "transformer_lens.utilities", "transformer_lens.conversion_utils"):
+            m = sys.modules[name]
+            out[name] = {k: type(v).__name__ + ":" + str(getattr(v, "__qualname__", getattr(v, "__name__", "")))
+                         for k, v in vars(m).items() if k not in ("__builtins__", "__loader__", "__spec__",
+                                                                  "__cached__", "_mps_warned")}
+        print(json.dumps(out))
+    """
+    assert _run(code, ROOT) == _run(code, ROOT, eager=True)
+
+
+def test_library_import_leaves_transformer_lens_alone():
+    """Only the command line defers: a program that imports `models` gets TransformerLens' plain import."""
+    got = _run("""
+        import json, sys
+        import models
+        m = models.load("attn-only-2l")
+        from models import deferred_import
+        print(json.dumps({"pending": deferred_import.pending(), "hf": "transformers" in sys.modules}))
+    """, ROOT)
+    assert got == {"pending": [], "hf": True}
