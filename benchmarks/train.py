@@ -1,6 +1,6 @@
 """Training speed: tokens/s of the attn-only-2l zoo configuration, ours vs TransformerLens 4.x, CPU, one process.
 
-    python benchmarks/train.py [--json] [--threads 2] [--steps 12]
+    python benchmarks/train.py [--json] [--threads 2] [--steps 12] [--attention-ab]
 
 Ours: `HookedTransformer` with the `attn-only-2l` preset config (shortformer positions, no LayerNorm, no
 biases; its sizes are printed with the table). TransformerLens cannot build shortformer
@@ -20,6 +20,9 @@ against the GEMM floor (a 2048³ float32 product, `machine.gemm_floor`) on the f
 against the floor on the same clock. Wall and CPU time (`time.process_time`) are both
 reported (forward.py explains why); the process calls `models.allocator.keep_freed_memory()` first
 (`TOY_CIRCUITS_MALLOC=default` to skip it).
+
+`--attention-ab` adds one row: our step with its training attention (`models.train_attention`, oneDNN's batched
+matmul, where this CPU passes its probe) against the same step with torch's flash kernel, alternated step by step.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forward import measure_pair, model_flops  # noqa: E402
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
-from models import HookedTransformer, lm_cross_entropy, to_transformer_lens  # noqa: E402
+from models import HookedTransformer, lm_cross_entropy, to_transformer_lens, train_attention  # noqa: E402
 from models.allocator import keep_freed_memory  # noqa: E402
 from models.train_presets import get_preset  # noqa: E402
 
@@ -61,7 +64,29 @@ def make_step(model, tokens: torch.Tensor, loss_kind: str = "own"):
     return step
 
 
-def run(steps: int, warmup: int = 3) -> dict:
+def with_flash(step):
+    """`step` with torch's flash attention kernel instead of `models.train_attention` (its decision set to no)."""
+    def flash() -> float:
+        saved = dict(train_attention._decided)
+        train_attention._decided.update({key: False for key in ("auto", "plain", "onednn")})
+        try:
+            return step()
+        finally:
+            train_attention._decided.clear()
+            train_attention._decided.update(saved)
+    return flash
+
+
+def attention_ab(model, tokens: torch.Tensor, steps: int, warmup: int) -> dict:
+    """Median ms per step of `model`'s step with its training attention and with the flash kernel, alternated."""
+    step = make_step(model, tokens)
+    step()  # the first call decides whether the oneDNN attention applies here
+    t = measure_pair(step, with_flash(step), steps, warmup)
+    return {"onednn_attention": train_attention._decide(), "ours_ms": t["ours_wall"] * 1e3,
+            "flash_ms": t["tl_wall"] * 1e3, "ours_cpu_ms": t["ours_cpu"] * 1e3, "flash_cpu_ms": t["tl_cpu"] * 1e3}
+
+
+def run(steps: int, warmup: int = 3, ab: bool = False) -> dict:
     warnings.filterwarnings("ignore")
     model_cfg, train_cfg, _ = get_preset("attn-only-2l")
     model_cfg = model_cfg.replace(seed=0)
@@ -76,6 +101,7 @@ def run(steps: int, warmup: int = 3) -> dict:
     floor_before = gemm_floor()
     times = {mode: measure_pair(make_step(ours, tokens, mode), make_step(theirs, tokens, mode), steps, warmup)
              for mode in ("own", "shared")}
+    ab_row = attention_ab(ours, tokens, steps, warmup) if ab else None
     floor_after = gemm_floor()
     flops = 3 * model_flops(model_cfg, B, T)
     floor = best_floor(floor_before, floor_after)
@@ -103,6 +129,7 @@ def run(steps: int, warmup: int = 3) -> dict:
         "gemm_floor_gflops": floor,
         "ours_fraction_of_floor": flops / own["ours_wall"] / 1e9 / wall_floor,
         "ours_cpu_fraction_of_floor": flops / own["ours_cpu"] / 1e9 / cpu_floor,
+        "attention_ab": ab_row,
     }
 
 
@@ -131,6 +158,11 @@ def table(out: dict) -> str:
               f"with one shared loss (models.lm_cross_entropy on either model's logits): {sh['ours_step_ms']:.0f} vs "
               f"{sh['transformer_lens_step_ms']:.0f} ms / step, {sh['ratio_tokens_per_s']:.2f}× "
               f"({sh['ratio_tokens_per_cpu_s']:.2f}× per CPU second)"]
+    ab = out.get("attention_ab")
+    if ab:
+        lines.append(f"our step with models.train_attention (used here: {ab['onednn_attention']}) vs torch's flash "
+                     f"attention: {ab['ours_ms']:.0f} vs {ab['flash_ms']:.0f} ms / step, {ab['ours_cpu_ms']:.1f} vs "
+                     f"{ab['flash_cpu_ms']:.1f} CPU ms ({ab['flash_cpu_ms'] / ab['ours_cpu_ms']:.2f}×)")
     return "\n".join(lines)
 
 
@@ -139,9 +171,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--attention-ab", action="store_true",
+                    help="also time our step with models.train_attention against torch's flash attention")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    out = run(args.steps)
+    out = run(args.steps, ab=args.attention_ab)
     print(json.dumps(out, indent=2) if args.json else table(out))
 
 

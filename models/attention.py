@@ -15,6 +15,7 @@ from torch import nn
 from transformer_lens import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 
+from . import train_attention
 from .config import HookedTransformerConfig
 from .gemm import MIN_ROWS, affine, inference_only
 from .hook_switches import only_caching
@@ -70,7 +71,8 @@ class Attention(nn.Module):
     - explicit: scores = q·kᵀ·scale (soft-capped) + the score bias (−inf where masked), `hook_attn_scores`, softmax,
       `hook_pattern`, z = pattern·v. Taken whenever `hook_attn_scores` or `hook_pattern` is hooked (e.g.
       `run_with_cache`, or a backward hook) or the scores are soft-capped.
-    - fused: `F.scaled_dot_product_attention`, taken otherwise (plain forward, training, generation).
+    - fused: `F.scaled_dot_product_attention`, taken otherwise (plain forward, generation); in training on CPUs where
+      `models.gemm` chose oneDNN, `models.train_attention` (the same function, its products on oneDNN).
     The per-head output `hook_result [batch, pos, head, d_model]` is formed only with `cfg.use_attn_result` and when
     hooked; otherwise z is multiplied by the flattened W_O in one matmul. q, k and v come from one fused product
     (`W_Q`, `W_K`, `W_V` side by side), or, with a key/value cache and below `models.gemm.MIN_ROWS` rows (a decoding
@@ -165,8 +167,11 @@ class Attention(nn.Module):
         else:
             mask, is_causal = score_bias.sdpa_args(P, K, q.dtype, q.device)
             default = cfg.use_attn_scale and cfg.attn_scale is None and not cfg.scale_attn_by_inverse_layer_idx
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=Hkv != H,
-                                               scale=None if default else scale)
+            if train_attention.usable(q, k, v, mask, score_bias.empty_rows):  # training: the oneDNN products
+                z = train_attention.attention(q, k, v, mask, is_causal, scale)
+            else:
+                z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                   enable_gqa=Hkv != H, scale=None if default else scale)
         z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
         if cfg.use_attn_result and hooked(self.hook_result):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))  # [batch, pos, head, d_model]

@@ -16,15 +16,19 @@ kernel of its compiler's CPU linear), so it is used only where all of these hold
   one first, a copy of `d_in · d_out` numbers beside a product of `rows` times as many multiply-adds.
 
 Forward and backward both run on oneDNN (`_OneDNNAffine`; its double backward uses plain differentiable ops, and
-forward-mode AD has a `jvp`). Switch: the environment variable `TOY_CIRCUITS_GEMM` = `auto` (the default),
-`plain` (never oneDNN) or `onednn` (skip the measurement, keep the capability check); `use(kernel)` sets it in
-code. Results agree with the plain kernel to rounding (float32), not bitwise.
+forward-mode AD has a `jvp`). torch's own `mm` / `bmm` reach oneDNN only through a public precision setting
+(`onednn_matmuls`, used where `onednn_matmuls_ok` found it float32-exact and faster): the weight gradient `xᵀ g`
+takes it (oneDNN reads `xᵀ` in place; `_linear_pointwise` copies it), and so does `models.train_attention`.
+Switch: the environment variable `TOY_CIRCUITS_GEMM` = `auto` (the default), `plain` (never oneDNN) or `onednn`
+(skip the measurement, keep the capability check); `use(kernel)` sets it in code. Results agree with the plain kernel
+to rounding (float32), not bitwise.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 
 import torch
@@ -35,6 +39,7 @@ KERNELS = ("auto", "plain", "onednn")
 ENV = "TOY_CIRCUITS_GEMM"
 MIN_ROWS = 32
 MIN_GAIN = 1.25
+PROBE_RTOL = 1e-5  # largest error over largest entry allowed on the probes (float32: ~1e-7; bfloat16: ~1e-3)
 
 _decided: dict[str, str] = {}  # requested setting -> "plain" or "onednn", filled at first use
 _forced: str | None = None  # set by `use`
@@ -109,6 +114,87 @@ def use(setting: str):
         _forced = before
 
 
+_switch = threading.Lock()
+_inside = 0  # threads within `onednn_matmuls`: the first switches the setting on, the last restores it
+_saved: list[str] = []
+
+
+@contextlib.contextmanager
+def onednn_matmuls():
+    """Within the block, torch may send float32 `mm` / `bmm` / `baddbmm` to oneDNN (its `brg_matmul`), which it does
+    only when `torch.backends.mkldnn.matmul.fp32_precision` (a public setting) allows reduced precision (`"bf16"`).
+    oneDNN down-converts float32 matmuls only where it has a kernel for that (AMX); elsewhere it runs its float32
+    kernel, as `onednn_matmuls_ok` checks before anything uses this. The setting is process-wide while on: another
+    thread's float32 matmul in that window also runs on oneDNN (threads share the switch: the first in turns it on,
+    the last out restores it)."""
+    global _inside
+    setting = torch.backends.mkldnn.matmul
+    with _switch:
+        if _inside == 0:
+            _saved[:] = [setting.fp32_precision]
+            setting.fp32_precision = "bf16"
+        _inside += 1
+    try:
+        yield
+    finally:
+        with _switch:
+            _inside -= 1
+            if _inside == 0:
+                setting.fp32_precision = _saved.pop()
+
+
+_matmuls_decided: dict[str, bool] = {}  # requested setting -> whether `onednn_matmuls` is used
+
+
+def onednn_matmuls_ok() -> bool:
+    """Once per setting: `kernel()` is oneDNN, and inside `onednn_matmuls` float32 `bmm` and `mm` (plain and with a
+    transposed operand) match a float64 reference to float32 accuracy (a bfloat16 product would be ~1000× further
+    off) and `bmm` beats the plain kernel by `MIN_GAIN` on `[32, 128, 64] @ [32, 64, 128]` (best of 9, alternated: a
+    wide margin, so that processes decide alike; on one thread, as a per-core property: ~20 ms once)."""
+    req = _requested()
+    if req not in _matmuls_decided:
+        _matmuls_decided[req] = kernel() == "onednn" and _matmuls_exact() and _matmuls_faster()
+    return _matmuls_decided[req]
+
+
+def _matmuls_exact() -> bool:
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.backends.mkldnn, "matmul")):
+        return False
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 128, 32, generator=g), torch.randn(8, 32, 128, generator=g)
+    pairs = ((a, b), (b.transpose(1, 2), a.transpose(1, 2)), (b, a), (a[0].t(), a[1]))
+    try:
+        with onednn_matmuls():
+            got = [x @ y for x, y in pairs]
+    except (RuntimeError, AttributeError, ValueError):
+        return False
+    want = [x.double() @ y.double() for x, y in pairs]
+    return all(float((x - y).abs().max()) <= PROBE_RTOL * float(y.abs().max()) for x, y in zip(got, want))
+
+
+def _matmuls_faster(repeats: int = 9) -> bool:
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(32, 128, 64, generator=g), torch.randn(32, 64, 128, generator=g)
+
+    def fast():
+        with onednn_matmuls():
+            torch.bmm(a, b)
+
+    plain, best = (lambda: torch.bmm(a, b)), {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # per core: with two threads on a loaded machine the timings flip from run to run
+    try:
+        for i in range(repeats + 1):
+            for f in (plain, fast):
+                t0 = time.perf_counter()
+                f()
+                if i:  # the first round warms up (oneDNN builds its primitive)
+                    best[f] = min(best.get(f, float("inf")), time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return best[plain] >= MIN_GAIN * best[fast]
+
+
 def _fits(x: torch.Tensor, W: torch.Tensor) -> bool:
     return (x.device.type == "cpu" and x.dtype == torch.float32 and W.dtype == torch.float32
             and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.is_contiguous() and W.dim() == 2
@@ -179,7 +265,10 @@ class _OneDNNAffine(torch.autograd.Function):
         dx = dW = db = None
         if need_x:
             dx = _onednn(g, W, None) if fast else g @ W.t()
-        if need_W:
+        if need_W and fast and W.shape[0] >= MIN_ROWS and onednn_matmuls_ok():
+            with onednn_matmuls():  # oneDNN's matmul reads the transposed x in place; `_onednn` would copy it
+                dW = x.t() @ g
+        elif need_W:
             dW = _onednn(x.t(), g.t(), None) if fast and W.shape[0] >= MIN_ROWS else x.t() @ g
         if need_b and ctx.has_bias:
             db = g.sum(0)

@@ -52,7 +52,13 @@ def test_forward_matches_plain(onednn, zero_bias):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_backward_matches_plain(onednn):
+@pytest.mark.parametrize("matmuls", [False, True], ids=["dW-linear", "dW-matmul"])
+def test_backward_matches_plain(onednn, monkeypatch, matmuls):
+    """Both routes of dW = xᵀ g: `_onednn` on a copied xᵀ, and `onednn_matmuls` reading xᵀ in place."""
+    if matmuls and not gemm._matmuls_exact():
+        pytest.skip("torch's float32 matmul on oneDNN is absent or not float32-exact here")
+    monkeypatch.setattr(gemm, "_matmuls_decided", {"onednn": matmuls})
+
     def grads():
         x, W, b = _data(grad=True)
         (gemm.affine(b, x, W).sin().sum()).backward()
@@ -111,6 +117,7 @@ def test_column_sliced_weight_reaches_onednn_contiguous(onednn, monkeypatch, gra
         seen.append(Wt.is_contiguous() or Wt.t().is_contiguous())
         return real(x, Wt, b)
     monkeypatch.setattr(gemm, "_onednn", spy)
+    monkeypatch.setattr(gemm, "_matmuls_decided", {"onednn": False})  # dW through `_onednn` too
     x, W, b = _data(k=48, n=80, grad=grad)
     out = gemm.affine(b[10:50], x, W[:, 10:50])
     torch.testing.assert_close(out, x[:, :] @ W[:, 10:50] + b[10:50], rtol=1e-5, atol=1e-5)
