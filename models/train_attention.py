@@ -16,8 +16,10 @@ forward `S = scale · q kᵀ + bias` (one `baddbmm`), `P = softmax(S)`, `z = P v
 transposed pattern it would not). The pattern is saved for the backward (`B · H · T²` floats, as the explicit path
 keeps), so `usable` caps the length at `MAX_LEN`; longer sequences keep the flash kernel's O(T) memory. A double
 backward (`create_graph=True`) differentiates the explicit softmax attention instead (`_explicit`; torch's flash kernel
-has no double backward). Our own code:
-TransformerLens has no training-specific attention kernel.
+has no double backward). A causal square of even length ≥ `SPLIT_MIN` runs in two query halves (`_split_forward`):
+the first half's queries see only the first half's keys, so the upper-right quarter (masked: its pattern is exactly
+0, its products add exact zeros) is never formed and the softmax and its backward pass over 3/4 of the square.
+Our own code: TransformerLens has no training-specific attention kernel.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from . import gemm
 
 MAX_LEN = 512  # longest sequence on this path (the saved pattern grows as T²)
+SPLIT_MIN = 64  # causal squares from this length on are computed in two query halves (`_split_forward`)
 _NOTHING = torch.zeros(())  # baddbmm's added term where there is none (beta=0 ignores it)
 
 
@@ -43,26 +46,37 @@ class _BmmAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, is_causal, scale):
         B, H, T, dh = q.shape
-        qb, kb, vb = _batched(q), _batched(k), _batched(v)
-        if is_causal:
-            bias = _causal(T, q.dtype)
+        ctx.bias, ctx.is_causal, ctx.scale = bias if not is_causal else None, is_causal, scale
+        ctx.split = is_causal and T % 2 == 0 and T >= SPLIT_MIN
         with gemm.onednn_matmuls():
+            if ctx.split:
+                z, saved = _split_forward(q, k, v, scale)
+                ctx.save_for_backward(q, k, v, *saved)  # q, k, v: for a double backward
+                return z.view(B, H, T, dh)
+            qb, kb, vb = _batched(q), _batched(k), _batched(v)
+            bias = _causal(T, q.dtype) if is_causal else bias
             added = _NOTHING if bias is None else bias if bias.dim() == 2 else bias.expand(B, H, T, T).flatten(0, 1)
             S = torch.baddbmm(added, qb, kb.transpose(1, 2), beta=0 if bias is None else 1, alpha=scale)
             P = S.softmax(-1)
             del S
             z = torch.bmm(P, vb)
-        ctx.save_for_backward(q, k, v, qb, kb, vb, P)  # q, k, v: for a double backward
-        ctx.bias, ctx.is_causal, ctx.scale = bias if not is_causal else None, is_causal, scale
+        ctx.save_for_backward(q, k, v, qb, kb, vb, P)
         return z.view(B, H, T, dh)
 
     @staticmethod
     def backward(ctx, dz):
-        q, k, v, qb, kb, vb, P = ctx.saved_tensors
+        q, k, v, *saved = ctx.saved_tensors
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         if torch.is_grad_enabled():  # double backward: differentiate the plain ops
             return _double_backward(ctx, q, k, v, dz)
         B, H, T, dh = q.shape
+        if ctx.split:
+            with gemm.onednn_matmuls():
+                dq, dk, dv = _split_backward(dz, *saved, ctx.scale, need_q, need_k, need_v)
+            return (None if dq is None else dq.view(B, H, T, dh),
+                    None if dk is None else dk.view(B, H, dh, T).transpose(-1, -2),
+                    None if dv is None else dv.view(B, H, dh, T).transpose(-1, -2), None, None, None)
+        qb, kb, vb, P = saved
         dZ = _batched(dz)
         dq = dk = dv = None
         with gemm.onednn_matmuls():
@@ -77,6 +91,51 @@ class _BmmAttention(torch.autograd.Function):
             if need_v:  # dvᵀ = dzᵀ P
                 dv = torch.bmm(dZ.transpose(1, 2), P).view(B, H, dh, T).transpose(-1, -2)
         return dq, dk, dv, None, None, None
+
+
+def _halves(t: torch.Tensor) -> torch.Tensor:
+    """`[batch, head, pos, d] -> [2, batch·head, pos/2, d]`, contiguous (a copy): the first and second half of the
+    positions as two contiguous batches (oneDNN would copy a strided slice of `_batched(t)` on each use)."""
+    B, H, T, d = t.shape
+    return t.reshape(B, H, 2, T // 2, d).permute(2, 0, 1, 3, 4).reshape(2, B * H, T // 2, d)
+
+
+def _split_forward(q, k, v, scale):
+    """The causal forward in two halves of the queries: the first half sees only the first half of the keys, so
+    the upper-right quarter of the `[T, T]` square (all masked, its pattern exactly 0) is never formed. Returns z
+    `[BH, T, dh]` and what the backward needs: the query halves, keys and values (whole and first half) and the two
+    halves' patterns `[BH, T/2, T/2]` and `[BH, T/2, T]`."""
+    qh, kb, vb = _halves(q), _batched(k), _batched(v)
+    h = qh.shape[2]
+    kt, vt = kb[:, :h].contiguous(), vb[:, :h].contiguous()
+    mask = _causal(2 * h, q.dtype)
+    Pt = torch.baddbmm(mask[:h, :h], qh[0], kt.transpose(1, 2), alpha=scale).softmax(-1)
+    Pb = torch.baddbmm(mask[h:], qh[1], kb.transpose(1, 2), alpha=scale).softmax(-1)
+    z = torch.empty_like(kb)
+    torch.bmm(Pt, vt, out=z[:, :h])  # each half written in place: no concatenation
+    torch.bmm(Pb, vb, out=z[:, h:])
+    return z, (qh, kb, vb, kt, vt, Pt, Pb)
+
+
+def _split_backward(dz, qh, kb, vb, kt, vt, Pt, Pb, scale, need_q, need_k, need_v):
+    """The backward of `_split_forward`: `dq [BH, T, dh]`, `dkᵀ` and `dvᵀ [BH, dh, T]` (None where not needed); the
+    first half of the keys gets both halves' terms (the first half's added onto its columns)."""
+    h = Pt.shape[1]
+    dZt, dZb = _halves(dz).unbind(0)
+    dSt = torch._softmax_backward_data(torch.bmm(dZt, vt.transpose(1, 2)), Pt, -1, Pt.dtype)
+    dSb = torch._softmax_backward_data(torch.bmm(dZb, vb.transpose(1, 2)), Pb, -1, Pb.dtype)
+    dq = dkT = dvT = None
+    if need_q:
+        dq = torch.empty_like(kb)
+        torch.baddbmm(_NOTHING, dSt, kt, beta=0, alpha=scale, out=dq[:, :h])
+        torch.baddbmm(_NOTHING, dSb, kb, beta=0, alpha=scale, out=dq[:, h:])
+    if need_k:  # dkᵀ = scale · qᵀ dS
+        dkT = torch.baddbmm(_NOTHING, qh[1].transpose(1, 2), dSb, beta=0, alpha=scale)
+        dkT[:, :, :h] += torch.baddbmm(_NOTHING, qh[0].transpose(1, 2), dSt, beta=0, alpha=scale)
+    if need_v:  # dvᵀ = dzᵀ P
+        dvT = torch.bmm(dZb.transpose(1, 2), Pb)
+        dvT[:, :, :h] += torch.bmm(dZt.transpose(1, 2), Pt)
+    return dq, dkT, dvT
 
 
 def _explicit(q, k, v, bias, is_causal, scale):

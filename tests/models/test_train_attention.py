@@ -85,6 +85,30 @@ def test_values_and_gradients_match_float64_and_sdpa(exact, kind):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("T", [ta.SPLIT_MIN - 2, ta.SPLIT_MIN, ta.SPLIT_MIN + 1, 2 * ta.SPLIT_MIN])
+@pytest.mark.parametrize("grads", ["qkv", "q", "kv"])
+def test_causal_query_halves_match_float64_and_sdpa(exact, monkeypatch, T, grads):
+    """Causal squares of an even length from `SPLIT_MIN` on run in two query halves (`_split_forward`); values and
+    the gradients asked for match the float64 loop and torch's attention on both sides of the threshold."""
+    calls = []
+    split = ta._split_forward
+    monkeypatch.setattr(ta, "_split_forward", lambda *a: calls.append(1) or split(*a))
+    B, H, dh, scale = 2, 3, 8, 0.3
+    dz = torch.randn(B, H, T, dh, generator=torch.Generator().manual_seed(3))
+    results = {}
+    for name, fn in (("fast", ta.attention), ("sdpa", _sdpa), ("float64", _loop64)):
+        g = torch.Generator().manual_seed(4)
+        dtype = torch.float64 if name == "float64" else torch.float32
+        qkv = [torch.randn(B, T, H, dh, generator=g).to(dtype).requires_grad_(n in grads) for n in "qkv"]
+        z = fn(*(t.transpose(1, 2) for t in qkv), None, True, scale)
+        wrt = [t for t in qkv if t.requires_grad]
+        results[name] = [z.double(), *(d.double() for d in torch.autograd.grad(z, wrt, dz.to(z.dtype)))]
+    assert len(calls) == (T % 2 == 0 and T >= ta.SPLIT_MIN)
+    for other in ("float64", "sdpa"):
+        for got, want in zip(results["fast"], results[other], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
+
+
 def test_grouped_query_heads_match_sdpa(exact):
     """Two key/value heads for four query heads (query head h reads key/value head h // 2), as `enable_gqa`."""
     out = {}
