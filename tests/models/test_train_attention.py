@@ -214,8 +214,13 @@ def test_not_taken_where_it_must_not_be(fast_path, monkeypatch):
     long_qkv, (lq, lk, lv) = _qkv(B=1, H=1, T=ta.MAX_LEN + 1, dh=4)
     assert not ta.usable(lq, lk, lv, None, False)
     monkeypatch.setenv("TOY_CIRCUITS_GEMM", "plain")
-    monkeypatch.setattr(gemm, "_forced", None)  # leave `gemm.use("onednn")`: the environment decides
-    assert not ta.usable(q, k, v, None, False)
+    # leave `gemm.use("onednn")` for this check, so the environment decides; restored here, not by monkeypatch
+    # (whose undo would run after the fixture's `use` block has ended and leave "onednn" forced for later tests)
+    forced, gemm._forced = gemm._forced, None
+    try:
+        assert not ta.usable(q, k, v, None, False)
+    finally:
+        gemm._forced = forced
 
 
 def test_hooked_and_explicit_paths_are_untouched(fast_path, monkeypatch):
