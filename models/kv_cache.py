@@ -32,10 +32,11 @@ class _Growing:
 
     def fits(self, new: torch.Tensor) -> bool:
         """`extend(new)` gives what `torch.cat([view(), new], dim)` gives: same device, dtype (no promotion) and
-        sizes off `dim`, and no autograd history in the buffer to overwrite."""
+        sizes off `dim`, and no autograd to track (history in the buffer to overwrite, or a new part that requires
+        grad)."""
         buf, d = self.buf, self.dim
         return (new.device == buf.device and new.dtype == buf.dtype and not buf.requires_grad
-                and new.shape[:d] == buf.shape[:d] and new.shape[d + 1:] == buf.shape[d + 1:])
+                and not new.requires_grad and new.shape[:d] == buf.shape[:d] and new.shape[d + 1:] == buf.shape[d + 1:])
 
     def extend(self, new: torch.Tensor) -> torch.Tensor:
         n, add, dim = self.n, new.shape[self.dim], self.dim
@@ -48,6 +49,16 @@ class _Growing:
         self.buf.narrow(dim, n, add).copy_(new)
         self.n = n + add
         return self.view()
+
+    def append(self, new: torch.Tensor, keep: bool) -> torch.Tensor:
+        """`torch.cat([view(), new], dim)`, TransformerLens' append, kept as the filled part when `keep`: written in
+        place when it `fits`, else the concatenation itself becomes the buffer."""
+        if keep and self.fits(new):
+            return self.extend(new)
+        out = torch.cat([self.view(), new], self.dim)
+        if keep:
+            self.buf, self.n = out, out.shape[self.dim]
+        return out
 
 
 def _head_major(name: str, doc: str) -> property:
@@ -77,15 +88,9 @@ class HookedTransformerKeyValueCacheEntry:
     def append(self, new_keys: torch.Tensor, new_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The cached keys and values followed by the new ones (`[batch, pos_so_far + new, heads, d_head]`); kept
         unless frozen."""
-        k_new, v_new = new_keys.transpose(1, 2), new_values.transpose(1, 2)
-        if (self.frozen or new_keys.requires_grad or new_values.requires_grad
-                or not (self._keys.fits(k_new) and self._values.fits(v_new))):
-            keys = torch.cat([self.past_keys, new_keys], dim=1)
-            values = torch.cat([self.past_values, new_values], dim=1)
-            if not self.frozen:
-                self.past_keys, self.past_values = keys, values
-            return keys, values
-        return self._keys.extend(k_new).transpose(1, 2), self._values.extend(v_new).transpose(1, 2)
+        keep = not self.frozen
+        return (self._keys.append(new_keys.transpose(1, 2), keep).transpose(1, 2),
+                self._values.append(new_values.transpose(1, 2), keep).transpose(1, 2))
 
     def __repr__(self) -> str:
         return (f"HookedTransformerKeyValueCacheEntry(past_keys={tuple(self.past_keys.shape)}, "
@@ -128,13 +133,7 @@ class HookedTransformerKeyValueCache:
             raise ValueError(f"the cache holds a batch of {self._mask.buf.shape[0]}, the input has "
                              f"{attention_mask.shape[0]}; init_cache(cfg, device, batch_size) with the input's batch "
                              "size")
-        new = attention_mask.to(self._mask.buf)
-        if self.frozen or not self._mask.fits(new):
-            mask = torch.cat([self.previous_attention_mask, new], dim=-1)
-            if not self.frozen:
-                self.previous_attention_mask = mask
-            return mask
-        return self._mask.extend(new)
+        return self._mask.append(attention_mask.to(self._mask.buf), not self.frozen)
 
     @property
     def n_past(self) -> int:
