@@ -80,14 +80,20 @@ def _probe(m: int, k: int, n: int):
 def _faster(repeats: int = 7) -> bool:
     """oneDNN beats `x @ W` by `MIN_GAIN` on a 256 × 256 @ 256 × 512 product (best of `repeats`, alternated)."""
     x, W, _ = _probe(256, 256, 512)
-    plain, fast = [], []
+    return _beats(lambda: x @ W, lambda: _onednn(x, W.t(), None), repeats)
+
+
+def _beats(plain, fast, repeats: int) -> bool:
+    """`fast()` takes at most 1 / `MIN_GAIN` of `plain()`'s time: best of `repeats` each, alternated, after one
+    warm-up round (where oneDNN builds its primitive)."""
+    best = [float("inf"), float("inf")]
     for i in range(repeats + 1):
-        for f, out in ((lambda: x @ W, plain), (lambda: _onednn(x, W.t(), None), fast)):
+        for j, f in enumerate((plain, fast)):
             t0 = time.perf_counter()
             f()
-            if i:  # the first round warms up (oneDNN builds its primitive)
-                out.append(time.perf_counter() - t0)
-    return min(plain) >= MIN_GAIN * min(fast)
+            if i:
+                best[j] = min(best[j], time.perf_counter() - t0)
+    return best[0] >= MIN_GAIN * best[1]
 
 
 def kernel() -> str:
@@ -180,19 +186,12 @@ def _matmuls_faster(repeats: int = 9) -> bool:
         with onednn_matmuls():
             torch.bmm(a, b)
 
-    plain, best = (lambda: torch.bmm(a, b)), {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # per core: with two threads on a loaded machine the timings flip from run to run
     try:
-        for i in range(repeats + 1):
-            for f in (plain, fast):
-                t0 = time.perf_counter()
-                f()
-                if i:  # the first round warms up (oneDNN builds its primitive)
-                    best[f] = min(best.get(f, float("inf")), time.perf_counter() - t0)
+        return _beats(lambda: torch.bmm(a, b), fast, repeats)
     finally:
         torch.set_num_threads(threads)
-    return best[plain] >= MIN_GAIN * best[fast]
 
 
 def _fits(x: torch.Tensor, W: torch.Tensor) -> bool:
