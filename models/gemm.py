@@ -197,9 +197,7 @@ def _matmuls_faster(repeats: int = 9) -> bool:
 def _fits(x: torch.Tensor, W: torch.Tensor) -> bool:
     return (x.device.type == "cpu" and x.dtype == torch.float32 and W.dtype == torch.float32
             and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.is_contiguous() and W.dim() == 2
-            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
-            and not getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()
-            and kernel() == "onednn")
+            and not traced() and not torch.is_autocast_enabled("cpu") and kernel() == "onednn")
 
 
 def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -212,7 +210,7 @@ def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     if not _fits(x, W):
         return x @ W if skip_b else torch.addmm(b, x, W)
     W, bias = W.contiguous(), None if skip_b else b.contiguous()
-    if (torch.is_grad_enabled() and (x.requires_grad or W.requires_grad or b.requires_grad)) or _dual_level():
+    if (torch.is_grad_enabled() and (x.requires_grad or W.requires_grad or b.requires_grad)) or dual_level():
         return _OneDNNAffine.apply(x, W, bias)
     return _onednn(x, W.t(), bias)
 
@@ -222,7 +220,7 @@ def matmul(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     if not _fits(x, W):
         return x @ W
     W = W.contiguous()
-    if (torch.is_grad_enabled() and (x.requires_grad or W.requires_grad)) or _dual_level():
+    if (torch.is_grad_enabled() and (x.requires_grad or W.requires_grad)) or dual_level():
         return _OneDNNAffine.apply(x, W, None)
     return _onednn(x, W.t(), None)
 
@@ -231,12 +229,17 @@ def inference_only(*tensors: torch.Tensor) -> bool:
     """No autograd of any kind reaches `tensors`: no gradient is recorded for them, no forward-mode tangent, no
     functorch transform (`vmap`, `grad`, `jacrev`) and no `torch.compile` tracing. Fast paths that write in place or
     into `out=` views (attention's explicit path) take only such calls."""
-    return (not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and not _dual_level()
-            and not getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()
-            and not torch.compiler.is_compiling())
+    return (not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and not dual_level()
+            and not traced())
 
 
-def _dual_level() -> bool:
+def traced() -> bool:
+    """`torch.compile` is tracing or a functorch transform (`vmap`, `grad`, `jacrev`) is active: the custom
+    autograd functions and the in-place writes of the fast paths are not for such calls."""
+    return torch.compiler.is_compiling() or getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()
+
+
+def dual_level() -> bool:
     """Inside `torch.autograd.forward_ad.dual_level` (tangents must flow through `_OneDNNAffine.jvp`)."""
     return getattr(torch.autograd.forward_ad, "_current_level", 0) >= 0
 

@@ -184,9 +184,7 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             and (bias is None or (bias.dtype == q.dtype and not bias.requires_grad and bias.dim() in (2, 3)
                                   and bias.shape[-2:] == (T, T)
                                   and (bias.dim() == 2 or bias.shape[0] == q.shape[1])))
-            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
-            and not getattr(torch._C, "_are_functorch_transforms_active", lambda: True)()
-            and getattr(torch.autograd.forward_ad, "_current_level", -1) < 0
+            and not gemm.traced() and not torch.is_autocast_enabled("cpu") and not gemm.dual_level()
             and gemm.kernel() == "onednn" and _decide())
 
 
