@@ -158,21 +158,23 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)
             K = k.shape[1]
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
         scale = score_scale(cfg, self.layer)
-        if hooked(self.hook_attn_scores, self.hook_pattern) or cfg.attn_scores_soft_cap is not None:
-            if Hkv != H:  # query head h reads kv head h // (H / Hkv)
-                k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
-            z = self._explicit(q, k, v, score_bias, scale)
+        explicit = hooked(self.hook_attn_scores, self.hook_pattern) or cfg.attn_scores_soft_cap is not None
+        mask, is_causal = (None, False) if explicit else score_bias.sdpa_args(P, K, q.dtype, q.device)
+        if not explicit and train_attention.usable(q, k, v, mask, score_bias.empty_rows):
+            z = train_attention.attention(q, k, v, mask, is_causal, scale)  # training: the oneDNN products
         else:
-            mask, is_causal = score_bias.sdpa_args(P, K, q.dtype, q.device)
-            default = cfg.use_attn_scale and cfg.attn_scale is None and not cfg.scale_attn_by_inverse_layer_idx
-            if train_attention.usable(q, k, v, mask, score_bias.empty_rows):  # training: the oneDNN products
-                z = train_attention.attention(q, k, v, mask, is_causal, scale)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
+            if explicit:
+                if Hkv != H:  # query head h reads kv head h // (H / Hkv)
+                    k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+                z = self._explicit(q, k, v, score_bias, scale)
             else:
+                default = cfg.use_attn_scale and cfg.attn_scale is None and not cfg.scale_attn_by_inverse_layer_idx
                 z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                    enable_gqa=Hkv != H, scale=None if default else scale)
-        z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
+            z = z.transpose(1, 2)
+        z = self.hook_z(z)  # [batch, pos, head, d_head]
         if cfg.use_attn_result and hooked(self.hook_result):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))  # [batch, pos, head, d_model]
             return result.sum(-2) + self.b_O

@@ -10,15 +10,17 @@ The products run inside `models.gemm.onednn_matmuls()`, which lets torch send fl
 `models.gemm.onednn_matmuls_ok()` found them float32-exact and faster than MKL's on this CPU (see there).
 
 The products (Vaswani et al. 2017, §3.2.1; the backward as Dao et al. 2022, §B.2, without the tiling):
-forward `S = scale · q kᵀ + bias` (one `baddbmm`), `P = softmax(S)`, `z = P v`; backward `dP = dz vᵀ`,
-`dS = P ⊙ (dP − rowsum(dP ⊙ P))` (`torch._softmax_backward_data`, the softmax's own backward), `dq = scale · dS k`,
-`dkᵀ = scale · qᵀ dS` and `dvᵀ = dzᵀ P` (the small operand transposed: oneDNN reads a transposed view in place, a
-transposed pattern it would not). The pattern is saved for the backward (`B · H · T²` floats, as the explicit path
-keeps), so `usable` caps the length at `MAX_LEN`; longer sequences keep the flash kernel's O(T) memory. A double
-backward (`create_graph=True`) differentiates the explicit softmax attention instead (`_explicit`; torch's flash kernel
-has no double backward). A causal square of even length ≥ `SPLIT_MIN` runs in two query halves (`_split_forward`):
-the first half's queries see only the first half's keys, so the upper-right quarter (masked: its pattern is exactly
-0, its products add exact zeros) is never formed and the softmax and its backward pass over 3/4 of the square.
+forward `S = scale · q kᵀ + bias` (one `baddbmm`), `P = softmax(S)` (in place), `z = P v`; backward `dP = dz vᵀ`,
+`dS = P ⊙ (dP − rowsum(dP ⊙ P))` (`torch._softmax_backward_data`, the softmax's own backward, written over dP),
+`dq = scale · dS k`, `dk = scale · dSᵀ q` and `dv = Pᵀ dz` (oneDNN reads the transposed squares in place). q, k, v
+come in and z and the gradients go out in the projections' layout `[batch, pos, head, d_head]`, each copied once to
+and from the products' `[batch·head, pos, d_head]`. The pattern is saved for the backward (`B · H · T²` floats, as
+the explicit path keeps), so `usable` caps the length at `MAX_LEN`; longer sequences keep the flash kernel's O(T)
+memory. A double backward (`create_graph=True`) differentiates the explicit softmax attention instead (`_explicit`;
+torch's flash kernel has no double backward). A causal square of even length ≥ `SPLIT_MIN` runs in two query halves
+(`_split_forward`): the first half's queries see only the first half's keys, so the upper-right quarter (masked: its
+pattern is exactly 0, its products add exact zeros) is never formed and the softmax and its backward pass over 3/4
+of the square; the mask is added on the two diagonal quarters only.
 Our own code: TransformerLens has no training-specific attention kernel.
 """
 
@@ -35,33 +37,40 @@ SPLIT_MIN = 64  # causal squares from this length on are computed in two query h
 _NOTHING = torch.zeros(())  # baddbmm's added term where there is none (beta=0 ignores it)
 
 
-def _batched(t: torch.Tensor) -> torch.Tensor:
-    """`[batch, head, pos, d] -> [batch·head, pos, d]`, contiguous (a copy of a strided view)."""
-    return t.reshape(-1, *t.shape[-2:])
+def _heads(t: torch.Tensor) -> torch.Tensor:
+    """`[batch, pos, head, d] -> [batch·head, pos, d]`, contiguous (one copy of the strided view)."""
+    B, T, H, d = t.shape
+    return t.transpose(1, 2).reshape(B * H, T, d)
+
+
+def _tokens(t: torch.Tensor, B: int) -> torch.Tensor:
+    """`[batch·head, pos, d] -> [batch, pos, head, d]`, contiguous (one copy): the layout the projections use."""
+    BH, T, d = t.shape
+    return t.view(B, BH // B, T, d).transpose(1, 2).contiguous()
 
 
 class _BmmAttention(torch.autograd.Function):
-    """softmax(q kᵀ · scale + bias) v for `q, k, v [batch, head, pos, d_head]`; z in the same shape."""
+    """softmax(q kᵀ · scale + bias) v for `q, k, v [batch, pos, head, d_head]`; z in the same shape."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, is_causal, scale):
-        B, H, T, dh = q.shape
+        B, T, H, dh = q.shape
         ctx.bias, ctx.is_causal, ctx.scale = bias if not is_causal else None, is_causal, scale
         ctx.split = is_causal and T % 2 == 0 and T >= SPLIT_MIN
         with gemm.onednn_matmuls():
             if ctx.split:
                 z, saved = _split_forward(q, k, v, scale)
                 ctx.save_for_backward(q, k, v, *saved)  # q, k, v: for a double backward
-                return z.view(B, H, T, dh)
-            qb, kb, vb = _batched(q), _batched(k), _batched(v)
-            bias = _causal(T, q.dtype) if is_causal else bias
+                return _tokens(z, B)
+            qb, kb, vb = _heads(q), _heads(k), _heads(v)
+            if is_causal:
+                bias = _causal(T, q.dtype)
             added = _NOTHING if bias is None else bias if bias.dim() == 2 else bias.expand(B, H, T, T).flatten(0, 1)
-            S = torch.baddbmm(added, qb, kb.transpose(1, 2), beta=0 if bias is None else 1, alpha=scale)
-            P = S.softmax(-1)
-            del S
+            P = torch.baddbmm(added, qb, kb.transpose(1, 2), beta=0 if bias is None else 1, alpha=scale)
+            torch.softmax(P, -1, out=P)
             z = torch.bmm(P, vb)
         ctx.save_for_backward(q, k, v, qb, kb, vb, P)
-        return z.view(B, H, T, dh)
+        return _tokens(z, B)
 
     @staticmethod
     def backward(ctx, dz):
@@ -69,48 +78,50 @@ class _BmmAttention(torch.autograd.Function):
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         if torch.is_grad_enabled():  # double backward: differentiate the plain ops
             return _double_backward(ctx, q, k, v, dz)
-        B, H, T, dh = q.shape
-        if ctx.split:
-            with gemm.onednn_matmuls():
-                dq, dk, dv = _split_backward(dz, *saved, ctx.scale, need_q, need_k, need_v)
-            return (None if dq is None else dq.view(B, H, T, dh),
-                    None if dk is None else dk.view(B, H, dh, T).transpose(-1, -2),
-                    None if dv is None else dv.view(B, H, dh, T).transpose(-1, -2), None, None, None)
-        qb, kb, vb, P = saved
-        dZ = _batched(dz)
-        dq = dk = dv = None
+        B = q.shape[0]
         with gemm.onednn_matmuls():
-            dS = torch._softmax_backward_data(torch.bmm(dZ, vb.transpose(1, 2)), P, -1, P.dtype)
-            if need_q:
-                dq = torch.baddbmm(_NOTHING, dS, kb, beta=0, alpha=ctx.scale)
-                dq = dq.view(B, H, T, dh)
-            if need_k:  # dkᵀ = scale · qᵀ dS
-                dk = torch.baddbmm(_NOTHING, qb.transpose(1, 2), dS, beta=0,
-                                   alpha=ctx.scale)
-                dk = dk.view(B, H, dh, T).transpose(-1, -2)
-            if need_v:  # dvᵀ = dzᵀ P
-                dv = torch.bmm(dZ.transpose(1, 2), P).view(B, H, dh, T).transpose(-1, -2)
-        return dq, dk, dv, None, None, None
+            if ctx.split:
+                grads = _split_backward(dz, *saved, ctx.scale, need_q, need_k, need_v)
+            else:
+                grads = _backward(_heads(dz), *saved, ctx.scale, need_q, need_k, need_v)
+            grads = [None if g is None else _tokens(g, B) for g in grads]
+        return *grads, None, None, None
+
+
+def _backward(dZ, qb, kb, vb, P, scale, need_q, need_k, need_v):
+    """`dq, dk, dv [batch·head, pos, d]` (None where not needed) of softmax(qb kbᵀ · scale + bias) vb, from
+    `dZ = ∂L/∂z` and the pattern `P`, the inputs `[batch·head, pos, d]`."""
+    dS = torch.bmm(dZ, vb.transpose(1, 2))
+    torch._softmax_backward_data(dS, P, -1, P.dtype, grad_input=dS)  # in place: dP → dS
+    dq = torch.baddbmm(_NOTHING, dS, kb, beta=0, alpha=scale) if need_q else None
+    dk = torch.baddbmm(_NOTHING, dS.transpose(1, 2), qb, beta=0, alpha=scale) if need_k else None
+    dv = torch.bmm(P.transpose(1, 2), dZ) if need_v else None
+    return dq, dk, dv
 
 
 def _halves(t: torch.Tensor) -> torch.Tensor:
-    """`[batch, head, pos, d] -> [2, batch·head, pos/2, d]`, contiguous (a copy): the first and second half of the
-    positions as two contiguous batches (oneDNN would copy a strided slice of `_batched(t)` on each use)."""
-    B, H, T, d = t.shape
-    return t.reshape(B, H, 2, T // 2, d).permute(2, 0, 1, 3, 4).reshape(2, B * H, T // 2, d)
+    """`[batch, pos, head, d] -> [2, batch·head, pos/2, d]`, contiguous (a copy): the first and second half of the
+    positions as two contiguous batches (oneDNN would copy a strided slice of `_heads(t)` on each use)."""
+    B, T, H, d = t.shape
+    return t.view(B, 2, T // 2, H, d).permute(1, 0, 3, 2, 4).reshape(2, B * H, T // 2, d)
 
 
 def _split_forward(q, k, v, scale):
     """The causal forward in two halves of the queries: the first half sees only the first half of the keys, so
-    the upper-right quarter of the `[T, T]` square (all masked, its pattern exactly 0) is never formed. Returns z
-    `[BH, T, dh]` and what the backward needs: the query halves, keys and values (whole and first half) and the two
-    halves' patterns `[BH, T/2, T/2]` and `[BH, T/2, T]`."""
-    qh, kb, vb = _halves(q), _batched(k), _batched(v)
+    the upper-right quarter of the `[T, T]` square (all masked, its pattern exactly 0) is never formed; the mask
+    is added where it has −inf, on the two diagonal quarters. Returns z `[BH, T, dh]` and what the backward
+    needs: the query halves, keys and values (whole and first half) and the two halves' patterns `[BH, T/2, T/2]`
+    and `[BH, T/2, T]`."""
+    qh, kb, vb = _halves(q), _heads(k), _heads(v)
     h = qh.shape[2]
     kt, vt = kb[:, :h].contiguous(), vb[:, :h].contiguous()
-    mask = _causal(2 * h, q.dtype)
-    Pt = torch.baddbmm(mask[:h, :h], qh[0], kt.transpose(1, 2), alpha=scale).softmax(-1)
-    Pb = torch.baddbmm(mask[h:], qh[1], kb.transpose(1, 2), alpha=scale).softmax(-1)
+    mask = _causal(h, q.dtype)
+    Pt = torch.baddbmm(_NOTHING, qh[0], kt.transpose(1, 2), beta=0, alpha=scale)
+    Pt += mask
+    torch.softmax(Pt, -1, out=Pt)
+    Pb = torch.baddbmm(_NOTHING, qh[1], kb.transpose(1, 2), beta=0, alpha=scale)
+    Pb[:, :, h:] += mask
+    torch.softmax(Pb, -1, out=Pb)
     z = torch.empty_like(kb)
     torch.bmm(Pt, vt, out=z[:, :h])  # each half written in place: no concatenation
     torch.bmm(Pb, vb, out=z[:, h:])
@@ -118,34 +129,38 @@ def _split_forward(q, k, v, scale):
 
 
 def _split_backward(dz, qh, kb, vb, kt, vt, Pt, Pb, scale, need_q, need_k, need_v):
-    """The backward of `_split_forward`: `dq [BH, T, dh]`, `dkᵀ` and `dvᵀ [BH, dh, T]` (None where not needed); the
-    first half of the keys gets both halves' terms (the first half's added onto its columns)."""
+    """The backward of `_split_forward`: `dq, dk, dv [BH, T, dh]` (None where not needed); the first half of the
+    keys gets both halves' terms (the first half's added onto its rows)."""
     h = Pt.shape[1]
     dZt, dZb = _halves(dz).unbind(0)
-    dSt = torch._softmax_backward_data(torch.bmm(dZt, vt.transpose(1, 2)), Pt, -1, Pt.dtype)
-    dSb = torch._softmax_backward_data(torch.bmm(dZb, vb.transpose(1, 2)), Pb, -1, Pb.dtype)
-    dq = dkT = dvT = None
+    dq = dk = dv = None
+    dSt = torch.bmm(dZt, vt.transpose(1, 2))
+    torch._softmax_backward_data(dSt, Pt, -1, Pt.dtype, grad_input=dSt)  # in place: dP → dS
+    dSb = torch.bmm(dZb, vb.transpose(1, 2))
+    torch._softmax_backward_data(dSb, Pb, -1, Pb.dtype, grad_input=dSb)
     if need_q:
         dq = torch.empty_like(kb)
         torch.baddbmm(_NOTHING, dSt, kt, beta=0, alpha=scale, out=dq[:, :h])
         torch.baddbmm(_NOTHING, dSb, kb, beta=0, alpha=scale, out=dq[:, h:])
-    if need_k:  # dkᵀ = scale · qᵀ dS
-        dkT = torch.baddbmm(_NOTHING, qh[1].transpose(1, 2), dSb, beta=0, alpha=scale)
-        dkT[:, :, :h] += torch.baddbmm(_NOTHING, qh[0].transpose(1, 2), dSt, beta=0, alpha=scale)
-    if need_v:  # dvᵀ = dzᵀ P
-        dvT = torch.bmm(dZb.transpose(1, 2), Pb)
-        dvT[:, :, :h] += torch.bmm(dZt.transpose(1, 2), Pt)
-    return dq, dkT, dvT
+    if need_k:  # dk = scale · dSᵀ q
+        dk = torch.baddbmm(_NOTHING, dSb.transpose(1, 2), qh[1], beta=0, alpha=scale)
+        dk[:, :h].baddbmm_(dSt.transpose(1, 2), qh[0], alpha=scale)
+    if need_v:  # dv = Pᵀ dz
+        dv = torch.bmm(Pb.transpose(1, 2), dZb)
+        dv[:, :h].baddbmm_(Pt.transpose(1, 2), dZt)
+    return dq, dk, dv
 
 
 def _explicit(q, k, v, bias, is_causal, scale):
-    """The same function as differentiable ops that have a double backward (torch's CPU flash kernel has none)."""
+    """The same function as differentiable ops that have a double backward (torch's CPU flash kernel has none),
+    `q, k, v [batch, pos, head, d_head]`."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     s = (q @ k.transpose(-1, -2)) * scale
     if is_causal:
         s = s + _causal(q.shape[-2], q.dtype)
     elif bias is not None:
         s = s + bias
-    return s.softmax(-1) @ v
+    return (s.softmax(-1) @ v).transpose(1, 2)
 
 
 def _double_backward(ctx, q, k, v, dz):
@@ -163,27 +178,28 @@ def _causal(T: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def attention(q, k, v, bias: torch.Tensor | None, is_causal: bool, scale: float) -> torch.Tensor:
-    """softmax(q kᵀ · scale + bias) v on the oneDNN path, `q, k, v [batch, head, pos, d_head]` (check `usable`
-    first); `bias` and `is_causal` as `F.scaled_dot_product_attention`'s `attn_mask` and `is_causal`."""
-    if k.shape[1] != q.shape[1]:  # grouped-query: query head h reads key/value head h // (H / H_kv)
-        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], 1) for t in (k, v))
+    """softmax(q kᵀ · scale + bias) v on the oneDNN path for `q, k, v [batch, pos, head, d_head]` (the projections'
+    layout; check `usable` first), z `[batch, pos, head, d_head]` contiguous; `bias` and `is_causal` as
+    `F.scaled_dot_product_attention`'s `attn_mask` and `is_causal`."""
+    if k.shape[2] != q.shape[2]:  # grouped-query: query head h reads key/value head h // (H / H_kv)
+        k, v = (t.repeat_interleave(q.shape[2] // k.shape[2], 2) for t in (k, v))
     return _BmmAttention.apply(q, k, v, bias, is_causal, scale)
 
 
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, empty_rows: bool) -> bool:
-    """The oneDNN attention applies to this call: training (a gradient is needed), float32 CPU tensors, key/value
-    heads dividing the query heads (grouped-query heads are repeated, as `enable_gqa`), a square of at most
-    `MAX_LEN` positions, a bias (needing no gradient) without a batch axis or fully masked rows; no functorch
-    transform, `torch.compile` tracing, autocast or forward-mode AD; `models.gemm.kernel()` is oneDNN (so
-    `TOY_CIRCUITS_GEMM=plain` turns this path off too) and the probe passed (`_decide`)."""
-    T = q.shape[2]
+    """The oneDNN attention applies to this call (`q, k, v [batch, pos, head, d_head]`): training (a gradient is
+    needed), float32 CPU tensors, key/value heads dividing the query heads (grouped-query heads are repeated, as
+    `enable_gqa`), a square of at most `MAX_LEN` positions, a bias (needing no gradient) without a batch axis or
+    fully masked rows; no functorch transform, `torch.compile` tracing, autocast or forward-mode AD;
+    `models.gemm.kernel()` is oneDNN (so `TOY_CIRCUITS_GEMM=plain` turns this path off too) and the probe passed
+    (`_decide`)."""
+    B, T, H, dh = q.shape
     return (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
             and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
-            and k.shape == v.shape and q.shape[0] == k.shape[0] and q.shape[2:] == k.shape[2:]
-            and q.shape[1] % k.shape[1] == 0 and 1 < T <= MAX_LEN and not empty_rows
+            and k.shape == v.shape and k.shape[0] == B and k.shape[1] == T and k.shape[3] == dh
+            and H % k.shape[2] == 0 and 1 < T <= MAX_LEN and not empty_rows
             and (bias is None or (bias.dtype == q.dtype and not bias.requires_grad and bias.dim() in (2, 3)
-                                  and bias.shape[-2:] == (T, T)
-                                  and (bias.dim() == 2 or bias.shape[0] == q.shape[1])))
+                                  and bias.shape[-2:] == (T, T) and (bias.dim() == 2 or bias.shape[0] == H)))
             and not gemm.traced() and not torch.is_autocast_enabled("cpu") and not gemm.dual_level()
             and gemm.kernel() == "onednn" and _decide())
 

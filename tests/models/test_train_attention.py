@@ -30,10 +30,10 @@ def fast_path(exact, monkeypatch):
 
 
 def _qkv(B=3, H=4, T=24, dh=8, seed=0, dtype=torch.float32):
-    """q, k, v `[batch, head, pos, d_head]` as strided views into one projection output, as the model passes them."""
+    """q, k, v `[batch, pos, head, d_head]` as strided views into one projection output, as the model passes them."""
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(B, T, 3, H, dh, generator=g).to(dtype).requires_grad_()  # the same numbers in float64
-    return qkv, [qkv[:, :, i].transpose(1, 2) for i in range(3)]
+    return qkv, [qkv[:, :, i] for i in range(3)]
 
 
 def _bias(kind, H, T, seed=1):
@@ -47,10 +47,17 @@ def _bias(kind, H, T, seed=1):
     return None
 
 
+def _heads_first(fn):
+    """`fn` on `[batch, head, pos, d_head]` inputs, called with and returning `[batch, pos, head, d_head]` ones."""
+    return lambda q, k, v, *args: fn(*(t.transpose(1, 2) for t in (q, k, v)), *args).transpose(1, 2)
+
+
+@_heads_first
 def _sdpa(q, k, v, bias, causal, scale):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, scale=scale)
 
 
+@_heads_first
 def _loop64(q, k, v, bias, causal, scale):
     """softmax(q kᵀ · scale + bias) v one (sequence, head) at a time in float64: the independent reference."""
     q, k, v = (t.double() for t in (q, k, v))
@@ -73,7 +80,7 @@ def _loop64(q, k, v, bias, causal, scale):
 def test_values_and_gradients_match_float64_and_sdpa(exact, kind):
     B, H, T, dh = 3, 4, 24, 8
     bias, causal, scale = _bias(kind, H, T), kind == "causal", dh ** -0.5
-    dz = torch.randn(B, H, T, dh, generator=torch.Generator().manual_seed(2))
+    dz = torch.randn(B, T, H, dh, generator=torch.Generator().manual_seed(2))
     results = {}
     for name, fn in (("fast", ta.attention), ("sdpa", _sdpa), ("float64", _loop64)):
         qkv, (q, k, v) = _qkv(B, H, T, dh, dtype=torch.float64 if name == "float64" else torch.float32)
@@ -94,13 +101,13 @@ def test_causal_query_halves_match_float64_and_sdpa(exact, monkeypatch, T, grads
     split = ta._split_forward
     monkeypatch.setattr(ta, "_split_forward", lambda *a: calls.append(1) or split(*a))
     B, H, dh, scale = 2, 3, 8, 0.3
-    dz = torch.randn(B, H, T, dh, generator=torch.Generator().manual_seed(3))
+    dz = torch.randn(B, T, H, dh, generator=torch.Generator().manual_seed(3))
     results = {}
     for name, fn in (("fast", ta.attention), ("sdpa", _sdpa), ("float64", _loop64)):
         g = torch.Generator().manual_seed(4)
         dtype = torch.float64 if name == "float64" else torch.float32
         qkv = [torch.randn(B, T, H, dh, generator=g).to(dtype).requires_grad_(n in grads) for n in "qkv"]
-        z = fn(*(t.transpose(1, 2) for t in qkv), None, True, scale)
+        z = fn(*qkv, None, True, scale)
         wrt = [t for t in qkv if t.requires_grad]
         results[name] = [z.double(), *(d.double() for d in torch.autograd.grad(z, wrt, dz.to(z.dtype)))]
     assert len(calls) == (T % 2 == 0 and T >= ta.SPLIT_MIN)
@@ -114,9 +121,9 @@ def test_grouped_query_heads_match_sdpa(exact):
     out = {}
     for name in ("fast", "sdpa"):
         qkv, (q, k, v) = _qkv()
-        k, v = k[:, :2], v[:, :2]
+        k, v = k[:, :, :2], v[:, :, :2]
         z = ta.attention(q, k, v, None, True, 0.35) if name == "fast" else F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=0.35, enable_gqa=True)
+            *(t.transpose(1, 2) for t in (q, k, v)), is_causal=True, scale=0.35, enable_gqa=True).transpose(1, 2)
         out[name] = z, *torch.autograd.grad(z.sin().sum(), qkv)
     for got, want in zip(out["fast"], out["sdpa"]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
@@ -141,7 +148,7 @@ def test_matmul_setting_is_restored(exact):
     torch.autograd.grad(ta.attention(q, k, v, None, True, 0.35).sum(), qkv)
     assert setting.fp32_precision == before
     with pytest.raises(RuntimeError):  # an error inside the block restores it too
-        ta.attention(q, k[:, :, :5], v, None, False, 0.35)
+        ta.attention(q, k[:, :5], v, None, False, 0.35)
     assert setting.fp32_precision == before
 
 
@@ -206,8 +213,8 @@ def test_not_taken_where_it_must_not_be(fast_path, monkeypatch):
         assert not ta.usable(q, k, v, None, False)
     q64, k64, v64 = (t.double() for t in (q, k, v))
     assert not ta.usable(q64, k64, v64, None, False)
-    assert ta.usable(q, k[:, :2], v[:, :2], None, False)  # grouped-query heads: repeated
-    assert not ta.usable(q, k[:, :3], v[:, :3], None, False)  # 3 key/value heads for 4 query heads
+    assert ta.usable(q, k[:, :, :2], v[:, :, :2], None, False)  # grouped-query heads: repeated
+    assert not ta.usable(q, k[:, :, :3], v[:, :, :3], None, False)  # 3 key/value heads for 4 query heads
     assert not ta.usable(q, k, v, torch.zeros(3, 1, 24, 24), False)  # a per-sequence mask
     assert not ta.usable(q, k, v, None, True)  # rows that may be masked throughout (padding)
     assert not ta.usable(q, k, v, torch.zeros(24, 24, requires_grad=True), False)  # a learned bias
