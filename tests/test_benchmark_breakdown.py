@@ -1,0 +1,35 @@
+"""`benchmarks/train_breakdown.py`: its parts add up to the step, its FLOP counts are the model's, and it leaves the
+classes it times as it found them."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import train_breakdown  # noqa: E402
+
+from models import gemm, train_attention  # noqa: E402
+
+
+@pytest.fixture
+def no_floor(monkeypatch):
+    """The 2048³ GEMM floor takes seconds; the parts do not depend on it."""
+    fake = {"wall": {"plain": 100.0}, "cpu": {"plain": 100.0}}
+    monkeypatch.setattr(train_breakdown, "gemm_floor", lambda: fake)
+
+
+def test_parts_add_up_and_classes_are_restored(no_floor):
+    before = [dict(cls.__dict__) for cls in (gemm._OneDNNAffine, train_attention._BmmAttention)]
+    out = train_breakdown.run(steps=2, batch=2)
+    assert [dict(cls.__dict__) for cls in (gemm._OneDNNAffine, train_attention._BmmAttention)] == before
+    ms = out["ms"]
+    assert ms["forward, other"] >= 0 and ms["backward, other"] >= 0
+    parts = ["linears forward", "attention forward", "loss forward", "forward, other"]
+    assert sum(ms[p] for p in parts) == pytest.approx(ms["forward"])
+    # FLOPs of the attn-only-2l preset at batch 2: 2 layers of q, k, v, o (128 → 128) and the unembedding (128 → 512)
+    tokens = 2 * 128
+    assert out["flops"]["linears forward"] == 2 * tokens * (2 * 4 * 128 * 128 + 128 * 512)
+    assert out["flops"]["attention forward"] == 2 * 2 * 2 * 4 * 128 * 128 * 32 * 3 / 4 * 2
+    assert "| **step** |" in train_breakdown.table(out)
