@@ -210,5 +210,18 @@ _decided: dict[str, bool] = {}  # GEMM setting -> whether this path applies (`mo
 def _decide() -> bool:
     key = gemm._requested()
     if key not in _decided:
-        _decided[key] = hasattr(torch, "_softmax_backward_data") and gemm.onednn_matmuls_ok()
+        _decided[key] = _softmax_backward_in_place() and gemm.onednn_matmuls_ok()
     return _decided[key]
+
+
+def _softmax_backward_in_place() -> bool:
+    """The private `torch._softmax_backward_data` exists, takes `grad_input=` and, written over its own input,
+    gives the softmax's backward `dS` of the module docstring (checked once per setting, on a small case)."""
+    g = torch.Generator().manual_seed(0)
+    P, dP = torch.randn(2, 3, 40, generator=g).softmax(-1), torch.randn(2, 3, 40, generator=g)
+    want = P * (dP - (dP * P).sum(-1, keepdim=True))
+    try:
+        torch._softmax_backward_data(dP, P, -1, P.dtype, grad_input=dP)
+    except (AttributeError, TypeError, RuntimeError):
+        return False
+    return torch.allclose(dP, want, rtol=1e-5, atol=1e-7)

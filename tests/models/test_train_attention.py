@@ -240,3 +240,26 @@ def test_hooked_and_explicit_paths_are_untouched(fast_path, monkeypatch):
     hooks = [(name, lambda t, hook: seen.append(t.shape) or t) for name in names]
     model.run_with_hooks(tokens, return_type="loss", fwd_hooks=hooks).backward()
     assert seen == [(2, 4, 48, 48)] * 2
+
+
+@pytest.mark.parametrize("broken", ["missing", "no grad_input", "wrong values"])
+def test_private_softmax_backward_is_checked_before_use(monkeypatch, broken):
+    """`torch._softmax_backward_data` (private) is used only where it exists, takes `grad_input=` and writes the
+    softmax's backward over its input; otherwise the path is not taken (torch's flash kernel runs, as with
+    `TOY_CIRCUITS_GEMM=plain`)."""
+    real = torch._softmax_backward_data
+    if broken == "missing":
+        monkeypatch.delattr(torch, "_softmax_backward_data")
+    elif broken == "no grad_input":
+        monkeypatch.setattr(torch, "_softmax_backward_data", lambda g, out, dim, dtype: real(g, out, dim, dtype))
+    else:
+        monkeypatch.setattr(torch, "_softmax_backward_data", lambda g, out, dim, dtype, grad_input: grad_input.zero_())
+    monkeypatch.setattr(ta, "_decided", {})
+    assert not ta._softmax_backward_in_place()
+    assert not ta._decide()
+    qkv, (q, k, v) = _qkv()
+    assert not ta.usable(q, k, v, None, False)
+
+
+def test_private_softmax_backward_check_passes_on_torch_as_installed():
+    assert ta._softmax_backward_in_place()
