@@ -91,8 +91,7 @@ class _BmmAttention(torch.autograd.Function):
 def _backward(dZ, qb, kb, vb, P, scale, need_q, need_k, need_v):
     """`dq, dk, dv [batch·head, pos, d]` (None where not needed) of softmax(qb kbᵀ · scale + bias) vb, from
     `dZ = ∂L/∂z` and the pattern `P`, the inputs `[batch·head, pos, d]`."""
-    dS = torch.bmm(dZ, vb.transpose(1, 2))
-    torch._softmax_backward_data(dS, P, -1, P.dtype, grad_input=dS)  # in place: dP → dS
+    dS = _scores_grad(dZ, vb, P)
     dq = torch.baddbmm(_NOTHING, dS, kb, beta=0, alpha=scale) if need_q else None
     dk = torch.baddbmm(_NOTHING, dS.transpose(1, 2), qb, beta=0, alpha=scale) if need_k else None
     dv = torch.bmm(P.transpose(1, 2), dZ) if need_v else None
@@ -116,12 +115,7 @@ def _split_forward(q, k, v, scale):
     h = qh.shape[2]
     kt, vt = kb[:, :h].contiguous(), vb[:, :h].contiguous()
     mask = _causal(h, q.dtype)
-    Pt = torch.baddbmm(_NOTHING, qh[0], kt.transpose(1, 2), beta=0, alpha=scale)
-    Pt += mask
-    torch.softmax(Pt, -1, out=Pt)
-    Pb = torch.baddbmm(_NOTHING, qh[1], kb.transpose(1, 2), beta=0, alpha=scale)
-    Pb[:, :, h:] += mask
-    torch.softmax(Pb, -1, out=Pb)
+    Pt, Pb = _pattern(qh[0], kt, scale, mask, 0), _pattern(qh[1], kb, scale, mask, h)
     z = torch.empty_like(kb)
     torch.bmm(Pt, vt, out=z[:, :h])  # each half written in place: no concatenation
     torch.bmm(Pb, vb, out=z[:, h:])
@@ -134,10 +128,7 @@ def _split_backward(dz, qh, kb, vb, kt, vt, Pt, Pb, scale, need_q, need_k, need_
     h = Pt.shape[1]
     dZt, dZb = _halves(dz).unbind(0)
     dq = dk = dv = None
-    dSt = torch.bmm(dZt, vt.transpose(1, 2))
-    torch._softmax_backward_data(dSt, Pt, -1, Pt.dtype, grad_input=dSt)  # in place: dP → dS
-    dSb = torch.bmm(dZb, vb.transpose(1, 2))
-    torch._softmax_backward_data(dSb, Pb, -1, Pb.dtype, grad_input=dSb)
+    dSt, dSb = _scores_grad(dZt, vt, Pt), _scores_grad(dZb, vb, Pb)
     if need_q:
         dq = torch.empty_like(kb)
         torch.baddbmm(_NOTHING, dSt, kt, beta=0, alpha=scale, out=dq[:, :h])
@@ -149,6 +140,22 @@ def _split_backward(dz, qh, kb, vb, kt, vt, Pt, Pb, scale, need_q, need_k, need_
         dv = torch.bmm(Pb.transpose(1, 2), dZb)
         dv[:, :h].baddbmm_(Pt.transpose(1, 2), dZt)
     return dq, dk, dv
+
+
+def _pattern(q, k, scale, mask, start):
+    """`softmax(scale · q kᵀ + mask)` for `q [BH, rows, d]`, `k [BH, keys, d]`, with the `[rows, rows]` causal
+    `mask` added on the keys from `start` on (the diagonal block; the keys before it are all visible), the softmax
+    written over the scores."""
+    P = torch.baddbmm(_NOTHING, q, k.transpose(1, 2), beta=0, alpha=scale)
+    P[:, :, start:] += mask
+    return torch.softmax(P, -1, out=P)
+
+
+def _scores_grad(dZ, v, P):
+    """`dS = P ⊙ (dP − rowsum(dP ⊙ P))` for `dP = dZ vᵀ` (the softmax's backward, module docstring), written over
+    dP by the private `torch._softmax_backward_data` (checked by `_softmax_backward_in_place`)."""
+    dS = torch.bmm(dZ, v.transpose(1, 2))
+    return torch._softmax_backward_data(dS, P, -1, P.dtype, grad_input=dS)
 
 
 def _explicit(q, k, v, bias, is_causal, scale):
