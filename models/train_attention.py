@@ -26,11 +26,10 @@ Our own code: TransformerLens has no training-specific attention kernel.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from . import gemm
+from .score_bias import Causal
 
 MAX_LEN = 512  # longest sequence on this path (the saved pattern grows as T²)
 SPLIT_MIN = 64  # causal squares from this length on are computed in two query halves (`_split_forward`)
@@ -178,10 +177,13 @@ def _double_backward(ctx, q, k, v, dz):
     return (*(next(got) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
 
 
-@functools.lru_cache(maxsize=8)
+_CAUSAL = Causal()  # its `dense` memoises each size's mask on this object
+
+
 def _causal(T: int, dtype: torch.dtype) -> torch.Tensor:
-    """`[T, T]`: −inf above the diagonal (the keys a causal query must not see), 0 elsewhere."""
-    return torch.full((T, T), float("-inf"), dtype=dtype).triu(1)
+    """`[T, T]`: −inf above the diagonal (the keys a causal query must not see), 0 elsewhere; `models.score_bias`'s
+    causal mask, built once per size and dtype."""
+    return _CAUSAL.dense(T, T, dtype)
 
 
 def attention(q, k, v, bias: torch.Tensor | None, is_causal: bool, scale: float) -> torch.Tensor:
