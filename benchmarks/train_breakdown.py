@@ -28,6 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from forward import model_flops  # noqa: E402
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
 from models import HookedTransformer, gemm, train_attention  # noqa: E402
@@ -88,10 +89,10 @@ def run(steps: int, batch: int) -> dict:
     ms = {name: 1e3 * t / steps for name, t in {**{n: spent[n] for n in names}, **phases}.items()}
     ms["forward, other"] = ms["forward"] - ms["linears forward"] - ms["attention forward"] - ms["loss forward"]
     ms["backward, other"] = ms["backward"] - ms["linears backward"] - ms["attention backward"]
-    B, T, d, V, L = batch, model_cfg.n_ctx, model_cfg.d_model, model_cfg.d_vocab, model_cfg.n_layers
-    hd = model_cfg.n_heads * model_cfg.d_head
-    linear = 2 * B * T * (L * d * 4 * hd + d * V)  # q, k, v, o per layer and the unembedding
-    square = 2 * 2 * B * model_cfg.n_heads * T * T * model_cfg.d_head * 3 / 4 * L  # q kᵀ and P v, causal halves
+    T, c = model_cfg.n_ctx, model_cfg
+    squares = c.n_layers * 2 * 2 * batch * c.n_heads * T * T * c.d_head  # q kᵀ and P v, whole squares
+    linear = model_flops(c, batch, T) - squares  # the rest of a dense forward: q, k, v, o and the unembedding
+    square = squares * 3 / 4  # the causal halves form 3/4 of each square
     flops = {"linears forward": linear, "linears backward": 2 * linear,
              "attention forward": square, "attention backward": 2 * square}
     return {"machine": cpu(), "loadavg": os.getloadavg(), "threads": torch.get_num_threads(), "batch": batch,
