@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forward import measure_pair, model_flops  # noqa: E402
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
-from models import HookedTransformer, lm_cross_entropy, to_transformer_lens, train_attention  # noqa: E402
+from models import HookedTransformer, gemm, lm_cross_entropy, to_transformer_lens, train_attention  # noqa: E402
 from models.allocator import keep_freed_memory  # noqa: E402
 from models.train_presets import get_preset  # noqa: E402
 
@@ -68,7 +68,7 @@ def with_flash(step):
     """`step` with torch's flash attention kernel instead of `models.train_attention` (its decision set to no)."""
     def flash() -> float:
         saved = dict(train_attention._decided)
-        train_attention._decided.update({key: False for key in ("auto", "plain", "onednn")})
+        train_attention._decided.update(dict.fromkeys(gemm.KERNELS, False))
         try:
             return step()
         finally:

@@ -96,7 +96,7 @@ def run(steps: int, batch: int) -> dict:
     flops = {"linears forward": linear, "linears backward": 2 * linear,
              "attention forward": square, "attention backward": 2 * square}
     return {"machine": cpu(), "loadavg": os.getloadavg(), "threads": torch.get_num_threads(), "batch": batch,
-            "steps": steps, "ms": ms,
+            "seq_len": T, "steps": steps, "ms": ms,
             "flops": flops, "gemm_floor_gflops": best_floor(gemm_floor(), gemm_floor())}
 
 
@@ -104,7 +104,8 @@ def table(out: dict) -> str:
     floor = max(out["gemm_floor_gflops"]["wall"].values())
     ms, flops = out["ms"], out["flops"]
     lines = [header(out["machine"], out["gemm_floor_gflops"], out["loadavg"]),
-             f"batch {out['batch']} × 128 tokens, mean of {out['steps']} steps; floor below: the best wall rate",
+             f"batch {out['batch']} × {out['seq_len']} tokens, mean of {out['steps']} steps; "
+             "floor below: the best wall rate",
              "", "| part | ms / step | of the step | GFLOP/s | ms at the floor |", "|---|---:|---:|---:|---:|"]
     step = ms["forward"] + ms["backward"] + ms["clipping"] + ms["AdamW"]
     for name in ("linears forward", "attention forward", "loss forward", "forward, other", "linears backward",
