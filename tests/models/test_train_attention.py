@@ -129,16 +129,29 @@ def test_grouped_query_heads_match_sdpa(exact):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
 
 
-def test_double_backward_matches_explicit(exact):
-    """`create_graph=True` (which torch's flash kernel does not support) gives the explicit attention's gradients."""
+@_heads_first
+def _math_sdpa(q, k, v, bias, causal, scale):
+    """torch's math-backend attention (it has a double backward): a reference independent of `ta._explicit`, which
+    the double backward differentiates."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, scale=scale)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_double_backward_matches_torch_math_attention(exact, causal):
+    """`create_graph=True` (which torch's flash kernel does not support) gives the gradients and second derivatives
+    of torch's math-backend attention, in float64 (causal, and with a per-head bias)."""
     grads = {}
-    for name, fn in (("fast", ta.attention), ("explicit", ta._explicit)):
-        qkv, (q, k, v) = _qkv()
-        (g,) = torch.autograd.grad(fn(q, k, v, None, True, 0.35).sin().sum(), qkv, create_graph=True)
+    for name, fn in (("fast", ta.attention), ("math", _math_sdpa)):
+        qkv, (q, k, v) = _qkv(dtype=torch.float64 if name == "math" else torch.float32)
+        bias = None if causal else _bias("per_head", 4, 24).to(q.dtype)
+        (g,) = torch.autograd.grad(fn(q, k, v, bias, causal, 0.35).sin().sum(), qkv, create_graph=True)
         (gg,) = torch.autograd.grad(g.pow(2).sum(), qkv)
         grads[name] = g, gg
-    for got, want in zip(grads["fast"], grads["explicit"]):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for got, want in zip(grads["fast"], grads["math"]):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
 
 
 def test_matmul_setting_is_restored(exact):
