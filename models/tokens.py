@@ -114,6 +114,7 @@ class TextMixin:
             from .errors import TokenNotFoundError
 
             error = TokenNotFoundError("The token does not occur in the prompt")
-            error.add_note(f"token {single_token!r} (id {token}) is not among the {tokens.numel()} input tokens")
+            if hasattr(error, "add_note"):  # Python ≥ 3.11 (PEP 678); the message itself is TransformerLens'
+                error.add_note(f"token {single_token!r} (id {token}) is not among the {tokens.numel()} input tokens")
             raise error
         return int(where[0] if mode == "first" else where[-1])
