@@ -230,7 +230,6 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg, **processing) -> H
         state = state_dict_or_path
     if not isinstance(state, dict):
         raise CheckpointError(f"{source}: expected a dict of tensors, got {type(state).__name__}")
-    tl_pre_norm = isinstance(cfg, dict) and cfg.get("normalization_type") in ("LNPre", "RMSPre")
     if isinstance(cfg, dict):
         try:
             cfg = HookedTransformerConfig.from_dict(cfg)
@@ -239,7 +238,7 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg, **processing) -> H
     check_size(cfg, state, source)
     model = HookedTransformer(cfg)
     load_state_dict(model, tl_state_to_ours(state, model.state_dict(), source), source=source)
-    return process_loaded(model, processing, tl_pre_norm=tl_pre_norm)
+    return process_loaded(model, processing)
 
 
 def tl_state_to_ours(state: dict, expected: dict, source: str = "state dict") -> dict:

@@ -258,21 +258,18 @@ def _biases_to_parameters(model) -> None:
 
 
 
-def process_loaded(model, flags: dict, tl_pre_norm: bool = False):
+def process_loaded(model, flags: dict):
     """A loader's processing flags (`models.load(..., fold_ln=True)`, `from_transformer_lens_state_dict`), checked
     by name. None given: no processing (TransformerLens' `from_pretrained_no_processing`). Any given: the others take
     `from_pretrained`'s defaults (all True but refactor_factored_attn_matrices), `loading_flags` is applied, then
-    `process_weights_`. `tl_pre_norm`: the checkpoint's TransformerLens config says LNPre / RMSPre (TransformerLens
-    2.18 cannot fold it: KeyError 'blocks.0.ln1.b')."""
+    `process_weights_` (which refuses `fold_ln` on LNPre / RMSPre norms, as TransformerLens 2.18 cannot fold them:
+    KeyError 'blocks.0.ln1.b')."""
     unknown = sorted(set(flags) - set(FLAGS))
     if unknown:
         raise WeightProcessingError(f"unknown processing flag(s) {unknown}; allowed: {', '.join(FLAGS)}")
     if not flags:
         return model
     flags = loading_flags(model.cfg, {**{f: f != "refactor_factored_attn_matrices" for f in FLAGS}, **flags})
-    if tl_pre_norm and flags.get("fold_ln"):
-        raise WeightProcessingError("fold_ln: the TransformerLens config has LNPre / RMSPre norms, whose weights "
-                                    "are folded already (TransformerLens 2.18 raises KeyError); pass fold_ln=False")
     return process_weights_(model, **{name: bool(flags[name]) for name in FLAGS})
 
 
