@@ -99,15 +99,14 @@ def prompt_embeds(model, embeds: torch.Tensor) -> torch.Tensor:
 
 def _embeds_logits(model, embeds: torch.Tensor, cache) -> torch.Tensor:
     """The last position's logits `[batch, d_vocab_out]` from token embeddings, as TransformerLens 2.x's `generate`:
-    positions added by `get_residual` (`hook_embed` does not fire: there are no ids), then every block. With a
-    key/value cache only the positions it does not hold yet run."""
+    positions added by `get_residual` (`hook_embed` does not fire: there are no ids), then every block. Without a
+    cache `embeds` is the whole context; with a key/value cache, the positions after those it holds."""
     if cache is None:
         resid, pos_qk = model.get_residual(_context(model, embeds))
         return model(resid, start_at_layer=0, shortformer_pos_embed=pos_qk)[:, -1].float()
     n_past = cache.n_past
-    new = embeds[:, n_past:]
-    mask = cache.append_attention_mask(torch.ones(new.shape[:2], dtype=torch.long, device=new.device))
-    resid, pos_qk = model.get_residual(new, n_past, attention_mask=mask)
+    mask = cache.append_attention_mask(torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device))
+    resid, pos_qk = model.get_residual(embeds, n_past, attention_mask=mask)
     return model(resid, start_at_layer=0, shortformer_pos_embed=pos_qk, attention_mask=mask,
                  past_kv_cache=cache)[:, -1].float()
 
@@ -174,9 +173,11 @@ def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p
 
         steps = tqdm(steps, desc="generate")
     new = tokens
+    new_embeds = []  # with embeddings in: each new token's, concatenated once (a cached step reads only its own)
     for _ in steps:
         if embeds is not None:
-            logits = _embeds_logits(model, embeds, cache)
+            step = embeds if cache is None or not new_embeds else new_embeds[-1]
+            logits = _embeds_logits(model, step, cache)
         elif cache is not None:
             step_mask = None if mask is None else mask[:, -new.shape[1]:]
             logits = model(new, past_kv_cache=cache, attention_mask=step_mask)[:, -1].float()
@@ -191,7 +192,9 @@ def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p
         new = nxt[:, None]
         tokens = torch.cat([tokens, new], dim=1)
         if embeds is not None:
-            embeds = torch.cat([embeds, model.embed(new)], dim=1)
+            new_embeds.append(model.embed(new))
+            if cache is None:  # the cache-free forward reads the whole context
+                embeds = torch.cat([embeds, new_embeds.pop()], dim=1)
         if mask is not None:
             mask = torch.cat([mask, torch.ones_like(new)], dim=1)
         if stop_at_eos and bool(done.all()):
@@ -199,7 +202,7 @@ def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p
     if return_type == "tokens":
         return tokens
     if return_type == "embeds":
-        return embeds if embeds is not None else model.embed(tokens)
+        return torch.cat([embeds, *new_embeds], dim=1) if embeds is not None else model.embed(tokens)
     bos = getattr(model.tokenizer, "bos_token_id", None) if embeds is None else None  # embeddings: new tokens only
     rows = [row if mask is None else row[m.bool()] for row, m in zip(tokens, tokens if mask is None else mask)]
     texts = [model.to_string(row[1:] if len(row) and row[0] == bos else row) for row in rows]  # no padding, no BOS
