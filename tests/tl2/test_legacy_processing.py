@@ -25,7 +25,7 @@ import pytest
 import torch
 from make_process_references import RECIPES
 from make_references import grid
-from tl2_legacy import TOL, LegacyUnavailable, compare_dicts, references, rel_err
+from tl2_legacy import TOL, LegacyUnavailable, compare_dicts, references, rel_err, section
 
 import models
 
@@ -52,13 +52,9 @@ def _case(folder, name):
     return json.loads((folder / f"{name}.json").read_text()), load_file(str(folder / f"{name}.safetensors"))
 
 
-def _section(ref: dict, prefix: str) -> dict:
-    return {k[len(prefix) + 1:]: v for k, v in ref.items() if k.startswith(prefix + "/")}
-
-
 def _ours(meta, ref, recipe):
     route, flags = RECIPES[recipe]
-    state = _section(ref, "state")
+    state = section(ref, "state")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TransformerLens' "Skipping" warnings, which we repeat
         if route == "load":
@@ -96,10 +92,10 @@ def test_processing_matches_transformer_lens(folder, name, recipe):
         assert rel_err(lp, lp_ref) <= TOL, f"log-probs moved by {rel_err(lp, lp_ref):.3g}"
         return
     ours = {k: v for k, v in model.state_dict().items()}
-    compare_dicts(ours, _tl_state_as_ours(_section(ref, f"{recipe}/state"), ours), "processed weights")
+    compare_dicts(ours, _tl_state_as_ours(section(ref, f"{recipe}/state"), ours), "processed weights")
     e = rel_err(logits, ref[f"{recipe}/logits"])
     assert e <= TOL, f"logits: rel err {e:.3g}"
-    tl_cache, ours_cache = _section(ref, f"{recipe}/cache"), dict(cache.items())
+    tl_cache, ours_cache = section(ref, f"{recipe}/cache"), dict(cache.items())
     if RECIPES[recipe][0] == "process":  # TL 2.18 swaps the norms without setup(): their hooks leave its hook_dict
         extra = sorted(set(ours_cache) - set(tl_cache))
         assert all(k.endswith((".hook_normalized", ".hook_scale")) for k in extra), extra

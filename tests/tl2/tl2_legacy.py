@@ -60,6 +60,11 @@ def case_names(folder: Path) -> list[str]:
     return json.loads((folder / "manifest.json").read_text())["cases"]
 
 
+def section(ref: dict, prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of a reference file under `prefix/`, keyed by the rest of their names."""
+    return {k[len(prefix) + 1:]: v for k, v in ref.items() if k.startswith(prefix + "/")}
+
+
 class Case:
     """One reference: `meta` (the JSON), `state` (the TransformerLens state dict file), `ref` (its tensors)."""
 
@@ -77,7 +82,7 @@ class Case:
         return self.meta["cfg"]
 
     def section(self, prefix: str) -> dict[str, torch.Tensor]:
-        return {k[len(prefix) + 1:]: v for k, v in self.ref.items() if k.startswith(prefix + "/")}
+        return section(self.ref, prefix)
 
     def load_ours(self):
         """Our model from the saved state dict and the TransformerLens config dict (README: 'Old TransformerLens

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 
-import pytest
 import torch
 
 from models import HookedTransformer, HookedTransformerConfig
@@ -75,19 +73,3 @@ def kv_cache_class():
     import models
 
     return models.HookedTransformerKeyValueCache
-
-
-def gap(reason: str):
-    """A strict expected failure: the test passes once issue 14's feature exists, then the marker must go.
-    TL2_SHOW_GAPS=1 drops the markers, to read each test's actual failure."""
-    if os.environ.get("TL2_SHOW_GAPS"):
-        return lambda f: f
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
-# Reasons shared by several ports (issue 14's sections).
-PARTIAL = "issue 14 partial runs: forward(start_at_layer=, stop_at_layer=), residual input, input_to_embed missing"
-OPT_IN = "issue 14 opt-in hooks: set_use_* and their hook points missing"
-KV = "issue 14 generation: HookedTransformerKeyValueCache and forward(past_kv_cache=) missing"
-GENERATE = "issue 14 generation: TL 2.x generate() arguments (input types, return_type, verbose, ...) missing"
-MASKS = "issue 14 padding and masks: attention_mask=, padding_side=, prepend_bos= on forward/to_tokens missing"
