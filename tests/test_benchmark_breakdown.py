@@ -25,9 +25,12 @@ def test_parts_add_up_and_classes_are_restored(no_floor):
     out = train_breakdown.run(steps=2, batch=2)
     assert [dict(cls.__dict__) for cls in (gemm._OneDNNAffine, train_attention._BmmAttention)] == before
     ms = out["ms"]
-    assert ms["forward, other"] >= 0 and ms["backward, other"] >= 0
-    parts = ["linears forward", "attention forward", "loss forward", "forward, other"]
-    assert sum(ms[p] for p in parts) == pytest.approx(ms["forward"])
+    for phase, parts in (("forward", ["linears forward", "attention forward", "loss forward"]),
+                         ("backward", ["linears backward", "attention backward"])):
+        assert all(0 <= ms[p] for p in parts) and ms[f"{phase}, other"] >= 0  # the timed parts fit in their phase
+    if gemm.kernel() == "onednn":  # the wrapped classes ran and were timed (they read 0 with torch's kernels)
+        assert ms["linears forward"] > 0 and ms["linears backward"] > 0
+    assert ms["loss forward"] > 0
     # FLOPs of the attn-only-2l preset at batch 2: 2 layers of q, k, v, o (128 → 128) and the unembedding (128 → 512)
     tokens = 2 * 128
     assert out["flops"]["linears forward"] == 2 * tokens * (2 * 4 * 128 * 128 + 128 * 512)

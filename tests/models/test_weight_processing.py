@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import randomize
 
 import models
 from models import HookedTransformer, HookedTransformerConfig, WeightProcessingError
@@ -36,12 +37,7 @@ RECIPES = {**ONE_FLAG, "default": {}, "all": {f: True for f in FLAGS}}
 
 
 def make(seed: int = 0, **overrides) -> HookedTransformer:
-    model = HookedTransformer(HookedTransformerConfig(**{**BASE, **overrides}))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
-    return model.eval()
+    return randomize(HookedTransformer(HookedTransformerConfig(**{**BASE, **overrides})), 0.3, seed).eval()
 
 
 def tokens(model) -> torch.Tensor:
