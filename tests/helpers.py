@@ -24,6 +24,18 @@ def make_model(n_layers: int = 2, **kw) -> HookedTransformer:
     return HookedTransformer(HookedTransformerConfig(**d))
 
 
+def byte_model(kind: str = "standard", n_kv: int | None = None, attn_only: bool = False,
+               n_ctx: int = 64) -> HookedTransformer:
+    """The key/value-cache and decoding tests' model: 2 LayerNorm layers × 4 heads (`n_kv` key/value heads), GELU
+    MLPs unless `attn_only`, positions `kind`, the byte tokenizer, every parameter perturbed (scale 0.5, seed 1)."""
+    from models.tokenizer import ByteTokenizer
+
+    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=n_ctx, d_vocab=259, n_heads=4, d_mlp=32, seed=0,
+                                  positional_embedding_type=kind, normalization_type="LN", n_key_value_heads=n_kv,
+                                  attn_only=attn_only)
+    return randomize(HookedTransformer(cfg, tokenizer=ByteTokenizer()), scale=0.5, seed=1).eval()
+
+
 def poisoned(model: HookedTransformer, param: str, value: float) -> HookedTransformer:
     """A copy of `model` with one entry of parameter `param` set to `value` (NaN or ±inf)."""
     import copy

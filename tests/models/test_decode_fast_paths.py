@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import randomize
+from helpers import byte_model as make
 
-from models import HookedTransformer, HookedTransformerConfig, HookedTransformerKeyValueCache
+from models import HookedTransformerKeyValueCache
 from models.gemm import affine
 from models.kv_cache import HookedTransformerKeyValueCacheEntry
 from models.score_bias import Causal
-from models.tokenizer import ByteTokenizer
 
 
 class TLEntry:
@@ -33,13 +32,6 @@ class TLEntry:
         if not self.frozen:
             self.past_keys, self.past_values = keys, values
         return keys, values
-
-
-def make(kind="standard", n_kv=None, attn_only=False, n_ctx=64):
-    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=n_ctx, d_vocab=259, n_heads=4, d_mlp=32, seed=0,
-                                  positional_embedding_type=kind, normalization_type="LN", n_key_value_heads=n_kv,
-                                  attn_only=attn_only)
-    return randomize(HookedTransformer(cfg, tokenizer=ByteTokenizer()), scale=0.5, seed=1).eval()
 
 
 # --- the cache object ----------------------------------------------------------------------------------------

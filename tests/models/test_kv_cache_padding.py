@@ -5,19 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import randomize
+from helpers import byte_model as make
 
-from models import HookedTransformer, HookedTransformerConfig, HookedTransformerKeyValueCache
-from models.tokenizer import ByteTokenizer
+from models import HookedTransformerKeyValueCache
 
 KINDS = ["standard", "shortformer", "rotary", "alibi", "sinusoidal"]
-
-
-def make(kind="standard", norm="LN", n_kv=None, attn_only=False):
-    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=32, d_vocab=259, n_heads=4, d_mlp=32, seed=0,
-                                  positional_embedding_type=kind, normalization_type=norm,
-                                  n_key_value_heads=n_kv, attn_only=attn_only)
-    return randomize(HookedTransformer(cfg, tokenizer=ByteTokenizer()), scale=0.5, seed=1).eval()
 
 
 @pytest.mark.parametrize("kind", KINDS)
