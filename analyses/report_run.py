@@ -6,9 +6,10 @@ outcomes either way; with `parallel` the sections in `second` run in a child pro
 this one: same model, windows and seed) while this process runs the rest, and the child sends its outcomes back as
 JSON through a pipe. Each section's numbers depend only on the model, the context and its seed, never on what ran
 before it in the same process, so the report is byte for byte the same (tests/analyses/test_report_parallel.py).
-The child is used only where forking is safe: Linux, the model on the CPU, at least two CPUs for this process, and
-no other Python thread running. If the child fails in any way (a disk error, a crash, a signal), this process
-runs its sections itself, so errors surface exactly as in a sequential run.
+The child is used only where forking is safe: Linux, the model on the CPU, at least two CPUs for this process, no
+other Python thread running and torch on one thread (`circuits report`'s default; with more, the sections run here).
+If the child fails in any way (a disk error, a crash, a signal), this process runs its sections itself, so errors
+surface exactly as in a sequential run.
 """
 
 from __future__ import annotations
@@ -53,9 +54,12 @@ def run_section(ctx, fn, disk_errors) -> Outcome:
 
 def can_fork(model) -> bool:
     """Whether a forked child can run sections here: Linux, the model's weights on the CPU, two or more CPUs
-    available to this process, and this the only Python thread (a lock held by another thread at the fork would
-    stay locked in the child)."""
+    available to this process, this the only Python thread (a lock held by another thread at the fork would stay
+    locked in the child) and torch on one thread (GNU OpenMP's thread pool does not survive a fork: a child of a
+    process that ran parallel regions hangs at its first one)."""
     if sys.platform != "linux" or not hasattr(os, "fork") or threading.active_count() != 1:
+        return False
+    if torch.get_num_threads() != 1:
         return False
     if len(os.sched_getaffinity(0)) < 2:
         return False
@@ -168,7 +172,6 @@ def _child(ctx, jobs, fd: int, disk_errors) -> None:
         from models.allocator import keep_freed_memory
 
         keep_freed_memory()  # this process is ours alone and ends with its sections: 434k -> 57k page faults
-        torch.set_num_threads(torch.get_num_threads())
         ctx.files = []
         sent = {}
         for key, fn in jobs:

@@ -120,3 +120,16 @@ def test_no_fork_with_another_thread_running(tmp_path, forks):
         stop.set()
         t.join()
     assert forks["forks"] == 0
+
+
+def test_no_fork_with_several_torch_threads(tmp_path, forks):
+    """GNU OpenMP's pool does not survive a fork: a child's first parallel region would hang (it did, with
+    `circuits report --threads 2`); with more than one torch thread the sections run here."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.randn(256, 256) @ torch.randn(256, 256)  # the pool is up
+        assert _run(tmp_path, lambda: None)["b"][2] == ["theirs-True.png"]  # (a child here: no torch op, no hang)
+    finally:
+        torch.set_num_threads(before)
+    assert forks["forks"] == 0
