@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 
-from .interface import positional_scheme
-
 
 def fold_layer_norm(model, center_writing_weights: bool = True, center_unembed: bool = False):
     """A copy of `model` with every LayerNorm/RMSNorm weight and bias folded into the weights that read it:
@@ -30,9 +28,9 @@ def fold_layer_norm(model, center_writing_weights: bool = True, center_unembed: 
 
     if not isinstance(model, HookedTransformer):
         raise TypeError(f"fold_layer_norm needs a models.HookedTransformer, got {type(model).__name__}")
-    positional_scheme(model)  # a config circuits can read
     kind = model.cfg.normalization_type
     new = copy.deepcopy(model)  # its own cfg too (shared by its modules), which processing switches to LNPre / RMSPre
+    # only the steps that apply to this norm kind: `models.weight_processing.check` would warn and skip the others
     new.process_weights_(fold_ln=kind in ("LN", "RMS"),
                          center_writing_weights=center_writing_weights and kind in ("LN", "LNPre")
                          and not model.cfg.final_rms,

@@ -136,7 +136,7 @@ def _refuse(step: str, why: str, instead: str) -> None:
     raise WeightProcessingError(f"{step}: {why}; {instead}")
 
 
-def check(model, fold_ln: bool, center_writing_weights: bool, center_unembed: bool, fold_value_biases: bool,
+def check(model, fold_ln: bool, center_writing_weights: bool, center_unembed: bool,
           refactor_factored_attn_matrices: bool) -> tuple[bool, bool]:
     """Refuse (`WeightProcessingError`) what TransformerLens 2.18 refuses or would compute wrongly; return the
     `(fold_ln, center_writing_weights)` that run, after TransformerLens' warn-and-skip cases."""
@@ -226,8 +226,7 @@ def process_weights_(model, fold_ln: bool = True, center_writing_weights: bool =
     if not isinstance(model, HookedTransformer) or hasattr(model, "mlm_head"):
         raise WeightProcessingError(f"process_weights_ handles the decoder-only models.HookedTransformer, got "
                                     f"{type(model).__name__}")
-    fold, centre = check(model, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
-                         refactor_factored_attn_matrices)
+    fold, centre = check(model, fold_ln, center_writing_weights, center_unembed, refactor_factored_attn_matrices)
     cfg, kind = model.cfg, model.cfg.normalization_type
     with torch.no_grad():
         sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
