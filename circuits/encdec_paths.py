@@ -25,7 +25,7 @@ from models.errors import ConfigError
 
 from .checks import check_int
 from .cross_attention import check_encoder_decoder
-from .interface import NormParams
+from .interface import PARAMETER_FREE, NormParams
 from .paths import PathExpansion, head_outputs
 
 SOURCES = ("tok", "pos", "src", "src_pos", "bias")
@@ -39,7 +39,7 @@ def encdec_term_name(path: tuple[str, ...], source: str) -> str:
 
 def _norm(module) -> NormParams:
     kind = getattr(module, "kind", None)
-    kind = {"LNPre": "LN", "RMSPre": "RMS"}.get(kind, kind)  # parameter-free: the same centring and scale
+    kind = PARAMETER_FREE.get(kind, kind)  # parameter-free: the same centring and scale
     w, b = getattr(module, "w", None), getattr(module, "b", None)
     return NormParams(kind, None if w is None else w.detach(), None if b is None else b.detach(),
                       float(getattr(module, "eps", 1e-5)))

@@ -122,6 +122,10 @@ def _tensor_attr(module, names):
     return None
 
 
+#: the parameter-free norms (TransformerLens' LayerNormPre / RMSNormPre) and the norm whose centring and scaling they do
+PARAMETER_FREE = {"LNPre": "LN", "RMSPre": "RMS"}
+
+
 def norm_params(model, layer: int | None) -> NormParams:
     """The norm read before attention in `layer` (`blocks[layer].ln1`), or the final norm for `layer=None`."""
     cfg = model.cfg
@@ -129,9 +133,8 @@ def norm_params(model, layer: int | None) -> NormParams:
     if kind is not None:
         module = model.ln_final if layer is None else model.blocks[layer].ln1
         kind = getattr(module, "kind", kind)  # our Norm knows its own kind (ln_final with final_rms)
-    if kind in (None, "LNPre", "RMSPre"):
-        kind = {None: None, "LNPre": "LN", "RMSPre": "RMS"}[kind]
-        return NormParams(kind, None, None, float(getattr(cfg, "eps", 1e-5)))
+    if kind is None or kind in PARAMETER_FREE:
+        return NormParams(PARAMETER_FREE.get(kind), None, None, float(getattr(cfg, "eps", 1e-5)))
     if kind not in ("LN", "RMS"):
         raise NotImplementedError(f"normalization_type={kind!r} is not supported by circuits")
     w = _tensor_attr(module, ("w", "weight"))
