@@ -9,6 +9,7 @@ import torch
 from circuits.checks import check_model_finite
 from circuits.fold import fold_layer_norm
 from circuits.interface import norms_are_trivial
+from models.errors import WeightProcessingError
 
 
 def token_str(model, i: int) -> str:
@@ -93,12 +94,14 @@ def windows(tokens, seq_len: int, n: int, seed: int = 0, bos: int | None = None)
 def weight_view(model):
     """The model whose weights the weight-space circuits should read: `model` itself when its norms are trivial
     (no norm, or already folded), else `circuits.fold_layer_norm(model)` (a folded copy). Models that cannot be
-    folded (e.g. a TransformerLens bridge) are returned as they are. Raises `NonFiniteError` (a `ValueError`) when
-    a weight holds NaN/inf: spectra, norms and rankings of such weights mean nothing."""
+    folded (a TransformerLens bridge; post-norm blocks, an encoder's MLM head, Shortformer with norms:
+    `models.WeightProcessingError`) are returned as they are, and the circuits warn that they read unfolded weights.
+    Raises `NonFiniteError` (a `ValueError`) when a weight holds NaN/inf: spectra, norms and rankings of such weights
+    mean nothing."""
     check_model_finite(model, "weight-space analysis", ("W_E", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_U"))
     if getattr(model.cfg, "normalization_type", None) is None:
         return model
     try:
         return model if norms_are_trivial(model) else fold_layer_norm(model)
-    except (TypeError, AttributeError, NotImplementedError):  # not foldable (a TransformerLens bridge)
+    except (TypeError, AttributeError, NotImplementedError, WeightProcessingError):  # not foldable
         return model
