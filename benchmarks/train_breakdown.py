@@ -4,11 +4,12 @@
 
 Times (`time.perf_counter`, no profiler: torch.profiler's per-op bookkeeping inflates the short kernels) around
 the oneDNN linears' forward and backward (`models.gemm._OneDNNAffine`), the training attention's forward and
-backward (`models.train_attention._BmmAttention`), the loss's forward (`F.cross_entropy`), gradient clipping and
-AdamW; the linears and the attention read 0 where this CPU keeps torch's kernels. "other" is the rest of the forward
-or backward pass (the loss's backward, embedding, residual adds, the autograd engine, Python). Each part with FLOPs
-is also given against the machine's GEMM rate (`machine.gemm_floor`, best kernel). Means over `--steps` steps after
-5 warm-up steps. `--batch 1` shows the step's fixed cost (Python, autograd, the optimizer).
+backward (`models.train_attention`'s `_FusedAttention` or `_BmmAttention`, whichever runs), the loss's forward
+(`F.cross_entropy`), gradient clipping and AdamW; the linears and the attention read 0 where this CPU keeps torch's
+kernels. "other" is the rest of the forward or backward pass (the loss's backward, embedding, residual adds, the
+autograd engine, Python). Each part with FLOPs is also given against the machine's GEMM rate (`machine.gemm_floor`,
+best kernel). Means over `--steps` steps after 5 warm-up steps. `--batch 1` shows the step's fixed cost (Python,
+autograd, the optimizer).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def run(steps: int, batch: int) -> dict:
     warnings.filterwarnings("ignore")
     spent: dict[str, float] = collections.defaultdict(float)
     wrapped = [(gemm._OneDNNAffine, "forward", "linears forward"), (gemm._OneDNNAffine, "backward", "linears backward"),
-               (train_attention._BmmAttention, "forward", "attention forward"),
-               (train_attention._BmmAttention, "backward", "attention backward")]
+               *((cls, attr, f"attention {attr}") for cls in (train_attention._BmmAttention,
+                                                              train_attention._FusedAttention)
+                 for attr in ("forward", "backward"))]
     saved = [(cls, attr, cls.__dict__[attr]) for cls, attr, _ in wrapped]
     for cls, attr, name in wrapped:
         setattr(cls, attr, staticmethod(_timed(spent, name, getattr(cls, attr))))
@@ -85,7 +87,8 @@ def run(steps: int, batch: int) -> dict:
         for cls, attr, fn in saved:
             setattr(cls, attr, fn)
         F.cross_entropy = cross_entropy
-    names = [name for _, _, name in wrapped] + ["loss forward"]  # 0 where a part does not run here (plain kernels)
+    # 0 where a part does not run here (plain kernels)
+    names = list(dict.fromkeys(name for _, _, name in wrapped)) + ["loss forward"]
     ms = {name: 1e3 * t / steps for name, t in {**{n: spent[n] for n in names}, **phases}.items()}
     ms["forward, other"] = ms["forward"] - ms["linears forward"] - ms["attention forward"] - ms["loss forward"]
     ms["backward, other"] = ms["backward"] - ms["linears backward"] - ms["attention backward"]

@@ -27,8 +27,9 @@ Our own code: TransformerLens has no training-specific attention kernel.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from . import gemm
+from . import fused_attention, gemm
 from .score_bias import Causal
 
 MAX_LEN = 512  # longest sequence on this path (the saved pattern grows as T²)
@@ -84,6 +85,26 @@ class _BmmAttention(torch.autograd.Function):
             else:
                 grads = _backward(_heads(dz), *saved, ctx.scale, need_q, need_k, need_v)
             grads = [None if g is None else _tokens(g, B) for g in grads]
+        return *grads, None, None, None
+
+
+class _FusedAttention(torch.autograd.Function):
+    """The same function on `models.fused_attention`'s kernel (no bias: causal or unmasked), z `[batch, pos, head,
+    d_head]`; it saves the rows' log-sum-exp, not the pattern."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, is_causal, scale):
+        z, lse = fused_attention.forward(q, k, v, is_causal, scale)
+        ctx.bias, ctx.is_causal, ctx.scale = None, is_causal, scale
+        ctx.save_for_backward(q, k, v, lse)
+        return z
+
+    @staticmethod
+    def backward(ctx, dz):
+        q, k, v, lse = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: differentiate the plain ops
+            return _double_backward(ctx, q, k, v, dz)
+        grads = fused_attention.backward(q, k, v, dz, lse, ctx.is_causal, ctx.scale, ctx.needs_input_grad[:3])
         return *grads, None, None, None
 
 
@@ -192,7 +213,7 @@ def attention(q, k, v, bias: torch.Tensor | None, is_causal: bool, scale: float)
     `F.scaled_dot_product_attention`'s `attn_mask` and `is_causal`."""
     if k.shape[2] != q.shape[2]:  # grouped-query: query head h reads key/value head h // (H / H_kv)
         k, v = (t.repeat_interleave(q.shape[2] // k.shape[2], 2) for t in (k, v))
-    return _BmmAttention.apply(q, k, v, bias, is_causal, scale)
+    return (_FusedAttention if _fused(q, bias) else _BmmAttention).apply(q, k, v, bias, is_causal, scale)
 
 
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, empty_rows: bool) -> bool:
@@ -210,10 +231,65 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
             and (bias is None or (bias.dtype == q.dtype and not bias.requires_grad and bias.dim() in (2, 3)
                                   and bias.shape[-2:] == (T, T) and (bias.dim() == 2 or bias.shape[0] == H)))
             and not gemm.traced() and not torch.is_autocast_enabled("cpu") and not gemm.dual_level()
-            and gemm.kernel() == "onednn" and _decide())
+            and (_fused(q, bias) or (gemm.kernel() == "onednn" and _decide())))
 
 
 _decided: dict[str, bool] = {}  # GEMM setting -> whether this path applies (`models.gemm.onednn_matmuls_ok`)
+_fused_decided: dict[tuple[str, str], bool] = {}  # (fused-attention setting, GEMM setting) -> the probe's verdict
+
+
+def _fused(q: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """The call goes to `models.fused_attention`'s kernel: it covers the shape, and once per setting the kernel
+    loaded and its probe (`_fused_probe`) passed."""
+    if not fused_attention.takes(q, bias):
+        return False
+    key = (fused_attention._setting(), gemm._requested())
+    if key not in _fused_decided:
+        _fused_decided[key] = fused_attention.library() is not None and _fused_exact() and _fused_faster()
+    return _fused_decided[key]
+
+
+def _fused_exact() -> bool:
+    """The kernel's values and gradients match the float64 explicit attention to `gemm.PROBE_RTOL` of their
+    largest entry, causal and unmasked, on a length that is not a multiple of its 16-wide vectors."""
+    g = torch.Generator().manual_seed(0)
+    for causal in (True, False):
+        q, k, v, dz = (torch.randn(2, 37, 3, 32, generator=g) for _ in range(4))
+        z, lse = fused_attention.forward(q, k, v, causal, 0.2)
+        got = [z, *fused_attention.backward(q, k, v, dz, lse, causal, 0.2, (True, True, True))]
+        x = [t.double().requires_grad_() for t in (q, k, v)]
+        ref = _explicit(*x, None, causal, 0.2)
+        want = [ref.detach(), *torch.autograd.grad(ref, x, dz.double())]
+        if any(float((a - b).abs().max()) > gemm.PROBE_RTOL * float(b.abs().max()) for a, b in zip(got, want)):
+            return False
+    return True
+
+
+def _fused_faster(repeats: int = 7) -> bool:
+    """The kernel's forward + backward beats what would run instead (the batched oneDNN products where they are
+    chosen, else torch's flash kernel) by `gemm.MIN_GAIN` on 32 causal pairs of 128 × 32, one thread (as
+    `models.gemm` measures: a per-core property)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dz = (torch.randn(8, 128, 4, 32, generator=g) for _ in range(4))
+    x = [t.requires_grad_() for t in (q, k, v)]
+    other = _BmmAttention.apply if gemm.kernel() == "onednn" and _decide() else _sdpa
+
+    def run(fn):
+        z = fn(*x, None, True, 32 ** -0.5)
+        torch.autograd.grad(z, x, dz)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return gemm._beats(lambda: run(other), lambda: run(_FusedAttention.apply), repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sdpa(q, k, v, bias, is_causal, scale):
+    """torch's attention (its flash kernel on the CPU) on `[batch, pos, head, d_head]` inputs."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, bias, is_causal=is_causal, scale=scale).transpose(1, 2)
 
 
 def _decide() -> bool:

@@ -22,7 +22,9 @@ def exact():
 
 @pytest.fixture
 def fast_path(exact, monkeypatch):
-    """The model takes the oneDNN attention (as on a CPU where both measurements favour oneDNN)."""
+    """The model takes the oneDNN attention (as on a CPU where both measurements favour oneDNN), not the fused one
+    (tests/models/test_fused_attention.py)."""
+    monkeypatch.setattr(ta, "_fused", lambda q, bias: False)
     monkeypatch.setattr(gemm, "_decided", {"onednn": "onednn"})
     monkeypatch.setattr(ta, "_decided", {"onednn": True})
     with gemm.use("onednn"):

@@ -1,0 +1,314 @@
+// Fused softmax attention for training, float32, forward and backward (models/fused_attention.py loads it).
+//
+// For each (sequence, head) pair, in its own OpenMP iteration: q, k, v (and dz) are packed into [T, D] rows and
+// [D, T] columns, and the pair's [T, T] square (scores, pattern, their gradients) lives in cache from its first
+// product to its last, instead of passing through memory between batched products. Forward as FlashAttention
+// (Dao et al. 2022, Algorithm 1) with one block of keys per pair: S = scale · q kᵀ, P = softmax(S) (causal: keys
+// after the query masked), z = P v, and the row's log-sum-exp `lse` kept; backward as its Algorithm 2: P recomputed
+// as exp(scale · q kᵀ − lse), dP = dz vᵀ, dS = P ⊙ (dP − rowsum(P ⊙ dP)), dq = scale · dS k, dk = scale · dSᵀ q,
+// dv = Pᵀ dz. Products are register-blocked with GCC vector extensions (16 floats; the compiler maps them to the
+// machine's vectors) and accumulate in float32; exp is Cephes' expf polynomial (a few ulp).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+typedef float vf __attribute__((vector_size(64), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(64), aligned(4)));
+typedef int64_t i64;
+
+static inline vf ld(const float* p) { return *(const vf*)p; }
+static inline void st(float* p, vf x) { *(vf*)p = x; }
+static inline vf bc(float a) { return (vf){} + a; }
+
+static inline vf vexp(vf x) {  // Cephes expf: 2^n · p(r), x = n ln 2 + r, |r| ≤ ln 2 / 2
+    x = x < bc(-87.33654f) ? bc(-87.33654f) : x;
+    x = x > bc(88.72283f) ? bc(88.72283f) : x;
+    vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+    vf r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    vf p = bc(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+    return p * (vf)e;
+}
+
+static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+
+// Lane l of the result: x[l ^ h] for h = 8, 4, 2, 1 (a butterfly step of a horizontal reduction)
+template <int h>
+static inline vf swap_lanes(vf x) {
+    return __builtin_shuffle(x, (vi){0 ^ h, 1 ^ h, 2 ^ h, 3 ^ h, 4 ^ h, 5 ^ h, 6 ^ h, 7 ^ h, 8 ^ h, 9 ^ h, 10 ^ h,
+                                     11 ^ h, 12 ^ h, 13 ^ h, 14 ^ h, 15 ^ h});
+}
+
+static inline float hsum(vf x) {
+    x += swap_lanes<8>(x);
+    x += swap_lanes<4>(x);
+    x += swap_lanes<2>(x);
+    x += swap_lanes<1>(x);
+    return x[0];
+}
+
+static inline float hmax(vf x) {
+    x = vmax(x, swap_lanes<8>(x));
+    x = vmax(x, swap_lanes<4>(x));
+    x = vmax(x, swap_lanes<2>(x));
+    x = vmax(x, swap_lanes<1>(x));
+    return x[0];
+}
+
+// Rows a (index bit h clear) and b (bit h set) of a 16 × 16 block with that bit swapped between row and column
+// index; the four steps h = 8, 4, 2, 1 transpose the block.
+template <int h>
+static inline void swap_bit(vf& a, vf& b) {
+#define M(l, lo) ((l) & h ? (lo ? 16 + (l) - h : 16 + (l)) : (lo ? (l) : (l) + h))
+#define ROW(lo) (vi){M(0, lo), M(1, lo), M(2, lo), M(3, lo), M(4, lo), M(5, lo), M(6, lo), M(7, lo), M(8, lo), \
+                     M(9, lo), M(10, lo), M(11, lo), M(12, lo), M(13, lo), M(14, lo), M(15, lo)}
+    vf lo = __builtin_shuffle(a, b, ROW(1)), hi = __builtin_shuffle(a, b, ROW(0));
+#undef ROW
+#undef M
+    a = lo;
+    b = hi;
+}
+
+template <int h>
+static inline void swap_bits(vf* x) {
+    for (int i = 0; i < 16; ++i)
+        if (!(i & h)) swap_bit<h>(x[i], x[i + h]);
+}
+
+static const vi LANE = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// C[r][0:16·NV] = alpha · Σ_{k0 ≤ k < k1} A(r, k) · B[k][0:16·NV] for r < R; A(r, k) = AT ? A[k·lda + r] : A[r·lda + k]
+template <int R, int NV, bool AT>
+static inline void block(const float* A, i64 lda, const float* B, i64 ldb, i64 k0, i64 k1, float* C, i64 ldc,
+                         float alpha) {
+    vf c[R][NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) c[r][v] = bc(0.f);
+    for (i64 k = k0; k < k1; ++k) {
+        vf b[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) b[v] = ld(B + k * ldb + 16 * v);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            float a = AT ? A[k * lda + r] : A[r * lda + k];
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) st(C + r * ldc + 16 * v, c[r][v] * alpha);
+}
+
+// Rows [i0, i0 + 4) of A Bᵀ (A [.][D], Bᵀ given as Bt [D][Tp]) into C[4][Tp], columns [0, ncols) (a multiple of 16)
+static void rows_abt(const float* A, i64 D, const float* Bt, i64 Tp, i64 ncols, float* C) {
+    i64 j = 0;
+    for (; j + 64 <= ncols; j += 64) block<4, 4, false>(A, D, Bt + j, Tp, 0, D, C + j, Tp, 1.f);
+    switch ((ncols - j) / 16) {
+        case 3: block<4, 3, false>(A, D, Bt + j, Tp, 0, D, C + j, Tp, 1.f); break;
+        case 2: block<4, 2, false>(A, D, Bt + j, Tp, 0, D, C + j, Tp, 1.f); break;
+        case 1: block<4, 1, false>(A, D, Bt + j, Tp, 0, D, C + j, Tp, 1.f); break;
+        default: break;
+    }
+}
+
+// C[Tp][D] = alpha · A B (AT false) or alpha · Aᵀ B (AT true) for the square A [Tp][Tp] and B [Tp][D]. Causal: A's
+// entries above the diagonal are zero, so row block i0 of A B reads k < i0 + 8 and of Aᵀ B reads k ≥ i0.
+template <bool AT>
+static void square_times(const float* A, i64 Tp, const float* B, i64 D, float* C, float alpha, bool causal) {
+    for (i64 i0 = 0; i0 < Tp; i0 += 8) {
+        i64 k0 = AT && causal ? i0 : 0, k1 = !AT && causal ? std::min(Tp, i0 + 8) : Tp;
+        const float *a = AT ? A + i0 : A + i0 * Tp, *a4 = AT ? a + 4 : a + 4 * Tp;
+        float* c = C + i0 * D;
+        switch (D / 16) {
+            case 1: block<8, 1, AT>(a, Tp, B, D, k0, k1, c, D, alpha); break;
+            case 2: block<8, 2, AT>(a, Tp, B, D, k0, k1, c, D, alpha); break;
+            case 3:
+                block<4, 3, AT>(a, Tp, B, D, k0, k1, c, D, alpha);
+                block<4, 3, AT>(a4, Tp, B, D, k0, k1, c + 4 * D, D, alpha);
+                break;
+            default:
+                block<4, 4, AT>(a, Tp, B, D, k0, k1, c, D, alpha);
+                block<4, 4, AT>(a4, Tp, B, D, k0, k1, c + 4 * D, D, alpha);
+                break;
+        }
+    }
+}
+
+// A thread's working memory, kept from call to call (OpenMP's threads persist): no allocation, no page faults
+// in a step.
+struct Scratch {
+    float* mem = nullptr;
+    size_t size = 0;
+    ~Scratch() { free(mem); }
+    float* get(size_t bytes) {
+        if (bytes > size) {
+            free(mem);
+            size = (bytes + 63) / 64 * 64;
+            mem = (float*)aligned_alloc(64, size);
+            if (!mem) size = 0;
+        }
+        return mem;
+    }
+};
+static thread_local Scratch scratch;
+
+// One pair's buffers: rows [Tp][D] and columns [D][Tp] of its inputs, its squares [Tp][Tp], 64-byte aligned.
+struct Pair {
+    i64 T, Tp, D;
+    float *q, *k, *kt, *v, *vt, *dz, *out, *P, *dS, *dP, *mem;
+    Pair(i64 T_, i64 D_) : T(T_), Tp((T_ + 15) / 16 * 16), D(D_) {
+        mem = scratch.get((size_t)(7 * Tp * D + 2 * Tp * Tp + 4 * Tp) * 4);
+        float* p = mem;
+        for (float** b : {&q, &k, &kt, &v, &vt, &dz, &out}) { *b = p; p += Tp * D; }
+        P = p; p += Tp * Tp;
+        dS = p; p += Tp * Tp;
+        dP = p;
+    }
+    // rows t of x (x + t·stride, D contiguous floats; zero for t ≥ T) into [Tp][D] and/or [D][Tp] (16 × 16
+    // blocks transposed in registers)
+    void pack(const float* x, i64 stride, float* rows, float* cols) const {
+        for (i64 t0 = 0; t0 < Tp; t0 += 16)
+            for (i64 d0 = 0; d0 < D; d0 += 16) {
+                vf b[16];
+                for (int i = 0; i < 16; ++i) b[i] = t0 + i < T ? ld(x + (t0 + i) * stride + d0) : bc(0.f);
+                if (rows)
+                    for (int i = 0; i < 16; ++i) st(rows + (t0 + i) * D + d0, b[i]);
+                if (cols) {
+                    swap_bits<8>(b);
+                    swap_bits<4>(b);
+                    swap_bits<2>(b);
+                    swap_bits<1>(b);
+                    for (int i = 0; i < 16; ++i) st(cols + (d0 + i) * Tp + t0, b[i]);
+                }
+            }
+    }
+    void unpack(const float* rows, float* x, i64 stride) const {
+        for (i64 t = 0; t < T; ++t) std::memcpy(x + t * stride, rows + t * D, (size_t)D * 4);
+    }
+    i64 cols(i64 i0, bool causal) const { return causal ? std::min(Tp, (i0 + 4 + 15) / 16 * 16) : Tp; }
+
+    // Pattern rows [i0, i0 + 4) into P: the softmax of scale · q kᵀ (writing lse) or, given lse, exp(scale · q kᵀ −
+    // lse). Entries a row may not see (causal: keys after it; keys ≥ T; rows ≥ T) are exactly 0.
+    void pattern(i64 i0, bool causal, float scale, const float* lse_in, float* lse_out) {
+        i64 ncols = cols(i0, causal);
+        float* S = P + i0 * Tp;
+        rows_abt(q + i0 * D, D, kt, Tp, ncols, S);
+        for (i64 r = 0; r < 4; ++r) {
+            i64 i = i0 + r, seen = i >= T ? 0 : causal ? i + 1 : T, nv = (seen + 15) / 16;
+            float* s = S + r * Tp;
+            std::memset(s + nv * 16, 0, (size_t)(Tp - nv * 16) * 4);
+            if (seen == 0) continue;
+            float m;
+            if (lse_in) {
+                m = lse_in[i];
+            } else {
+                vf mx = bc(-INFINITY);
+                for (i64 u = 0; u < nv; ++u) mx = vmax(mx, LANE < (int32_t)(seen - 16 * u) ? ld(s + 16 * u) * scale : mx);
+                m = hmax(mx);
+            }
+            vf sum = bc(0.f);
+            for (i64 u = 0; u < nv; ++u) {
+                vf e = vexp(ld(s + 16 * u) * scale - m);
+                e = LANE < (int32_t)(seen - 16 * u) ? e : bc(0.f);
+                st(s + 16 * u, e);
+                sum += e;
+            }
+            if (!lse_in) {
+                float total = hsum(sum), inv = 1.f / total;
+                for (i64 u = 0; u < nv; ++u) st(s + 16 * u, ld(s + 16 * u) * inv);
+                lse_out[i] = m + std::log(total);
+            }
+        }
+    }
+};
+
+// body(pair, p) for every pair p < pairs, spread over `threads` OpenMP threads (torch's own: the library shares its
+// runtime). Returns 0, 1 for shapes the kernel does not take, 2 when memory ran out.
+template <class Body>
+static int each_pair(i64 pairs, i64 T, i64 D, int threads, Body body) {
+    if (!(T > 0 && D > 0 && D % 16 == 0 && D <= 64)) return 1;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        Pair w(T, D);
+        if (!w.mem) {
+#pragma omp atomic write
+            failed = 2;
+        }
+#pragma omp for schedule(static)
+        for (i64 p = 0; p < pairs; ++p)
+            if (w.mem) body(w, p);
+    }
+    return failed;
+}
+
+extern "C" {
+
+// q, k, v: [B, T, H, D] with strides s·[0..2] = (batch, pos, head) in floats, D contiguous. Writes z [B, T, H, D]
+// (contiguous) and lse [B·H, T]. Returns as each_pair.
+int fa_forward(const float* q, const float* k, const float* v, const i64* qs, const i64* ks, const i64* vs, i64 B,
+               i64 T, i64 H, i64 D, int causal, float scale, float* z, float* lse, int threads) {
+    return each_pair(B * H, T, D, threads, [&](Pair& w, i64 p) {
+        i64 b = p / H, h = p % H;
+        w.pack(q + b * qs[0] + h * qs[2], qs[1], w.q, nullptr);
+        w.pack(k + b * ks[0] + h * ks[2], ks[1], nullptr, w.kt);
+        w.pack(v + b * vs[0] + h * vs[2], vs[1], w.v, nullptr);
+        for (i64 i0 = 0; i0 < w.Tp; i0 += 4) w.pattern(i0, causal, scale, nullptr, lse + p * T);
+        square_times<false>(w.P, w.Tp, w.v, D, w.out, 1.f, causal);
+        w.unpack(w.out, z + (b * T * H + h) * D, H * D);
+    });
+}
+
+// The gradients of fa_forward's z: dz [B, T, H, D] with strides dzs; lse from fa_forward; dq, dk, dv [B, T, H, D]
+// (contiguous; null: not wanted). Returns as each_pair.
+int fa_backward(const float* q, const float* k, const float* v, const i64* qs, const i64* ks, const i64* vs,
+                const float* dz, const i64* dzs, i64 B, i64 T, i64 H, i64 D, int causal, float scale,
+                const float* lse, float* dq, float* dk, float* dv, int threads) {
+    return each_pair(B * H, T, D, threads, [&](Pair& w, i64 p) {
+        i64 b = p / H, h = p % H, o = (b * T * H + h) * D, Tp = w.Tp;
+        w.pack(q + b * qs[0] + h * qs[2], qs[1], w.q, nullptr);
+        w.pack(k + b * ks[0] + h * ks[2], ks[1], w.k, w.kt);
+        w.pack(v + b * vs[0] + h * vs[2], vs[1], nullptr, w.vt);
+        w.pack(dz + b * dzs[0] + h * dzs[2], dzs[1], w.dz, nullptr);
+        for (i64 i0 = 0; i0 < Tp; i0 += 4) {
+            w.pattern(i0, causal, scale, lse + p * T, nullptr);
+            i64 ncols = w.cols(i0, causal), nv = ncols / 16;
+            rows_abt(w.dz + i0 * D, D, w.vt, Tp, ncols, w.dP);
+            for (i64 r = 0; r < 4; ++r) {
+                const float *P = w.P + (i0 + r) * Tp, *g = w.dP + r * Tp;
+                float* dS = w.dS + (i0 + r) * Tp;
+                vf acc = bc(0.f);
+                for (i64 u = 0; u < nv; ++u) acc += ld(P + 16 * u) * ld(g + 16 * u);
+                float Di = hsum(acc);
+                for (i64 u = 0; u < nv; ++u) st(dS + 16 * u, ld(P + 16 * u) * (ld(g + 16 * u) - Di));
+                std::memset(dS + ncols, 0, (size_t)(Tp - ncols) * 4);
+            }
+        }
+        if (dq) {
+            square_times<false>(w.dS, Tp, w.k, D, w.out, scale, causal);
+            w.unpack(w.out, dq + o, H * D);
+        }
+        if (dk) {
+            square_times<true>(w.dS, Tp, w.q, D, w.out, scale, causal);
+            w.unpack(w.out, dk + o, H * D);
+        }
+        if (dv) {
+            square_times<true>(w.P, Tp, w.dz, D, w.out, 1.f, causal);
+            w.unpack(w.out, dv + o, H * D);
+        }
+    });
+}
+}

@@ -1,0 +1,206 @@
+"""`models.fused_attention`: the compiled training attention agrees with a float64 loop (values and every gradient,
+causal and unmasked, lengths on and off its 16-wide vectors, every `d_head` it takes, strided inputs), gives the same
+bits at any thread count, carries a model's training step to the plain path's gradients, and is built, cached and
+refused as its module says. Skipped where no C++ compiler can build it (the batched products run there instead)."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from models import HookedTransformer, HookedTransformerConfig, gemm
+from models import fused_attention as fa
+from models import train_attention as ta
+from models.errors import ConfigError
+
+
+@pytest.fixture
+def kernel():
+    if fa.library() is None:
+        pytest.skip(f"the fused attention is not built here: {fa.why_not()}")
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """A process that has not loaded the kernel yet, with its cache in `tmp_path`."""
+    monkeypatch.setattr(fa, "_state", {})
+    monkeypatch.setattr(ta, "_fused_decided", {})
+    monkeypatch.setenv("CIRCUITS_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _inputs(B, T, H, D, seed=0):
+    """q, k, v as strided views of one projection output `[B, T, 3, H, D]` (as the model passes them) and dz."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(B, T, 3, H, D, generator=g)
+    return qkv.unbind(2), torch.randn(B, T, H, D, generator=g)
+
+
+def _loop64(q, k, v, dz, causal, scale):
+    """z and dq, dk, dv in float64 by autograd over one (sequence, head) at a time: the independent reference."""
+    x = [t.double().requires_grad_() for t in (q, k, v)]
+    B, T, H, _ = q.shape
+    mask = torch.ones(T, T, dtype=torch.bool).triu(1) if causal else torch.zeros(T, T, dtype=torch.bool)
+    z = torch.stack([torch.stack([
+        (x[0][b, :, h] @ x[1][b, :, h].T * scale).masked_fill(mask, float("-inf")).softmax(-1) @ x[2][b, :, h]
+        for h in range(H)], 1) for b in range(B)])
+    return [z.detach(), *torch.autograd.grad(z, x, dz.double())]
+
+
+def _close(got, want, rtol=3e-6, atol=1e-7):
+    """Within `rtol` of the reference's largest entry (float32 products of ≤ 200 terms), or `atol` where that is 0
+    (one position: its query's gradient)."""
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == torch.float32
+        assert float((a.double() - b).abs().max()) <= rtol * float(b.abs().max()) + atol
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("T,D", [(1, 32), (5, 16), (16, 64), (37, 48), (128, 32), (200, 16)])
+def test_values_and_gradients_match_float64(kernel, causal, T, D):
+    (q, k, v), dz = _inputs(2, T, 3, D)
+    z, lse = fa.forward(q, k, v, causal, 0.7 / D ** 0.5)
+    got = [z, *fa.backward(q, k, v, dz, lse, causal, 0.7 / D ** 0.5, (True, True, True))]
+    _close(got, _loop64(q, k, v, dz, causal, 0.7 / D ** 0.5))
+    # the rows' log-sum-exp, as the backward reads it
+    s = torch.einsum("bthd,bshd->bhts", q.double(), k.double()) * 0.7 / D ** 0.5
+    if causal:
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(lse.double(), s.logsumexp(-1).flatten(0, 1), rtol=0, atol=1e-5)
+
+
+def test_only_the_gradients_asked_for_and_strided_dz(kernel):
+    (q, k, v), dz = _inputs(2, 40, 2, 32, seed=1)
+    z, lse = fa.forward(q, k, v, True, 0.2)
+    want = _loop64(q, k, v, dz, True, 0.2)
+    dz_strided = torch.empty(2, 40, 2, 64)[..., ::2].copy_(dz)  # d_head not contiguous: copied first
+    dq, dk, dv = fa.backward(q, k, v, dz_strided, lse, True, 0.2, (False, True, False))
+    assert dq is None and dv is None
+    _close([dk], [want[2]])
+
+
+def test_the_same_bits_at_any_thread_count(kernel):
+    """Each (sequence, head) pair is one thread's work, so the thread count cannot change a result."""
+    (q, k, v), dz = _inputs(3, 70, 4, 32, seed=2)
+    threads = torch.get_num_threads()
+    out = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            z, lse = fa.forward(q, k, v, True, 0.3)
+            out.append([z, lse, *fa.backward(q, k, v, dz, lse, True, 0.3, (True, True, True))])
+    finally:
+        torch.set_num_threads(threads)
+    for other in out[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(out[0], other))
+
+
+def test_nan_spreads_to_its_rows_only(kernel):
+    """A NaN query gives NaN in its own rows of z (as torch's softmax), none elsewhere."""
+    (q, k, v), _ = _inputs(1, 20, 1, 16, seed=3)
+    q = q.clone()
+    q[0, 7, 0, 3] = float("nan")
+    z, _ = fa.forward(q, k, v, True, 0.25)
+    assert z[0, 7].isnan().all() and not z[0, :7].isnan().any() and not z[0, 8:].isnan().any()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_training_attention_takes_it_and_its_double_backward(kernel, monkeypatch, causal):
+    """`models.train_attention.attention` runs `_FusedAttention` for a `d_head` of 16 (values and gradients as the
+    float64 loop), and a double backward differentiates the explicit attention (the kernel has none)."""
+    monkeypatch.setattr(ta, "_fused_decided", {})
+    monkeypatch.setattr(ta, "_fused_faster", lambda: True)  # the measurement is the CPU's; the path is the test's
+    (q, k, v), dz = _inputs(2, 33, 2, 16, seed=4)
+    x = [t.clone().requires_grad_() for t in (q, k, v)]
+    assert ta.usable(*x, None, False) and ta._fused(x[0], None)
+    z = ta.attention(*x, None, causal, 0.3)
+    assert z.grad_fn.name() == "_FusedAttentionBackward"
+    g = torch.autograd.grad(z, x, dz, create_graph=True)
+    _close([z.detach(), *(t.detach() for t in g)], _loop64(q, k, v, dz, causal, 0.3))
+    gg = torch.autograd.grad(sum(t.pow(2).sum() for t in g), x)
+    x64 = [t.double().requires_grad_() for t in (q, k, v)]
+    g64 = torch.autograd.grad(ta._explicit(*x64, None, causal, 0.3), x64, dz.double(), create_graph=True)
+    want = torch.autograd.grad(sum(t.pow(2).sum() for t in g64), x64)
+    for a, b in zip(gg, want):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_training_step_matches_the_plain_path(kernel, monkeypatch):
+    monkeypatch.setattr(ta, "_fused_decided", {})
+    monkeypatch.setattr(ta, "_fused_faster", lambda: True)
+    assert ta._fused(torch.zeros(1, 8, 2, 32), None)  # decided (the probe's own calls are not counted below)
+    calls = []
+    real = fa.forward
+    monkeypatch.setattr(fa, "forward", lambda *a: calls.append(1) or real(*a))
+    cfg = HookedTransformerConfig(n_layers=2, d_model=64, n_ctx=40, d_vocab=61, n_heads=2, d_mlp=None,
+                                  normalization_type=None, positional_embedding_type="shortformer", seed=0)
+    tokens = torch.randint(0, 61, (3, 40), generator=torch.Generator().manual_seed(0))
+
+    def grads():
+        model = HookedTransformer(cfg).train()
+        model(tokens, return_type="loss").backward()
+        return {name: p.grad for name, p in model.named_parameters()}
+
+    fused = grads()
+    assert len(calls) == 2, "the fused attention was not taken in training"
+    monkeypatch.setenv(fa.ENV, "off")
+    with gemm.use("plain"):  # torch's flash attention and MKL products
+        plain = grads()
+    assert len(calls) == 2, f"{fa.ENV}=off still took the fused attention"
+    for name in plain:
+        torch.testing.assert_close(fused[name], plain[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_not_taken_for_shapes_it_does_not_cover(kernel):
+    (q, k, v), _ = _inputs(1, 8, 2, 32)
+    assert fa.takes(q, None)
+    assert not fa.takes(q, torch.zeros(8, 8))  # a bias keeps the batched products
+    assert not fa.takes(torch.zeros(1, 8, 2, 24), None)  # d_head not a multiple of 16
+    assert not fa.takes(torch.zeros(1, 8, 2, 80), None)  # wider than its register blocks
+    with pytest.raises(ValueError, match="d_head"):
+        fa.forward(*(torch.zeros(1, 8, 2, 24) for _ in range(3)), True, 0.1)
+
+
+def test_built_once_into_the_cache_atomically(fresh):
+    if fa._compiler() is None:
+        pytest.skip("no C++ compiler")
+    lib = fa.library()
+    assert lib is not None, fa.why_not()
+    built = list((fresh / "kernels").glob("*.so"))
+    assert [p.name for p in built] == [fa.library_path(fa._compiler()).name]  # no temporary file left
+    mtime = built[0].stat().st_mtime_ns
+    fa._state.clear()
+    assert fa.library() is not None and built[0].stat().st_mtime_ns == mtime  # loaded, not rebuilt
+
+
+def test_off_and_bad_settings(fresh, monkeypatch):
+    monkeypatch.setenv(fa.ENV, "off")
+    assert fa.library() is None and fa.why_not() == f"{fa.ENV}=off"
+    assert not ta._fused(torch.zeros(1, 8, 2, 32), None)
+    monkeypatch.setenv(fa.ENV, "fast")
+    with pytest.raises(ConfigError, match="allowed: auto, off"):
+        fa.library()
+
+
+@pytest.mark.parametrize("cxx,why", [("/nonexistent/c++", "could not build"), ("false", "failed to compile")])
+def test_no_compiler_falls_back_with_a_reason(fresh, monkeypatch, cxx, why):
+    monkeypatch.setenv("CXX", cxx)
+    assert fa.library() is None and why in fa.why_not()
+    assert not ta._fused(torch.zeros(1, 8, 2, 32), None)
+    assert not list(Path(fresh).rglob("*.so"))  # nothing half-written left behind
+
+
+def test_no_compiler_on_path(fresh, monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", os.devnull)
+    assert fa.library() is None and fa.why_not() == "no C++ compiler ($CXX, g++ or c++) on PATH"
+
+
+def test_probe_refuses_a_wrong_kernel(kernel, monkeypatch):
+    """A kernel whose results were off (a miscompile, a broken vector unit) is not used: the probe compares it with
+    the float64 reference first."""
+    monkeypatch.setattr(ta, "_fused_decided", {})
+    real = fa.forward
+    monkeypatch.setattr(fa, "forward", lambda *a: (lambda z, lse: (z * (1 + 1e-4), lse))(*real(*a)))
+    assert not ta._fused(torch.zeros(1, 8, 2, 32), None)
