@@ -21,8 +21,9 @@ against the floor on the same clock. Wall and CPU time (`time.process_time`) are
 reported (forward.py explains why); the process calls `models.allocator.keep_freed_memory()` first
 (`TOY_CIRCUITS_MALLOC=default` to skip it).
 
-`--attention-ab` adds one row: our step with its training attention (`models.train_attention`, oneDNN's batched
-matmul, where this CPU passes its probe) against the same step with torch's flash kernel, alternated step by step.
+`--attention-ab` adds two rows: our step with its training attention (`models.train_attention`: the fused kernel of
+`models.fused_attention`, else oneDNN's batched matmul, where this CPU passes their probes) against the same step
+with the batched products (the fused kernel off) and with torch's flash kernel (both off), alternated step by step.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from forward import measure_pair, model_flops  # noqa: E402
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
 from models import HookedTransformer, gemm, lm_cross_entropy, to_transformer_lens, train_attention  # noqa: E402
+from models import fused_attention as fa  # noqa: E402
 from models.allocator import keep_freed_memory  # noqa: E402
 from models.train_presets import get_preset  # noqa: E402
 
@@ -64,26 +66,35 @@ def make_step(model, tokens: torch.Tensor, loss_kind: str = "own"):
     return step
 
 
-def with_flash(step):
-    """`step` with torch's flash attention kernel instead of `models.train_attention` (its decision set to no)."""
-    def flash() -> float:
-        saved = dict(train_attention._decided)
-        train_attention._decided.update(dict.fromkeys(gemm.KERNELS, False))
+def without(step, batched: bool):
+    """`step` with the fused attention off (`batched`: the batched oneDNN products run, where chosen) or with torch's
+    flash kernel (both off): the module's decisions set to no while it runs."""
+    def run() -> float:
+        fused, decided = train_attention._fused, dict(train_attention._decided)
+        train_attention._fused = lambda q, bias: False
+        if not batched:
+            train_attention._decided.update(dict.fromkeys(gemm.KERNELS, False))
         try:
             return step()
         finally:
+            train_attention._fused = fused
             train_attention._decided.clear()
-            train_attention._decided.update(saved)
-    return flash
+            train_attention._decided.update(decided)
+    return run
 
 
 def attention_ab(model, tokens: torch.Tensor, steps: int, warmup: int) -> dict:
-    """Median ms per step of `model`'s step with its training attention and with the flash kernel, alternated."""
+    """Median ms per step of `model`'s step with its training attention against the batched products and against
+    the flash kernel, each pair alternated."""
     step = make_step(model, tokens)
-    step()  # the first call decides whether the oneDNN attention applies here
-    t = measure_pair(step, with_flash(step), steps, warmup)
-    return {"onednn_attention": train_attention._decide(), "ours_ms": t["ours_wall"] * 1e3,
-            "flash_ms": t["tl_wall"] * 1e3, "ours_cpu_ms": t["ours_cpu"] * 1e3, "flash_cpu_ms": t["tl_cpu"] * 1e3}
+    step()  # the first call decides which attention applies here
+    rows = {"fused_attention": train_attention._fused_decided.get((fa._setting(), gemm._requested()), False),
+            "onednn_attention": train_attention._decide()}
+    for other, batched in (("batched", True), ("flash", False)):
+        t = measure_pair(step, without(step, batched), steps, warmup)
+        rows[other] = {"ours_ms": t["ours_wall"] * 1e3, "other_ms": t["tl_wall"] * 1e3,
+                       "ours_cpu_ms": t["ours_cpu"] * 1e3, "other_cpu_ms": t["tl_cpu"] * 1e3}
+    return rows
 
 
 def run(steps: int, warmup: int = 3, ab: bool = False) -> dict:
@@ -160,9 +171,13 @@ def table(out: dict) -> str:
               f"({sh['ratio_tokens_per_cpu_s']:.2f}× per CPU second)"]
     ab = out.get("attention_ab")
     if ab:
-        lines.append(f"our step with models.train_attention (used here: {ab['onednn_attention']}) vs torch's flash "
-                     f"attention: {ab['ours_ms']:.0f} vs {ab['flash_ms']:.0f} ms / step, {ab['ours_cpu_ms']:.1f} vs "
-                     f"{ab['flash_cpu_ms']:.1f} CPU ms ({ab['flash_cpu_ms'] / ab['ours_cpu_ms']:.2f}×)")
+        lines.append(f"our step's attention here: fused {ab['fused_attention']}, else batched oneDNN products "
+                     f"{ab['onednn_attention']}")
+        for other, name in (("batched", "the batched products (fused off)"), ("flash", "torch's flash attention")):
+            r = ab[other]
+            lines.append(f"our step vs the same with {name}: {r['ours_ms']:.1f} vs {r['other_ms']:.1f} ms / step, "
+                         f"{r['ours_cpu_ms']:.1f} vs {r['other_cpu_ms']:.1f} CPU ms "
+                         f"({r['other_cpu_ms'] / r['ours_cpu_ms']:.2f}×)")
     return "\n".join(lines)
 
 
@@ -172,7 +187,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--attention-ab", action="store_true",
-                    help="also time our step with models.train_attention against torch's flash attention")
+                    help="also time our step's attention against the batched products and torch's flash attention")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     out = run(args.steps, ab=args.attention_ab)

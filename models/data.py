@@ -19,16 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .cache_dir import default_cache_dir
 from .checkpoint import atomic_write_dir
 from .errors import CorpusError
-
-
-def default_cache_dir() -> Path:
-    """`$CIRCUITS_CACHE`, else `$XDG_CACHE_HOME/toy-circuits`, else `~/.cache/toy-circuits`."""
-    if os.environ.get("CIRCUITS_CACHE"):
-        return Path(os.environ["CIRCUITS_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "toy-circuits"
 
 
 # --- text sources ---------------------------------------------------------------------------------

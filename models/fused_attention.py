@@ -10,7 +10,7 @@ for float32 training on the CPU (its flash kernel runs MKL's `32 × 128` product
 backward), so it is ours, in ~250 lines of C++ with no dependency but OpenMP.
 
 It is compiled with the system's C++ compiler (`$CXX`, else `g++`, else `c++`; `-O3 -march=native -fopenmp`) into
-the toolkit's cache (`models.data.default_cache_dir() / "kernels"`, one file per source, compiler and CPU, written
+the toolkit's cache (`models.cache_dir.default_cache_dir() / "kernels"`, one file per source, compiler and CPU, written
 atomically under a file lock) and used only where all of these hold, checked once per process (`ready()`):
 - `TOY_CIRCUITS_FUSED_ATTENTION` is `auto` (the default; `off` turns it off);
 - Linux, a compiler that builds the source, and a library that shares torch's OpenMP runtime (`libgomp.so.1`, the
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import re
@@ -36,6 +37,8 @@ import threading
 from pathlib import Path
 
 import torch
+
+from .cache_dir import default_cache_dir
 
 ENV = "TOY_CIRCUITS_FUSED_ATTENTION"
 SETTINGS = ("auto", "off")
@@ -73,8 +76,6 @@ def _cpu_identity() -> str:
 
 def library_path(cxx: str) -> Path:
     """Where the library built by `cxx` from this source for this CPU lives."""
-    from .data import default_cache_dir
-
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(FLAGS), _cpu_identity()]).encode())
     return default_cache_dir() / "kernels" / f"fused_attention-{key.hexdigest()[:16]}.so"
@@ -88,6 +89,7 @@ def _build(cxx: str, target: Path) -> str | None:
     with FileLock(str(target) + ".lock"):
         if target.exists():
             return None
+        logging.getLogger(__name__).info("compiling %s with %s (once per machine) into %s", SOURCE.name, cxx, target)
         fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
         os.close(fd)
         try:
