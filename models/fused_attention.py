@@ -9,7 +9,8 @@ in the projections' `[batch, pos, head, d_head]` layout, with no copies around i
 for float32 training on the CPU (its flash kernel runs MKL's `32 × 128` products; FlexAttention has no CPU
 backward), so it is ours, in ~250 lines of C++ with no dependency but OpenMP.
 
-It is compiled with the system's C++ compiler (`$CXX`, else `g++`, else `c++`; `-O3 -march=native -fopenmp`) into
+It is compiled with the system's C++ compiler (`$CXX`, else `g++`, else `c++`; `-O3 -fopenmp` and the first of
+`-march=native` (x86), `-mcpu=native` (ARM) or neither that the compiler accepts) into
 the toolkit's cache (`models.cache_dir.default_cache_dir() / "kernels"`, one file per source, compiler and CPU, written
 atomically under a file lock) and used only where all of these hold, checked once per process (`ready()`):
 - `TOY_CIRCUITS_FUSED_ATTENTION` is `auto` (the default; `off` turns it off);
@@ -43,7 +44,8 @@ from .cache_dir import default_cache_dir
 ENV = "TOY_CIRCUITS_FUSED_ATTENTION"
 SETTINGS = ("auto", "off")
 SOURCE = Path(__file__).with_name("fused_attention.cpp")
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC", "-Wno-psabi")
+TARGETS = (("-march=native",), ("-mcpu=native",), ())  # tried in turn: the first the compiler takes
 HEAD_SIZES = (16, 32, 48, 64)  # d_head the kernel's register blocks cover
 _OPENMP = re.compile(r"\S*/lib(?:gomp|iomp5|omp)[-.\w]*\.so[.\d]*")
 
@@ -65,7 +67,7 @@ def _compiler() -> str | None:
 
 
 def _cpu_identity() -> str:
-    """What `-march=native` compiles for: the machine, and the CPU's model and feature lines."""
+    """What `-march=native` / `-mcpu=native` compile for: the machine, and the CPU's model and feature lines."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
@@ -77,7 +79,7 @@ def _cpu_identity() -> str:
 def library_path(cxx: str) -> Path:
     """Where the library built by `cxx` from this source for this CPU lives."""
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(FLAGS), _cpu_identity()]).encode())
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, repr((FLAGS, TARGETS)), _cpu_identity()]).encode())
     return default_cache_dir() / "kernels" / f"fused_attention-{key.hexdigest()[:16]}.so"
 
 
@@ -93,14 +95,16 @@ def _build(cxx: str, target: Path) -> str | None:
         fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
         os.close(fd)
         try:
-            run = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
-            if run.returncode != 0:
-                return f"{cxx} failed to compile {SOURCE.name}: {run.stderr.strip()[-300:]}"
-            os.replace(tmp, target)
+            for arch in TARGETS:
+                run = subprocess.run([cxx, *FLAGS, *arch, str(SOURCE), "-o", tmp], capture_output=True, text=True,
+                                     timeout=300)
+                if run.returncode == 0:
+                    os.replace(tmp, target)
+                    return None
+            return f"{cxx} failed to compile {SOURCE.name}: {run.stderr.strip()[-300:]}"
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    return None
 
 
 def _openmp_runtimes() -> set[str]:

@@ -191,6 +191,21 @@ def test_no_compiler_falls_back_with_a_reason(fresh, monkeypatch, cxx, why):
     assert not list(Path(fresh).rglob("*.so"))  # nothing half-written left behind
 
 
+def test_a_compiler_without_march_native_builds_with_the_next_target(fresh, monkeypatch, tmp_path):
+    """ARM's GCC takes `-mcpu=native`, not `-march=native`: the build tries the targets in turn."""
+    if fa._compiler() is None:
+        pytest.skip("no C++ compiler")
+    seen = tmp_path / "seen"
+    wrapper = tmp_path / "arm-like-c++"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {seen}\ncase "$*" in *-march=native*) exit 1;; esac\n'
+                       f'exec {fa._compiler()} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    assert fa.library() is not None, fa.why_not()
+    calls = [line for line in seen.read_text().splitlines() if "fused_attention.cpp" in line]
+    assert ["-march=native" in c for c in calls] == [True, False] and "-mcpu=native" in calls[1]
+
+
 def test_no_compiler_on_path(fresh, monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", os.devnull)
