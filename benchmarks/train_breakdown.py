@@ -57,6 +57,8 @@ def run(steps: int, batch: int) -> dict:
     saved = [(cls, attr, cls.__dict__[attr]) for cls, attr, _ in wrapped]
     for cls, attr, name in wrapped:
         setattr(cls, attr, staticmethod(_timed(spent, name, getattr(cls, attr))))
+    forward = train_attention._FusedAttention.forward  # also counted apart: which attention ran
+    train_attention._FusedAttention.forward = staticmethod(_timed(spent, "attention forward fused", forward))
     cross_entropy, clip = F.cross_entropy, torch.nn.utils.clip_grad_norm_
     F.cross_entropy = _timed(spent, "loss forward", cross_entropy)
     try:
@@ -95,11 +97,15 @@ def run(steps: int, batch: int) -> dict:
     T, c = model_cfg.n_ctx, model_cfg
     squares = c.n_layers * 2 * 2 * batch * c.n_heads * T * T * c.d_head  # q kᵀ and P v, whole squares
     linear = model_flops(c, batch, T) - squares  # the rest of a dense forward: q, k, v, o and the unembedding
-    square = squares * 3 / 4  # the causal halves form 3/4 of each square
+    attention = "fused" if spent["attention forward fused"] else "batched" if spent["attention forward"] else "torch"
+    if attention == "fused":  # the fused kernel: the causal half (with the diagonal), and in the backward
+        square, backward = squares * (T + 1) / (2 * T), 2.5  # q kᵀ again beside dP, dq, dk, dv
+    else:  # the batched products' causal halves form 3/4 of each square
+        square, backward = squares * 3 / 4, 2
     flops = {"linears forward": linear, "linears backward": 2 * linear,
-             "attention forward": square, "attention backward": 2 * square}
+             "attention forward": square, "attention backward": backward * square}
     return {"machine": cpu(), "loadavg": os.getloadavg(), "threads": torch.get_num_threads(), "batch": batch,
-            "seq_len": T, "steps": steps, "ms": ms,
+            "seq_len": T, "steps": steps, "ms": ms, "attention": attention,
             "flops": flops, "gemm_floor_gflops": best_floor(gemm_floor(), gemm_floor())}
 
 
@@ -107,8 +113,8 @@ def table(out: dict) -> str:
     floor = max(out["gemm_floor_gflops"]["wall"].values())
     ms, flops = out["ms"], out["flops"]
     lines = [header(out["machine"], out["gemm_floor_gflops"], out["loadavg"]),
-             f"batch {out['batch']} × {out['seq_len']} tokens, mean of {out['steps']} steps; "
-             "floor below: the best wall rate",
+             f"batch {out['batch']} × {out['seq_len']} tokens, mean of {out['steps']} steps; attention: "
+             f"{out['attention']} (FLOPs: the products it forms); floor below: the best wall rate",
              "", "| part | ms / step | of the step | GFLOP/s | ms at the floor |", "|---|---:|---:|---:|---:|"]
     step = ms["forward"] + ms["backward"] + ms["clipping"] + ms["AdamW"]
     for name in ("linears forward", "attention forward", "loss forward", "forward, other", "linears backward",

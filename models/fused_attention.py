@@ -13,7 +13,8 @@ It is compiled with the system's C++ compiler (`$CXX`, else `g++`, else `c++`; `
 `-march=native` (x86), `-mcpu=native` (ARM) or neither that the compiler accepts) into
 the toolkit's cache (`models.cache_dir.default_cache_dir() / "kernels"`, one file per source, compiler and CPU, written
 atomically under a file lock) and used only where all of these hold, checked once per process (`ready()`):
-- `TOY_CIRCUITS_FUSED_ATTENTION` is `auto` (the default; `off` turns it off);
+- `TOY_CIRCUITS_FUSED_ATTENTION` is `auto` (the default; `off` turns it off) and `TOY_CIRCUITS_GEMM` is not `plain`
+  (torch's own kernels only; `models.gemm`);
 - Linux, a compiler that builds the source, and a library that shares torch's OpenMP runtime (`libgomp.so.1`, the
   one torch loaded: the pairs run on torch's own threads; a second runtime would fight them for the cores);
 - on a probe it matches a float64 reference (values and gradients) and beats what would run instead (the batched
@@ -117,16 +118,19 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     cxx = _compiler()
     if cxx is None:
         return None, "no C++ compiler ($CXX, g++ or c++) on PATH"
-    try:
+    try:  # RuntimeError: no home directory for the cache
         path = library_path(cxx)
-        why = _build(cxx, path)
-    except (OSError, subprocess.SubprocessError) as e:
+        why = None if path.exists() else _build(cxx, path)  # a read-only cache that holds it is enough
+    except (OSError, subprocess.SubprocessError, RuntimeError) as e:
         return None, f"could not build the kernel: {e}"
     if why:
         return None, why
     torch.get_num_threads()  # torch's OpenMP runtime is loaded with torch; ours must resolve to it
     before = _openmp_runtimes()
-    lib = ctypes.CDLL(str(path))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:  # a truncated file, a cache on a noexec mount
+        return None, f"could not load the kernel: {e}"
     if _openmp_runtimes() != before:
         return None, "the kernel loaded a second OpenMP runtime beside torch's"
     i64p, f32p = ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p
@@ -160,14 +164,19 @@ def _check(code: int) -> None:
         raise ValueError(f"the fused attention takes d_head in {HEAD_SIZES}")
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
+def _rows(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`t` with its last axis contiguous, checked to be a float32 CPU tensor of `like`'s shape (the kernel reads
+    raw memory: a mismatch would read past the storage)."""
+    if t.dtype != torch.float32 or t.device.type != "cpu" or t.shape != like.shape or t.dim() != 4:
+        raise ValueError(f"the fused attention takes float32 CPU tensors [batch, pos, head, d_head] of one shape; "
+                         f"got {t.dtype} {t.device.type} {tuple(t.shape)} beside {tuple(like.shape)}")
     return t if t.stride(3) == 1 else t.contiguous()
 
 
 def forward(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """z `[batch, pos, head, d_head]` (contiguous) and the rows' log-sum-exp `[batch·head, pos]` of
     `softmax(scale · q kᵀ (+ causal mask)) v` for float32 CPU `q, k, v [batch, pos, head, d_head]`."""
-    q, k, v = _rows(q), _rows(k), _rows(v)
+    q, k, v = _rows(q, q), _rows(k, q), _rows(v, q)
     B, T, H, D = q.shape
     z, lse = q.new_empty(B, T, H, D), q.new_empty(B * H, T)
     _check(_kernel().fa_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), _strides(q), _strides(k), _strides(v),
@@ -178,8 +187,10 @@ def forward(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch
 
 def backward(q, k, v, dz, lse, is_causal: bool, scale: float, need: tuple[bool, bool, bool]):
     """`dq, dk, dv` (None where `need` says not) of `forward`'s z, given `dz = ∂L/∂z` and `forward`'s `lse`."""
-    q, k, v, dz = _rows(q), _rows(k), _rows(v), _rows(dz)
+    q, k, v, dz = _rows(q, q), _rows(k, q), _rows(v, q), _rows(dz, q)
     B, T, H, D = q.shape
+    if lse.shape != (B * H, T) or not lse.is_contiguous() or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be forward's [batch·head, pos] = {(B * H, T)} float32; got {tuple(lse.shape)}")
     grads = [q.new_empty(B, T, H, D) if n else None for n in need]
     _check(_kernel().fa_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), _strides(q), _strides(k), _strides(v),
                                 dz.data_ptr(), _strides(dz), B, T, H, D, int(is_causal), scale, lse.data_ptr(),

@@ -21,10 +21,14 @@ torch's flash kernel has no double backward). A causal square of even length ≥
 (`_split_forward`): the first half's queries see only the first half's keys, so the upper-right quarter (masked: its
 pattern is exactly 0, its products add exact zeros) is never formed and the softmax and its backward pass over 3/4
 of the square; the mask is added on the two diagonal quarters only.
+Where `models.fused_attention`'s compiled kernel loads and passes its probes, calls without a bias other than the
+causal mask take it instead (`_FusedAttention`: the same function with each pair's square kept in cache; `_fused`).
 Our own code: TransformerLens has no training-specific attention kernel.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -217,12 +221,12 @@ def attention(q, k, v, bias: torch.Tensor | None, is_causal: bool, scale: float)
 
 
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, empty_rows: bool) -> bool:
-    """The oneDNN attention applies to this call (`q, k, v [batch, pos, head, d_head]`): training (a gradient is
+    """This module's attention applies to this call (`q, k, v [batch, pos, head, d_head]`): training (a gradient is
     needed), float32 CPU tensors, key/value heads dividing the query heads (grouped-query heads are repeated, as
     `enable_gqa`), a square of at most `MAX_LEN` positions, a bias (needing no gradient) without a batch axis or
-    fully masked rows; no functorch transform, `torch.compile` tracing, autocast or forward-mode AD;
-    `models.gemm.kernel()` is oneDNN (so `TOY_CIRCUITS_GEMM=plain` turns this path off too) and the probe passed
-    (`_decide`)."""
+    fully masked rows; no functorch transform, `torch.compile` tracing, autocast or forward-mode AD; and either
+    the fused kernel takes it (`_fused`) or `models.gemm.kernel()` is oneDNN and the probe passed (`_decide`)
+    (`TOY_CIRCUITS_GEMM=plain` turns both off)."""
     B, T, H, dh = q.shape
     return (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
             and q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
@@ -239,22 +243,27 @@ _fused_decided: dict[tuple[str, str], bool] = {}  # (fused-attention setting, GE
 
 
 def _fused(q: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """The call goes to `models.fused_attention`'s kernel: it covers the shape, and once per setting the kernel
-    loaded and its probe (`_fused_probe`) passed."""
+    """The call goes to `models.fused_attention`'s kernel: it covers the shape, `TOY_CIRCUITS_GEMM` is not `plain`
+    (torch's kernels only), and once per setting the kernel loaded and its probes passed (`_fused_exact`,
+    `_fused_faster`)."""
     if not fused_attention.takes(q, bias):
         return False
     key = (fused_attention._setting(), gemm._requested())
     if key not in _fused_decided:
-        _fused_decided[key] = fused_attention.library() is not None and _fused_exact() and _fused_faster()
+        _fused_decided[key] = (key[1] != "plain" and fused_attention.library() is not None and _fused_exact()
+                               and _fused_faster())
     return _fused_decided[key]
+
+
+PROBES = ((37, 32), (70, 16), (70, 48), (21, 64))  # (length, d_head): every register block, lengths off 16, > 64
 
 
 def _fused_exact() -> bool:
     """The kernel's values and gradients match the float64 explicit attention to `gemm.PROBE_RTOL` of their
-    largest entry, causal and unmasked, on a length that is not a multiple of its 16-wide vectors."""
+    largest entry, causal and unmasked, for every `d_head` it takes (`PROBES`)."""
     g = torch.Generator().manual_seed(0)
-    for causal in (True, False):
-        q, k, v, dz = (torch.randn(2, 37, 3, 32, generator=g) for _ in range(4))
+    for (T, dh), causal in itertools.product(PROBES, (True, False)):
+        q, k, v, dz = (torch.randn(2, T, 2, dh, generator=g) for _ in range(4))
         z, lse = fused_attention.forward(q, k, v, causal, 0.2)
         got = [z, *fused_attention.backward(q, k, v, dz, lse, causal, 0.2, (True, True, True))]
         x = [t.double().requires_grad_() for t in (q, k, v)]

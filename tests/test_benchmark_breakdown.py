@@ -21,9 +21,10 @@ def no_floor(monkeypatch):
 
 
 def test_parts_add_up_and_classes_are_restored(no_floor):
-    before = [dict(cls.__dict__) for cls in (gemm._OneDNNAffine, train_attention._BmmAttention)]
+    timed = (gemm._OneDNNAffine, train_attention._BmmAttention, train_attention._FusedAttention)
+    before = [dict(cls.__dict__) for cls in timed]
     out = train_breakdown.run(steps=2, batch=2)
-    assert [dict(cls.__dict__) for cls in (gemm._OneDNNAffine, train_attention._BmmAttention)] == before
+    assert [dict(cls.__dict__) for cls in timed] == before
     ms = out["ms"]
     for phase, parts in (("forward", ["linears forward", "attention forward", "loss forward"]),
                          ("backward", ["linears backward", "attention backward"])):
@@ -34,5 +35,8 @@ def test_parts_add_up_and_classes_are_restored(no_floor):
     # FLOPs of the attn-only-2l preset at batch 2: 2 layers of q, k, v, o (128 → 128) and the unembedding (128 → 512)
     tokens = 2 * 128
     assert out["flops"]["linears forward"] == 2 * tokens * (2 * 4 * 128 * 128 + 128 * 512)
-    assert out["flops"]["attention forward"] == 2 * 2 * 2 * 4 * 128 * 128 * 32 * 3 / 4 * 2
+    squares = 2 * 2 * 2 * 4 * 128 * 128 * 32 * 2  # layers, products, FLOPs per multiply-add, heads, T², d_head, batch
+    formed, backward = {"fused": (129 / 256, 2.5), "batched": (3 / 4, 2), "torch": (3 / 4, 2)}[out["attention"]]
+    assert out["flops"]["attention forward"] == squares * formed
+    assert out["flops"]["attention backward"] == squares * formed * backward
     assert "| **step** |" in train_breakdown.table(out)

@@ -107,8 +107,9 @@ def test_nan_spreads_to_its_rows_only(kernel):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_training_attention_takes_it_and_its_double_backward(kernel, monkeypatch, causal):
-    """`models.train_attention.attention` runs `_FusedAttention` for a `d_head` of 16 (values and gradients as the
-    float64 loop), and a double backward differentiates the explicit attention (the kernel has none)."""
+    """`models.train_attention.attention` runs `_FusedAttention` for a `d_head` of 16 (values and the kernel's
+    gradients as the float64 loop), and a double backward differentiates the explicit attention (the kernel has
+    none)."""
     monkeypatch.setattr(ta, "_fused_decided", {})
     monkeypatch.setattr(ta, "_fused_faster", lambda: True)  # the measurement is the CPU's; the path is the test's
     (q, k, v), dz = _inputs(2, 33, 2, 16, seed=4)
@@ -116,13 +117,13 @@ def test_the_training_attention_takes_it_and_its_double_backward(kernel, monkeyp
     assert ta.usable(*x, None, False) and ta._fused(x[0], None)
     z = ta.attention(*x, None, causal, 0.3)
     assert z.grad_fn.name() == "_FusedAttentionBackward"
+    _close([z.detach(), *torch.autograd.grad(z, x, dz, retain_graph=True)], _loop64(q, k, v, dz, causal, 0.3))
     g = torch.autograd.grad(z, x, dz, create_graph=True)
-    _close([z.detach(), *(t.detach() for t in g)], _loop64(q, k, v, dz, causal, 0.3))
     gg = torch.autograd.grad(sum(t.pow(2).sum() for t in g), x)
     x64 = [t.double().requires_grad_() for t in (q, k, v)]
     g64 = torch.autograd.grad(ta._explicit(*x64, None, causal, 0.3), x64, dz.double(), create_graph=True)
     want = torch.autograd.grad(sum(t.pow(2).sum() for t in g64), x64)
-    for a, b in zip(gg, want):
+    for a, b in zip([*g, *gg], [*g64, *want]):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
@@ -212,13 +213,63 @@ def test_no_compiler_on_path(fresh, monkeypatch):
     assert fa.library() is None and fa.why_not() == "no C++ compiler ($CXX, g++ or c++) on PATH"
 
 
-def test_probe_refuses_a_wrong_kernel(kernel, monkeypatch):
-    """A kernel whose results were off (a miscompile, a broken vector unit) is not used: the probe compares it with
-    the float64 reference first."""
-    monkeypatch.setattr(ta, "_fused_decided", {})
+@pytest.mark.parametrize("wrong_for", [32, 64])
+def test_probe_refuses_a_wrong_kernel(kernel, monkeypatch, wrong_for):
+    """A kernel whose results are off for one `d_head` (a miscompile of one register block) is not used: the probe
+    compares every head size with the float64 reference first."""
+    assert ta._fused_exact()
     real = fa.forward
-    monkeypatch.setattr(fa, "forward", lambda *a: (lambda z, lse: (z * (1 + 1e-4), lse))(*real(*a)))
+
+    def off(q, *args):
+        z, lse = real(q, *args)
+        return (z * (1 + 1e-4) if q.shape[-1] == wrong_for else z), lse
+
+    monkeypatch.setattr(fa, "forward", off)
+    assert not ta._fused_exact()
+    monkeypatch.setattr(ta, "_fused_decided", {})
+    assert not ta._fused(torch.zeros(1, 8, 2, 16), None)
+
+
+def test_gemm_plain_turns_it_off(kernel, monkeypatch):
+    """`TOY_CIRCUITS_GEMM=plain` asks for torch's own kernels: neither the fused nor the batched attention runs."""
+    monkeypatch.setattr(ta, "_fused_decided", {})
+    monkeypatch.setattr(ta, "_fused_faster", lambda: True)
+    x = [t.clone().requires_grad_() for t in _inputs(1, 16, 2, 32)[0]]
+    assert ta._fused(x[0], None)
+    with gemm.use("plain"):
+        assert not ta._fused(x[0], None) and not ta.usable(*x, None, False)
+
+
+def test_a_library_that_does_not_load_falls_back(fresh, monkeypatch):
+    """A truncated file in the cache (or one on a noexec mount) is refused with the loader's reason."""
+    if fa._compiler() is None:
+        pytest.skip("no C++ compiler")
+    path = fa.library_path(fa._compiler())
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x7fELF truncated")
+    assert fa.library() is None and "could not load" in fa.why_not()
     assert not ta._fused(torch.zeros(1, 8, 2, 32), None)
+
+
+def test_no_home_directory_falls_back(fresh, monkeypatch):
+    monkeypatch.delenv("CIRCUITS_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", no_home)
+    assert fa.library() is None and "home directory" in fa.why_not()
+
+
+def test_a_built_library_is_loaded_without_the_lock(fresh, monkeypatch):
+    """A cache that already holds the library (a shared, read-only one) needs no lock and no build."""
+    if fa._compiler() is None:
+        pytest.skip("no C++ compiler")
+    assert fa.library() is not None, fa.why_not()
+    fa._state.clear()
+    monkeypatch.setattr(fa, "_build", lambda *a: pytest.fail("rebuilt or locked a library that exists"))
+    assert fa.library() is not None
 
 
 @pytest.mark.slow
