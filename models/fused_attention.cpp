@@ -22,9 +22,10 @@ static inline vf ld(const float* p) { return *(const vf*)p; }
 static inline void st(float* p, vf x) { *(vf*)p = x; }
 static inline vf bc(float a) { return (vf){} + a; }
 
-static inline vf vexp(vf x) {  // Cephes expf: 2^n · p(r), x = n ln 2 + r, |r| ≤ ln 2 / 2
+// Cephes expf, 2^n · p(r) for x = n ln 2 + r, |r| ≤ ln 2 / 2, for x ≤ 0 (scores less their row's maximum or
+// log-sum-exp); below −87.3 (exp underflows float32's normal range) it is clamped there. NaN stays NaN.
+static inline vf vexp(vf x) {
     x = x < bc(-87.33654f) ? bc(-87.33654f) : x;
-    x = x > bc(88.72283f) ? bc(88.72283f) : x;
     vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
     vf r = x - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
@@ -86,10 +87,11 @@ static inline void swap_bits(vf* x) {
 
 static const vi LANE = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
-// C[r][0:16·NV] = alpha · Σ_{k0 ≤ k < k1} A(r, k) · B[k][0:16·NV] for r < R; A(r, k) = AT ? A[k·lda + r] : A[r·lda + k]
+// C[r][0:16·NV] = alpha · s_r · Σ_{k0 ≤ k < k1} A(r, k) · B[k][0:16·NV] for r < R; A(r, k) = AT ? A[k·lda + r] :
+// A[r·lda + k]; s_r = rows[r], or 1 where rows is null
 template <int R, int NV, bool AT>
 static inline void block(const float* A, i64 lda, const float* B, i64 ldb, i64 k0, i64 k1, float* C, i64 ldc,
-                         float alpha) {
+                         float alpha, const float* rows = nullptr) {
     vf c[R][NV];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
@@ -107,9 +109,11 @@ static inline void block(const float* A, i64 lda, const float* B, i64 ldb, i64 k
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {
+        float a = rows ? alpha * rows[r] : alpha;
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) st(C + r * ldc + 16 * v, c[r][v] * alpha);
+        for (int v = 0; v < NV; ++v) st(C + r * ldc + 16 * v, c[r][v] * a);
+    }
 }
 
 // Rows [i0, i0 + 4) of A Bᵀ (A [.][D], Bᵀ given as Bt [D][Tp]) into C[4][Tp], columns [0, ncols) (a multiple of 16)
@@ -124,24 +128,27 @@ static void rows_abt(const float* A, i64 D, const float* Bt, i64 Tp, i64 ncols, 
     }
 }
 
-// C[Tp][D] = alpha · A B (AT false) or alpha · Aᵀ B (AT true) for the square A [Tp][Tp] and B [Tp][D]. Causal: A's
-// entries above the diagonal are zero, so row block i0 of A B reads k < i0 + 8 and of Aᵀ B reads k ≥ i0.
+// C[Tp][D] = alpha · A B (AT false) or alpha · Aᵀ B (AT true) for the square A [Tp][Tp] and B [Tp][D], row i also
+// times rows[i] where given. Causal: A's entries above the diagonal are zero, so row block i0 of A B reads
+// k < i0 + 8 and of Aᵀ B reads k ≥ i0.
 template <bool AT>
-static void square_times(const float* A, i64 Tp, const float* B, i64 D, float* C, float alpha, bool causal) {
+static void square_times(const float* A, i64 Tp, const float* B, i64 D, float* C, float alpha, bool causal,
+                         const float* rows = nullptr) {
     for (i64 i0 = 0; i0 < Tp; i0 += 8) {
         i64 k0 = AT && causal ? i0 : 0, k1 = !AT && causal ? std::min(Tp, i0 + 8) : Tp;
         const float *a = AT ? A + i0 : A + i0 * Tp, *a4 = AT ? a + 4 : a + 4 * Tp;
         float* c = C + i0 * D;
+        const float *s = rows ? rows + i0 : nullptr, *s4 = rows ? rows + i0 + 4 : nullptr;
         switch (D / 16) {
-            case 1: block<8, 1, AT>(a, Tp, B, D, k0, k1, c, D, alpha); break;
-            case 2: block<8, 2, AT>(a, Tp, B, D, k0, k1, c, D, alpha); break;
+            case 1: block<8, 1, AT>(a, Tp, B, D, k0, k1, c, D, alpha, s); break;
+            case 2: block<8, 2, AT>(a, Tp, B, D, k0, k1, c, D, alpha, s); break;
             case 3:
-                block<4, 3, AT>(a, Tp, B, D, k0, k1, c, D, alpha);
-                block<4, 3, AT>(a4, Tp, B, D, k0, k1, c + 4 * D, D, alpha);
+                block<4, 3, AT>(a, Tp, B, D, k0, k1, c, D, alpha, s);
+                block<4, 3, AT>(a4, Tp, B, D, k0, k1, c + 4 * D, D, alpha, s4);
                 break;
             default:
-                block<4, 4, AT>(a, Tp, B, D, k0, k1, c, D, alpha);
-                block<4, 4, AT>(a4, Tp, B, D, k0, k1, c + 4 * D, D, alpha);
+                block<4, 4, AT>(a, Tp, B, D, k0, k1, c, D, alpha, s);
+                block<4, 4, AT>(a4, Tp, B, D, k0, k1, c + 4 * D, D, alpha, s4);
                 break;
         }
     }
@@ -168,14 +175,15 @@ static thread_local Scratch scratch;
 // One pair's buffers: rows [Tp][D] and columns [D][Tp] of its inputs, its squares [Tp][Tp], 64-byte aligned.
 struct Pair {
     i64 T, Tp, D;
-    float *q, *k, *kt, *v, *vt, *dz, *out, *P, *dS, *dP, *mem;
+    float *q, *k, *kt, *v, *vt, *dz, *out, *P, *dS, *dP, *inv, *mem;
     Pair(i64 T_, i64 D_) : T(T_), Tp((T_ + 15) / 16 * 16), D(D_) {
-        mem = scratch.get((size_t)(7 * Tp * D + 2 * Tp * Tp + 4 * Tp) * 4);
+        mem = scratch.get((size_t)(7 * Tp * D + 2 * Tp * Tp + 5 * Tp) * 4);
         float* p = mem;
         for (float** b : {&q, &k, &kt, &v, &vt, &dz, &out}) { *b = p; p += Tp * D; }
         P = p; p += Tp * Tp;
         dS = p; p += Tp * Tp;
-        dP = p;
+        dP = p; p += 4 * Tp;
+        inv = p;
     }
     // rows t of x (x + t·stride, D contiguous floats; zero for t ≥ T) into [Tp][D] and/or [D][Tp] (16 × 16
     // blocks transposed in registers)
@@ -200,8 +208,9 @@ struct Pair {
     }
     i64 cols(i64 i0, bool causal) const { return causal ? std::min(Tp, (i0 + 4 + 15) / 16 * 16) : Tp; }
 
-    // Pattern rows [i0, i0 + 4) into P: the softmax of scale · q kᵀ (writing lse) or, given lse, exp(scale · q kᵀ −
-    // lse). Entries a row may not see (causal: keys after it; keys ≥ T; rows ≥ T) are exactly 0.
+    // Pattern rows [i0, i0 + 4) into P: exp(scale · q kᵀ − m) with m the row's maximum (writing lse and, in `inv`,
+    // the reciprocal of the row's sum, by which z's row is scaled: P is left unnormalised) or, given lse, exp(scale ·
+    // q kᵀ − lse), the softmax itself. Entries a row may not see (causal: keys after it; keys ≥ T; rows ≥ T) are 0.
     void pattern(i64 i0, bool causal, float scale, const float* lse_in, float* lse_out) {
         i64 ncols = cols(i0, causal);
         float* S = P + i0 * Tp;
@@ -210,25 +219,29 @@ struct Pair {
             i64 i = i0 + r, seen = i >= T ? 0 : causal ? i + 1 : T, nv = (seen + 15) / 16;
             float* s = S + r * Tp;
             std::memset(s + nv * 16, 0, (size_t)(Tp - nv * 16) * 4);
-            if (seen == 0) continue;
+            if (seen == 0) {  // a row past T: its z is not read, but stays finite
+                inv[i] = 0.f;
+                continue;
+            }
+            vi last = LANE < (int32_t)(seen - 16 * (nv - 1));  // the lanes of the last vector a row sees
             float m;
             if (lse_in) {
                 m = lse_in[i];
             } else {
-                vf mx = bc(-INFINITY);
-                for (i64 u = 0; u < nv; ++u) mx = vmax(mx, LANE < (int32_t)(seen - 16 * u) ? ld(s + 16 * u) * scale : mx);
+                vf mx = last ? ld(s + 16 * (nv - 1)) * scale : bc(-INFINITY);
+                for (i64 u = 0; u < nv - 1; ++u) mx = vmax(mx, ld(s + 16 * u) * scale);
                 m = hmax(mx);
             }
             vf sum = bc(0.f);
             for (i64 u = 0; u < nv; ++u) {
                 vf e = vexp(ld(s + 16 * u) * scale - m);
-                e = LANE < (int32_t)(seen - 16 * u) ? e : bc(0.f);
+                if (u == nv - 1) e = last ? e : bc(0.f);
                 st(s + 16 * u, e);
                 sum += e;
             }
             if (!lse_in) {
-                float total = hsum(sum), inv = 1.f / total;
-                for (i64 u = 0; u < nv; ++u) st(s + 16 * u, ld(s + 16 * u) * inv);
+                float total = hsum(sum);
+                inv[i] = 1.f / total;
                 lse_out[i] = m + std::log(total);
             }
         }
@@ -267,7 +280,7 @@ int fa_forward(const float* q, const float* k, const float* v, const i64* qs, co
         w.pack(k + b * ks[0] + h * ks[2], ks[1], nullptr, w.kt);
         w.pack(v + b * vs[0] + h * vs[2], vs[1], w.v, nullptr);
         for (i64 i0 = 0; i0 < w.Tp; i0 += 4) w.pattern(i0, causal, scale, nullptr, lse + p * T);
-        square_times<false>(w.P, w.Tp, w.v, D, w.out, 1.f, causal);
+        square_times<false>(w.P, w.Tp, w.v, D, w.out, 1.f, causal, w.inv);
         w.unpack(w.out, z + (b * T * H + h) * D, H * D);
     });
 }
