@@ -136,7 +136,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     i64p, f32p = ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p
     common = [f32p, f32p, f32p, i64p, i64p, i64p]
     sizes = [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_float]
-    lib.fa_forward.argtypes = common + sizes + [f32p, f32p, ctypes.c_int]
+    lib.fa_forward.argtypes = common + sizes + [f32p, f32p, f32p, ctypes.c_int]
     lib.fa_backward.argtypes = common + [f32p, i64p] + sizes + [f32p, f32p, f32p, f32p, ctypes.c_int]
     lib.fa_forward.restype = lib.fa_backward.restype = ctypes.c_int
     return lib, ""
@@ -178,11 +178,11 @@ def forward(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch
     `softmax(scale · q kᵀ (+ causal mask)) v` for float32 CPU `q, k, v [batch, pos, head, d_head]`."""
     q, k, v = _rows(q, q), _rows(k, q), _rows(v, q)
     B, T, H, D = q.shape
-    z, lse = q.new_empty(B, T, H, D), q.new_empty(B * H, T)
+    z, lse, sums = q.new_empty(B, T, H, D), q.new_empty(B * H, T), q.new_empty(B * H, T)
     _check(_kernel().fa_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), _strides(q), _strides(k), _strides(v),
-                               B, T, H, D, int(is_causal), scale, z.data_ptr(), lse.data_ptr(),
+                               B, T, H, D, int(is_causal), scale, z.data_ptr(), lse.data_ptr(), sums.data_ptr(),
                                torch.get_num_threads()))
-    return z, lse
+    return z, lse.add_(sums.log_())  # the rows' maxima plus the logs of their sums
 
 
 def backward(q, k, v, dz, lse, is_causal: bool, scale: float, need: tuple[bool, bool, bool]):
