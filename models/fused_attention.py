@@ -5,14 +5,15 @@ kernel alike), sends each (sequence, head) pair's `[T, T]` square through memory
 backward: on a CPU whose L3 is shared (a VM) that traffic, not the arithmetic, sets its speed. The kernel in
 `fused_attention.cpp` keeps each pair's square in cache from the first product to the last (FlashAttention's
 forward and backward, Dao et al. 2022, Algorithms 1 and 2, one block of keys per pair) and reads q, k, v and dz
-in the projections' `[batch, pos, head, d_head]` layout, with no copies around it. torch 2.13 has no such kernel
+in the projections' `[batch, pos, head, d_head]` layout (no layout copies around it). torch 2.13 has no such kernel
 for float32 training on the CPU (its flash kernel runs MKL's `32 × 128` products; FlexAttention has no CPU
-backward), so it is ours, in ~250 lines of C++ with no dependency but OpenMP.
+backward), so it is ours, ~330 lines of C++ with no dependency but OpenMP.
 
 It is compiled with the system's C++ compiler (`$CXX`, else `g++`, else `c++`; `-O3 -fopenmp` and the first of
 `-march=native` (x86), `-mcpu=native` (ARM) or neither that the compiler accepts) into
 the toolkit's cache (`models.cache_dir.default_cache_dir() / "kernels"`, one file per source, compiler and CPU, written
-atomically under a file lock) and used only where all of these hold, checked once per process (`ready()`):
+atomically under a file lock) and used only where all of these hold, checked once per process and setting
+(`models.train_attention._fused`):
 - `TOY_CIRCUITS_FUSED_ATTENTION` is `auto` (the default; `off` turns it off) and `TOY_CIRCUITS_GEMM` is not `plain`
   (torch's own kernels only; `models.gemm`);
 - Linux, a compiler that builds the source, and a library that shares torch's OpenMP runtime (`libgomp.so.1`, the
@@ -31,6 +32,7 @@ import logging
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -41,6 +43,7 @@ from pathlib import Path
 import torch
 
 from .cache_dir import default_cache_dir
+from .errors import ConfigError
 
 ENV = "TOY_CIRCUITS_FUSED_ATTENTION"
 SETTINGS = ("auto", "off")
@@ -55,16 +58,18 @@ _state: dict[str, object] = {}  # "lib": the loaded library (or None), "why": wh
 
 
 def _setting() -> str:
-    from .errors import ConfigError
-
     value = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if value not in SETTINGS:
         raise ConfigError(f"{ENV}={value!r} is not a fused-attention setting; allowed: {', '.join(SETTINGS)}")
     return value
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+def _compiler() -> list[str] | None:
+    """The compiler's command: `$CXX` (split as a shell would: "ccache g++"), else `g++`, else `c++` on PATH."""
+    if os.environ.get("CXX", "").strip():
+        return shlex.split(os.environ["CXX"])
+    found = shutil.which("g++") or shutil.which("c++")
+    return [found] if found else None
 
 
 def _cpu_identity() -> str:
@@ -77,14 +82,14 @@ def _cpu_identity() -> str:
     return platform.machine() + "\n" + "\n".join(dict.fromkeys(keep))
 
 
-def library_path(cxx: str) -> Path:
+def library_path(cxx: list[str]) -> Path:
     """Where the library built by `cxx` from this source for this CPU lives."""
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
+    version = subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), version, repr((FLAGS, TARGETS)), _cpu_identity()]).encode())
     return default_cache_dir() / "kernels" / f"fused_attention-{key.hexdigest()[:16]}.so"
 
 
-def _build(cxx: str, target: Path) -> str | None:
+def _build(cxx: list[str], target: Path) -> str | None:
     """Compile the source to `target` (atomically, under a lock shared with other processes); None, or why not."""
     from filelock import FileLock
 
@@ -92,17 +97,18 @@ def _build(cxx: str, target: Path) -> str | None:
     with FileLock(str(target) + ".lock"):
         if target.exists():
             return None
-        logging.getLogger(__name__).info("compiling %s with %s (once per machine) into %s", SOURCE.name, cxx, target)
+        logging.getLogger(__name__).info("compiling %s with %s (once per machine) into %s", SOURCE.name,
+                                         shlex.join(cxx), target)
         fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
         os.close(fd)
         try:
             for arch in TARGETS:
-                run = subprocess.run([cxx, *FLAGS, *arch, str(SOURCE), "-o", tmp], capture_output=True, text=True,
-                                     timeout=300)
+                run = subprocess.run([*cxx, *FLAGS, *arch, str(SOURCE), "-o", tmp], capture_output=True,
+                                     text=True, timeout=300)
                 if run.returncode == 0:
                     os.replace(tmp, target)
                     return None
-            return f"{cxx} failed to compile {SOURCE.name}: {run.stderr.strip()[-300:]}"
+            return f"{shlex.join(cxx)} failed to compile {SOURCE.name}: {run.stderr.strip()[-300:]}"
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

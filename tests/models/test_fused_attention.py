@@ -184,7 +184,8 @@ def test_off_and_bad_settings(fresh, monkeypatch):
         fa.library()
 
 
-@pytest.mark.parametrize("cxx,why", [("/nonexistent/c++", "could not build"), ("false", "failed to compile")])
+@pytest.mark.parametrize("cxx,why", [("/nonexistent/c++", "could not build"), ("false", "failed to compile"),
+                                     ("env /nonexistent/c++", "failed to compile")])
 def test_no_compiler_falls_back_with_a_reason(fresh, monkeypatch, cxx, why):
     monkeypatch.setenv("CXX", cxx)
     assert fa.library() is None and why in fa.why_not()
@@ -199,7 +200,7 @@ def test_a_compiler_without_march_native_builds_with_the_next_target(fresh, monk
     seen = tmp_path / "seen"
     wrapper = tmp_path / "arm-like-c++"
     wrapper.write_text(f'#!/bin/sh\necho "$*" >> {seen}\ncase "$*" in *-march=native*) exit 1;; esac\n'
-                       f'exec {fa._compiler()} "$@"\n')
+                       f'exec {fa._compiler()[0]} "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("CXX", str(wrapper))
     assert fa.library() is not None, fa.why_not()
