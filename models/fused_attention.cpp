@@ -87,11 +87,11 @@ static inline void swap_bits(vf* x) {
 
 static const vi LANE = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
-// C[r][0:16·NV] = alpha · s_r · Σ_{k0 ≤ k < k1} A(r, k) · B[k][0:16·NV] for r < R; A(r, k) = AT ? A[k·lda + r] :
-// A[r·lda + k]; s_r = rows[r], or 1 where rows is null
+// C[r][0:16·NV] = alpha · s_r · Σ_{k0 ≤ k < k1} A(r, k) · B[k][0:16·NV] for r < R, stored for r < n; A(r, k) =
+// AT ? A[k·lda + r] : A[r·lda + k]; s_r = rows[r], or 1 where rows is null
 template <int R, int NV, bool AT>
 static inline void block(const float* A, i64 lda, const float* B, i64 ldb, i64 k0, i64 k1, float* C, i64 ldc,
-                         float alpha, const float* rows = nullptr) {
+                         float alpha, const float* rows = nullptr, i64 n = R) {
     vf c[R][NV];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
@@ -110,45 +110,47 @@ static inline void block(const float* A, i64 lda, const float* B, i64 ldb, i64 k
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
+        if (r >= n) break;
         float a = rows ? alpha * rows[r] : alpha;
 #pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) st(C + r * ldc + 16 * v, c[r][v] * a);
     }
 }
 
-// Rows [i0, i0 + 4) of A Bᵀ (A [.][D], Bᵀ given as Bt [D][Tp]) into C[4][Tp], columns [0, ncols) (a multiple of 16)
-static void rows_abt(const float* A, i64 D, const float* Bt, i64 Tp, i64 ncols, float* C) {
+// Rows [i0, i0 + 4) of A Bᵀ (A's rows D floats apart by lda, Bᵀ given as Bt [D][Tp]) into C[4][Tp], columns
+// [0, ncols) (a multiple of 16)
+static void rows_abt(const float* A, i64 lda, i64 D, const float* Bt, i64 Tp, i64 ncols, float* C) {
     i64 j = 0;
-    for (; j + 64 <= ncols; j += 64) block<4, 4, false>(A, D, Bt + j, Tp, 0, D, C + j, Tp, 1.f);
+    for (; j + 64 <= ncols; j += 64) block<4, 4, false>(A, lda, Bt + j, Tp, 0, D, C + j, Tp, 1.f);
     switch ((ncols - j) / 16) {
-        case 3: block<4, 3, false>(A, D, Bt + j, Tp, 0, D, C + j, Tp, 1.f); break;
-        case 2: block<4, 2, false>(A, D, Bt + j, Tp, 0, D, C + j, Tp, 1.f); break;
-        case 1: block<4, 1, false>(A, D, Bt + j, Tp, 0, D, C + j, Tp, 1.f); break;
+        case 3: block<4, 3, false>(A, lda, Bt + j, Tp, 0, D, C + j, Tp, 1.f); break;
+        case 2: block<4, 2, false>(A, lda, Bt + j, Tp, 0, D, C + j, Tp, 1.f); break;
+        case 1: block<4, 1, false>(A, lda, Bt + j, Tp, 0, D, C + j, Tp, 1.f); break;
         default: break;
     }
 }
 
-// C[Tp][D] = alpha · A B (AT false) or alpha · Aᵀ B (AT true) for the square A [Tp][Tp] and B [Tp][D], row i also
-// times rows[i] where given. Causal: A's entries above the diagonal are zero, so row block i0 of A B reads
-// k < i0 + 8 and of Aᵀ B reads k ≥ i0.
+// Rows i < T of C = alpha · A B (AT false) or alpha · Aᵀ B (AT true), row i also times rows[i] where given, for
+// the square A [Tp][Tp] (zero past T) and B's rows k < T (D floats, ldb apart), C's rows ldc apart. Causal: A's
+// entries above the diagonal are zero, so row block i0 of A B reads k < i0 + 8 and of Aᵀ B reads k ≥ i0.
 template <bool AT>
-static void square_times(const float* A, i64 Tp, const float* B, i64 D, float* C, float alpha, bool causal,
-                         const float* rows = nullptr) {
-    for (i64 i0 = 0; i0 < Tp; i0 += 8) {
-        i64 k0 = AT && causal ? i0 : 0, k1 = !AT && causal ? std::min(Tp, i0 + 8) : Tp;
+static void square_times(const float* A, i64 Tp, i64 T, const float* B, i64 ldb, i64 D, float* C, i64 ldc,
+                         float alpha, bool causal, const float* rows = nullptr) {
+    for (i64 i0 = 0; i0 < T; i0 += 8) {
+        i64 k0 = AT && causal ? i0 : 0, k1 = !AT && causal ? std::min(T, i0 + 8) : T, n = T - i0;
         const float *a = AT ? A + i0 : A + i0 * Tp, *a4 = AT ? a + 4 : a + 4 * Tp;
-        float* c = C + i0 * D;
+        float *c = C + i0 * ldc, *c4 = c + 4 * ldc;
         const float *s = rows ? rows + i0 : nullptr, *s4 = rows ? rows + i0 + 4 : nullptr;
         switch (D / 16) {
-            case 1: block<8, 1, AT>(a, Tp, B, D, k0, k1, c, D, alpha, s); break;
-            case 2: block<8, 2, AT>(a, Tp, B, D, k0, k1, c, D, alpha, s); break;
+            case 1: block<8, 1, AT>(a, Tp, B, ldb, k0, k1, c, ldc, alpha, s, n); break;
+            case 2: block<8, 2, AT>(a, Tp, B, ldb, k0, k1, c, ldc, alpha, s, n); break;
             case 3:
-                block<4, 3, AT>(a, Tp, B, D, k0, k1, c, D, alpha, s);
-                block<4, 3, AT>(a4, Tp, B, D, k0, k1, c + 4 * D, D, alpha, s4);
+                block<4, 3, AT>(a, Tp, B, ldb, k0, k1, c, ldc, alpha, s, n);
+                if (n > 4) block<4, 3, AT>(a4, Tp, B, ldb, k0, k1, c4, ldc, alpha, s4, n - 4);
                 break;
             default:
-                block<4, 4, AT>(a, Tp, B, D, k0, k1, c, D, alpha, s);
-                block<4, 4, AT>(a4, Tp, B, D, k0, k1, c + 4 * D, D, alpha, s4);
+                block<4, 4, AT>(a, Tp, B, ldb, k0, k1, c, ldc, alpha, s, n);
+                if (n > 4) block<4, 4, AT>(a4, Tp, B, ldb, k0, k1, c4, ldc, alpha, s4, n - 4);
                 break;
         }
     }
@@ -172,39 +174,47 @@ struct Scratch {
 };
 static thread_local Scratch scratch;
 
-// One pair's buffers: rows [Tp][D] and columns [D][Tp] of its inputs, its squares [Tp][Tp], 64-byte aligned.
+// One pair's working memory: the columns [D][Tp] of its keys and values (transposed: the products' B operands for
+// q kᵀ and dz vᵀ), its squares [Tp][Tp] and per-row values, 64-byte aligned. Its rows (q, k, v, dz) are read where
+// they are, `stride` floats apart; `q`, `dz` and their strides are set per pair.
 struct Pair {
-    i64 T, Tp, D;
-    float *q, *k, *kt, *v, *vt, *dz, *out, *P, *dS, *dP, *inv, *mem;
+    i64 T, Tp, D, qs = 0, dzs = 0;
+    const float *q = nullptr, *dz = nullptr;
+    float *kt, *vt, *P, *dS, *dP, *inv, *tail, *mem;
     Pair(i64 T_, i64 D_) : T(T_), Tp((T_ + 15) / 16 * 16), D(D_) {
-        mem = scratch.get((size_t)(7 * Tp * D + 2 * Tp * Tp + 5 * Tp) * 4);
+        mem = scratch.get((size_t)(2 * Tp * D + 2 * Tp * Tp + 5 * Tp + 4 * D) * 4);
         float* p = mem;
-        for (float** b : {&q, &k, &kt, &v, &vt, &dz, &out}) { *b = p; p += Tp * D; }
+        kt = p; p += Tp * D;
+        vt = p; p += Tp * D;
         P = p; p += Tp * Tp;
         dS = p; p += Tp * Tp;
         dP = p; p += 4 * Tp;
-        inv = p;
+        inv = p; p += Tp;
+        tail = p;
     }
-    // rows t of x (x + t·stride, D contiguous floats; zero for t ≥ T) into [Tp][D] and/or [D][Tp] (16 × 16
-    // blocks transposed in registers)
-    void pack(const float* x, i64 stride, float* rows, float* cols) const {
+    // The transpose [D][Tp] of the rows t < T of x (x + t·stride, D contiguous floats; zero for t ≥ T), 16 × 16
+    // blocks at a time in registers
+    void transpose(const float* x, i64 stride, float* cols) const {
         for (i64 t0 = 0; t0 < Tp; t0 += 16)
             for (i64 d0 = 0; d0 < D; d0 += 16) {
                 vf b[16];
                 for (int i = 0; i < 16; ++i) b[i] = t0 + i < T ? ld(x + (t0 + i) * stride + d0) : bc(0.f);
-                if (rows)
-                    for (int i = 0; i < 16; ++i) st(rows + (t0 + i) * D + d0, b[i]);
-                if (cols) {
-                    swap_bits<8>(b);
-                    swap_bits<4>(b);
-                    swap_bits<2>(b);
-                    swap_bits<1>(b);
-                    for (int i = 0; i < 16; ++i) st(cols + (d0 + i) * Tp + t0, b[i]);
-                }
+                swap_bits<8>(b);
+                swap_bits<4>(b);
+                swap_bits<2>(b);
+                swap_bits<1>(b);
+                for (int i = 0; i < 16; ++i) st(cols + (d0 + i) * Tp + t0, b[i]);
             }
     }
-    void unpack(const float* rows, float* x, i64 stride) const {
-        for (i64 t = 0; t < T; ++t) std::memcpy(x + t * stride, rows + t * D, (size_t)D * 4);
+    // Rows [i0, i0 + 4) of x (stride apart) as an operand: in place, or, where they run past T, copied into `tail`
+    // with zero rows after T
+    const float* four_rows(const float* x, i64 stride, i64 i0, i64* lda) const {
+        *lda = stride;
+        if (i0 + 4 <= T) return x + i0 * stride;
+        for (i64 r = 0; r < 4; ++r)
+            for (i64 d = 0; d < D; ++d) tail[r * D + d] = i0 + r < T ? x[(i0 + r) * stride + d] : 0.f;
+        *lda = D;
+        return tail;
     }
     i64 cols(i64 i0, bool causal) const { return causal ? std::min(Tp, (i0 + 4 + 15) / 16 * 16) : Tp; }
 
@@ -215,7 +225,9 @@ struct Pair {
     void pattern(i64 i0, bool causal, float scale, const float* lse_in, float* max_out, float* sum_out) {
         i64 ncols = cols(i0, causal);
         float* S = P + i0 * Tp;
-        rows_abt(q + i0 * D, D, kt, Tp, ncols, S);
+        i64 lda;
+        const float* a = four_rows(q, qs, i0, &lda);
+        rows_abt(a, lda, D, kt, Tp, ncols, S);
         for (i64 r = 0; r < 4; ++r) {
             i64 i = i0 + r, seen = i >= T ? 0 : causal ? i + 1 : T, nv = (seen + 15) / 16;
             float* s = S + r * Tp;
@@ -280,12 +292,11 @@ int fa_forward(const float* q, const float* k, const float* v, const i64* qs, co
                i64 T, i64 H, i64 D, int causal, float scale, float* z, float* row_max, float* row_sum, int threads) {
     return each_pair(B * H, T, D, threads, [&](Pair& w, i64 p) {
         i64 b = p / H, h = p % H;
-        w.pack(q + b * qs[0] + h * qs[2], qs[1], w.q, nullptr);
-        w.pack(k + b * ks[0] + h * ks[2], ks[1], nullptr, w.kt);
-        w.pack(v + b * vs[0] + h * vs[2], vs[1], w.v, nullptr);
+        w.q = q + b * qs[0] + h * qs[2], w.qs = qs[1];
+        w.transpose(k + b * ks[0] + h * ks[2], ks[1], w.kt);
         for (i64 i0 = 0; i0 < w.Tp; i0 += 4) w.pattern(i0, causal, scale, nullptr, row_max + p * T, row_sum + p * T);
-        square_times<false>(w.P, w.Tp, w.v, D, w.out, 1.f, causal, w.inv);
-        w.unpack(w.out, z + (b * T * H + h) * D, H * D);
+        square_times<false>(w.P, w.Tp, T, v + b * vs[0] + h * vs[2], vs[1], D, z + (b * T * H + h) * D, H * D, 1.f,
+                            causal, w.inv);
     });
 }
 
@@ -296,14 +307,15 @@ int fa_backward(const float* q, const float* k, const float* v, const i64* qs, c
                 const float* lse, float* dq, float* dk, float* dv, int threads) {
     return each_pair(B * H, T, D, threads, [&](Pair& w, i64 p) {
         i64 b = p / H, h = p % H, o = (b * T * H + h) * D, Tp = w.Tp;
-        w.pack(q + b * qs[0] + h * qs[2], qs[1], w.q, nullptr);
-        w.pack(k + b * ks[0] + h * ks[2], ks[1], w.k, w.kt);
-        w.pack(v + b * vs[0] + h * vs[2], vs[1], nullptr, w.vt);
-        w.pack(dz + b * dzs[0] + h * dzs[2], dzs[1], w.dz, nullptr);
+        const float *qp = q + b * qs[0] + h * qs[2], *kp = k + b * ks[0] + h * ks[2];
+        w.q = qp, w.qs = qs[1], w.dz = dz + b * dzs[0] + h * dzs[2], w.dzs = dzs[1];
+        w.transpose(kp, ks[1], w.kt);
+        w.transpose(v + b * vs[0] + h * vs[2], vs[1], w.vt);
         for (i64 i0 = 0; i0 < Tp; i0 += 4) {
             w.pattern(i0, causal, scale, lse + p * T, nullptr, nullptr);
-            i64 ncols = w.cols(i0, causal), nv = ncols / 16;
-            rows_abt(w.dz + i0 * D, D, w.vt, Tp, ncols, w.dP);
+            i64 ncols = w.cols(i0, causal), nv = ncols / 16, lda;
+            const float* a = w.four_rows(w.dz, w.dzs, i0, &lda);
+            rows_abt(a, lda, D, w.vt, Tp, ncols, w.dP);
             for (i64 r = 0; r < 4; ++r) {
                 const float *P = w.P + (i0 + r) * Tp, *g = w.dP + r * Tp;
                 float* dS = w.dS + (i0 + r) * Tp;
@@ -314,18 +326,9 @@ int fa_backward(const float* q, const float* k, const float* v, const i64* qs, c
                 std::memset(dS + ncols, 0, (size_t)(Tp - ncols) * 4);
             }
         }
-        if (dq) {
-            square_times<false>(w.dS, Tp, w.k, D, w.out, scale, causal);
-            w.unpack(w.out, dq + o, H * D);
-        }
-        if (dk) {
-            square_times<true>(w.dS, Tp, w.q, D, w.out, scale, causal);
-            w.unpack(w.out, dk + o, H * D);
-        }
-        if (dv) {
-            square_times<true>(w.P, Tp, w.dz, D, w.out, 1.f, causal);
-            w.unpack(w.out, dv + o, H * D);
-        }
+        if (dq) square_times<false>(w.dS, Tp, T, kp, ks[1], D, dq + o, H * D, scale, causal);
+        if (dk) square_times<true>(w.dS, Tp, T, qp, qs[1], D, dk + o, H * D, scale, causal);
+        if (dv) square_times<true>(w.P, Tp, T, w.dz, w.dzs, D, dv + o, H * D, 1.f, causal);
     });
 }
 }
