@@ -1,8 +1,8 @@
 // Fused softmax attention for training, float32, forward and backward (models/fused_attention.py loads it).
 //
-// For each (sequence, head) pair, in its own OpenMP iteration: q, k, v (and dz) are packed into [T, D] rows and
-// [D, T] columns, and the pair's [T, T] square (scores, pattern, their gradients) lives in cache from its first
-// product to its last, instead of passing through memory between batched products. Forward as FlashAttention
+// For each (sequence, head) pair, in its own OpenMP iteration: k and v are transposed into [D, T] columns, q, k, v
+// and dz rows are read where they are, and the pair's [T, T] square (scores, pattern, their gradients) lives in
+// cache from its first product to its last, instead of passing through memory between batched products. Forward as FlashAttention
 // (Dao et al. 2022, Algorithm 1) with one block of keys per pair: S = scale · q kᵀ, P = softmax(S) (causal: keys
 // after the query masked), z = P v, and the row's log-sum-exp `lse` kept; backward as its Algorithm 2: P recomputed
 // as exp(scale · q kᵀ − lse), dP = dz vᵀ, dS = P ⊙ (dP − rowsum(P ⊙ dP)), dq = scale · dS k, dk = scale · dSᵀ q,

@@ -121,7 +121,10 @@ def _openmp_runtimes() -> set[str]:
 def _load() -> tuple[ctypes.CDLL | None, str]:
     if not sys.platform.startswith("linux"):
         return None, f"not Linux ({sys.platform}): the OpenMP runtime shared with torch cannot be checked"
-    cxx = _compiler()
+    try:
+        cxx = _compiler()
+    except ValueError as e:  # shlex: unbalanced quotes
+        return None, f"$CXX is not a command line: {e}"
     if cxx is None:
         return None, "no C++ compiler ($CXX, g++ or c++) on PATH"
     try:  # RuntimeError: no home directory for the cache

@@ -57,7 +57,8 @@ def _close(got, want, rtol=3e-6, atol=1e-7):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("T,D", [(1, 32), (5, 16), (16, 64), (37, 48), (128, 32), (200, 16)])
+@pytest.mark.parametrize("T,D", [(1, 32), (2, 16), (3, 48), (5, 16), (7, 64), (16, 64), (37, 48), (66, 32),
+                                 (128, 32), (200, 16)])
 def test_values_and_gradients_match_float64(kernel, causal, T, D):
     (q, k, v), dz = _inputs(2, T, 3, D)
     z, lse = fa.forward(q, k, v, causal, 0.7 / D ** 0.5)
@@ -71,13 +72,28 @@ def test_values_and_gradients_match_float64(kernel, causal, T, D):
 
 
 def test_only_the_gradients_asked_for_and_strided_dz(kernel):
-    (q, k, v), dz = _inputs(2, 40, 2, 32, seed=1)
+    (q, k, v), dz = _inputs(2, 39, 2, 32, seed=1)
     z, lse = fa.forward(q, k, v, True, 0.2)
     want = _loop64(q, k, v, dz, True, 0.2)
-    dz_strided = torch.empty(2, 40, 2, 64)[..., ::2].copy_(dz)  # d_head not contiguous: copied first
-    dq, dk, dv = fa.backward(q, k, v, dz_strided, lse, True, 0.2, (False, True, False))
-    assert dq is None and dv is None
-    _close([dk], [want[2]])
+    dz_spread = torch.full((2, 39, 2, 64), float("nan"))[..., :32].copy_(dz)  # rows and heads apart: read in place
+    dq, dk, dv = fa.backward(q, k, v, dz_spread, lse, True, 0.2, (False, True, True))
+    assert dq is None
+    _close([dk, dv], want[2:])
+    dz_strided = torch.empty(2, 39, 2, 64)[..., ::2].copy_(dz)  # d_head not contiguous: copied first
+    dq, dk, dv = fa.backward(q, k, v, dz_strided, lse, True, 0.2, (True, False, False))
+    assert dk is None and dv is None
+    _close([dq], [want[1]])
+
+
+def test_wrong_inputs_are_refused_before_the_kernel_reads_them(kernel):
+    (q, k, v), dz = _inputs(1, 8, 2, 32)
+    z, lse = fa.forward(q, k, v, True, 0.2)
+    with pytest.raises(ValueError, match="float32 CPU"):
+        fa.forward(q.double(), k, v, True, 0.2)
+    with pytest.raises(ValueError, match="of one shape"):
+        fa.forward(q, k[:, :, :1], v, True, 0.2)  # one key head for two query heads: would read past k
+    with pytest.raises(ValueError, match="lse must be"):
+        fa.backward(q, k, v, dz, lse[:1], True, 0.2, (True, True, True))
 
 
 def test_the_same_bits_at_any_thread_count(kernel):
@@ -185,7 +201,8 @@ def test_off_and_bad_settings(fresh, monkeypatch):
 
 
 @pytest.mark.parametrize("cxx,why", [("/nonexistent/c++", "could not build"), ("false", "failed to compile"),
-                                     ("env /nonexistent/c++", "failed to compile")])
+                                     ("env /nonexistent/c++", "failed to compile"),
+                                     ('g++ "-O2', "not a command line")])
 def test_no_compiler_falls_back_with_a_reason(fresh, monkeypatch, cxx, why):
     monkeypatch.setenv("CXX", cxx)
     assert fa.library() is None and why in fa.why_not()
@@ -215,17 +232,21 @@ def test_no_compiler_on_path(fresh, monkeypatch):
 
 
 @pytest.mark.parametrize("wrong_for", [32, 64])
-def test_probe_refuses_a_wrong_kernel(kernel, monkeypatch, wrong_for):
-    """A kernel whose results are off for one `d_head` (a miscompile of one register block) is not used: the probe
-    compares every head size with the float64 reference first."""
+@pytest.mark.parametrize("where", ["values", "gradients"])
+def test_probe_refuses_a_wrong_kernel(kernel, monkeypatch, wrong_for, where):
+    """A kernel whose values or gradients are off for one `d_head` (a miscompile of one register block) is not used:
+    the probe compares every head size with the float64 reference first."""
     assert ta._fused_exact()
-    real = fa.forward
+    name = "forward" if where == "values" else "backward"
+    real = getattr(fa, name)
 
     def off(q, *args):
-        z, lse = real(q, *args)
-        return (z * (1 + 1e-4) if q.shape[-1] == wrong_for else z), lse
+        out = real(q, *args)
+        if q.shape[-1] != wrong_for:
+            return out
+        return (out[0] * (1 + 1e-4), out[1]) if where == "values" else [g * (1 + 1e-4) for g in out]
 
-    monkeypatch.setattr(fa, "forward", off)
+    monkeypatch.setattr(fa, name, off)
     assert not ta._fused_exact()
     monkeypatch.setattr(ta, "_fused_decided", {})
     assert not ta._fused(torch.zeros(1, 8, 2, 16), None)
