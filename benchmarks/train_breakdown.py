@@ -37,30 +37,32 @@ from models.allocator import keep_freed_memory  # noqa: E402
 from models.train_presets import get_preset  # noqa: E402
 
 
-def _timed(spent: dict, name: str, fn):
+def _timed(spent: dict, names: tuple[str, ...], fn):
+    """`fn`, its time added to `spent` under each of `names`."""
     def run(*args, **kwargs):
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            spent[name] += time.perf_counter() - t0
+            for name in names:
+                spent[name] += time.perf_counter() - t0
     return run
 
 
 def run(steps: int, batch: int) -> dict:
     warnings.filterwarnings("ignore")
     spent: dict[str, float] = collections.defaultdict(float)
-    wrapped = [(gemm._OneDNNAffine, "forward", "linears forward"), (gemm._OneDNNAffine, "backward", "linears backward"),
-               *((cls, attr, f"attention {attr}") for cls in (train_attention._BmmAttention,
-                                                              train_attention._FusedAttention)
+    # each part's time, and the attention's also under its class's name (which of the two ran)
+    wrapped = [(gemm._OneDNNAffine, "forward", ("linears forward",)),
+               (gemm._OneDNNAffine, "backward", ("linears backward",)),
+               *((cls, attr, (f"attention {attr}", cls.__name__)) for cls in (train_attention._BmmAttention,
+                                                                             train_attention._FusedAttention)
                  for attr in ("forward", "backward"))]
     saved = [(cls, attr, cls.__dict__[attr]) for cls, attr, _ in wrapped]
-    for cls, attr, name in wrapped:
-        setattr(cls, attr, staticmethod(_timed(spent, name, getattr(cls, attr))))
-    forward = train_attention._FusedAttention.forward  # also counted apart: which attention ran
-    train_attention._FusedAttention.forward = staticmethod(_timed(spent, "attention forward fused", forward))
+    for cls, attr, names in wrapped:
+        setattr(cls, attr, staticmethod(_timed(spent, names, getattr(cls, attr))))
     cross_entropy, clip = F.cross_entropy, torch.nn.utils.clip_grad_norm_
-    F.cross_entropy = _timed(spent, "loss forward", cross_entropy)
+    F.cross_entropy = _timed(spent, ("loss forward",), cross_entropy)
     try:
         model_cfg = get_preset("attn-only-2l")[0].replace(seed=0)
         tokens = torch.randint(0, model_cfg.d_vocab, (batch, model_cfg.n_ctx),
@@ -90,14 +92,14 @@ def run(steps: int, batch: int) -> dict:
             setattr(cls, attr, fn)
         F.cross_entropy = cross_entropy
     # 0 where a part does not run here (plain kernels)
-    names = list(dict.fromkeys(name for _, _, name in wrapped)) + ["loss forward"]
+    names = list(dict.fromkeys(names[0] for _, _, names in wrapped)) + ["loss forward"]
     ms = {name: 1e3 * t / steps for name, t in {**{n: spent[n] for n in names}, **phases}.items()}
     ms["forward, other"] = ms["forward"] - ms["linears forward"] - ms["attention forward"] - ms["loss forward"]
     ms["backward, other"] = ms["backward"] - ms["linears backward"] - ms["attention backward"]
     T, c = model_cfg.n_ctx, model_cfg
     squares = c.n_layers * 2 * 2 * batch * c.n_heads * T * T * c.d_head  # q kᵀ and P v, whole squares
     linear = model_flops(c, batch, T) - squares  # the rest of a dense forward: q, k, v, o and the unembedding
-    attention = "fused" if spent["attention forward fused"] else "batched" if spent["attention forward"] else "torch"
+    attention = ("fused" if spent["_FusedAttention"] else "batched" if spent["_BmmAttention"] else "torch")
     if attention == "fused":  # the fused kernel: the causal half (with the diagonal), and in the backward
         square, backward = squares * (T + 1) / (2 * T), 2.5  # q kᵀ again beside dP, dq, dk, dv
     else:  # the batched products' causal halves form 3/4 of each square

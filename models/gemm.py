@@ -174,8 +174,23 @@ def _matmuls_exact() -> bool:
             got = [x @ y for x, y in pairs]
     except (RuntimeError, AttributeError, ValueError):
         return False
-    want = [x.double() @ y.double() for x, y in pairs]
-    return all(float((x - y).abs().max()) <= PROBE_RTOL * float(y.abs().max()) for x, y in zip(got, want))
+    return agrees(got, [x.double() @ y.double() for x, y in pairs])
+
+
+def agrees(got, want) -> bool:
+    """Every probe result is within `PROBE_RTOL` of its reference's largest entry (the probes' exactness test)."""
+    return all(float((x - y).abs().max()) <= PROBE_RTOL * float(y.abs().max()) for x, y in zip(got, want, strict=True))
+
+
+def beats_per_core(plain, fast, repeats: int) -> bool:
+    """`_beats` on one thread, the thread count restored after: the probes measure a per-core property (with two
+    threads on a loaded machine the timings flip from run to run)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _beats(plain, fast, repeats)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _matmuls_faster(repeats: int = 9) -> bool:
@@ -186,12 +201,7 @@ def _matmuls_faster(repeats: int = 9) -> bool:
         with onednn_matmuls():
             torch.bmm(a, b)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # per core: with two threads on a loaded machine the timings flip from run to run
-    try:
-        return _beats(lambda: torch.bmm(a, b), fast, repeats)
-    finally:
-        torch.set_num_threads(threads)
+    return beats_per_core(lambda: torch.bmm(a, b), fast, repeats)
 
 
 def _fits(x: torch.Tensor, W: torch.Tensor) -> bool:

@@ -268,8 +268,7 @@ def _fused_exact() -> bool:
         got = [z, *fused_attention.backward(q, k, v, dz, lse, causal, 0.2, (True, True, True))]
         x = [t.double().requires_grad_() for t in (q, k, v)]
         ref = _explicit(*x, None, causal, 0.2)
-        want = [ref.detach(), *torch.autograd.grad(ref, x, dz.double())]
-        if any(float((a - b).abs().max()) > gemm.PROBE_RTOL * float(b.abs().max()) for a, b in zip(got, want)):
+        if not gemm.agrees(got, [ref.detach(), *torch.autograd.grad(ref, x, dz.double())]):
             return False
     return True
 
@@ -287,12 +286,7 @@ def _fused_faster(repeats: int = 7) -> bool:
         z = fn(*x, None, True, 32 ** -0.5)
         torch.autograd.grad(z, x, dz)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return gemm._beats(lambda: run(other), lambda: run(_FusedAttention.apply), repeats)
-    finally:
-        torch.set_num_threads(threads)
+    return gemm.beats_per_core(lambda: run(other), lambda: run(_FusedAttention.apply), repeats)
 
 
 def _sdpa(q, k, v, bias, is_causal, scale):

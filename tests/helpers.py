@@ -69,3 +69,22 @@ def checked_report(monkeypatch, model, out, **kw) -> tuple[dict, object]:
         torch.set_num_threads(n)
     assert r.failed == {}, r.failed
     return found, r
+
+
+def attention_loop64(q, k, v, bias, causal, scale):
+    """softmax(q kᵀ · scale + bias) v one (sequence, head) at a time in float64, `q, k, v [batch, pos, head, d_head]`
+    (z in the same layout; differentiable): the training attentions' independent reference."""
+    q, k, v = (t.double() for t in (q, k, v))
+    B, T, H, _ = q.shape
+    rows = []
+    for b in range(B):
+        heads = []
+        for h in range(H):
+            s = q[b, :, h] @ k[b, :, h].T * scale
+            if bias is not None:
+                s = s + (bias if bias.dim() == 2 else bias[h]).double()
+            if causal:
+                s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+            heads.append(s.softmax(-1) @ v[b, :, h])
+        rows.append(torch.stack(heads, 1))
+    return torch.stack(rows)

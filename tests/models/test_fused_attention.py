@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import attention_loop64
 
 from models import HookedTransformer, HookedTransformerConfig, gemm
 from models import fused_attention as fa
@@ -40,11 +41,7 @@ def _inputs(B, T, H, D, seed=0):
 def _loop64(q, k, v, dz, causal, scale):
     """z and dq, dk, dv in float64 by autograd over one (sequence, head) at a time: the independent reference."""
     x = [t.double().requires_grad_() for t in (q, k, v)]
-    B, T, H, _ = q.shape
-    mask = torch.ones(T, T, dtype=torch.bool).triu(1) if causal else torch.zeros(T, T, dtype=torch.bool)
-    z = torch.stack([torch.stack([
-        (x[0][b, :, h] @ x[1][b, :, h].T * scale).masked_fill(mask, float("-inf")).softmax(-1) @ x[2][b, :, h]
-        for h in range(H)], 1) for b in range(B)])
+    z = attention_loop64(*x, None, causal, scale)
     return [z.detach(), *torch.autograd.grad(z, x, dz.double())]
 
 

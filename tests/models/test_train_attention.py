@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import attention_loop64
 
 from models import HookedTransformer, HookedTransformerConfig, gemm
 from models import train_attention as ta
@@ -54,37 +55,13 @@ def _heads_first(fn):
     return lambda q, k, v, *args: fn(*(t.transpose(1, 2) for t in (q, k, v)), *args).transpose(1, 2)
 
 
-@_heads_first
-def _sdpa(q, k, v, bias, causal, scale):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, scale=scale)
-
-
-@_heads_first
-def _loop64(q, k, v, bias, causal, scale):
-    """softmax(q kᵀ · scale + bias) v one (sequence, head) at a time in float64: the independent reference."""
-    q, k, v = (t.double() for t in (q, k, v))
-    B, H, T, _ = q.shape
-    rows = []
-    for b in range(B):
-        heads = []
-        for h in range(H):
-            s = q[b, h] @ k[b, h].T * scale
-            if bias is not None:
-                s = s + (bias if bias.dim() == 2 else bias[h]).double()
-            if causal:
-                s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-            heads.append(s.softmax(-1) @ v[b, h])
-        rows.append(torch.stack(heads))
-    return torch.stack(rows)
-
-
 @pytest.mark.parametrize("kind", ["none", "causal", "2d", "per_head"])
 def test_values_and_gradients_match_float64_and_sdpa(exact, kind):
     B, H, T, dh = 3, 4, 24, 8
     bias, causal, scale = _bias(kind, H, T), kind == "causal", dh ** -0.5
     dz = torch.randn(B, T, H, dh, generator=torch.Generator().manual_seed(2))
     results = {}
-    for name, fn in (("fast", ta.attention), ("sdpa", _sdpa), ("float64", _loop64)):
+    for name, fn in (("fast", ta.attention), ("sdpa", ta._sdpa), ("float64", attention_loop64)):
         qkv, (q, k, v) = _qkv(B, H, T, dh, dtype=torch.float64 if name == "float64" else torch.float32)
         z = fn(q, k, v, bias, causal, scale)
         (g,) = torch.autograd.grad(z, qkv, dz.to(z.dtype))
@@ -105,7 +82,7 @@ def test_causal_query_halves_match_float64_and_sdpa(exact, monkeypatch, T, grads
     B, H, dh, scale = 2, 3, 8, 0.3
     dz = torch.randn(B, T, H, dh, generator=torch.Generator().manual_seed(3))
     results = {}
-    for name, fn in (("fast", ta.attention), ("sdpa", _sdpa), ("float64", _loop64)):
+    for name, fn in (("fast", ta.attention), ("sdpa", ta._sdpa), ("float64", attention_loop64)):
         g = torch.Generator().manual_seed(4)
         dtype = torch.float64 if name == "float64" else torch.float32
         qkv = [torch.randn(B, T, H, dh, generator=g).to(dtype).requires_grad_(n in grads) for n in "qkv"]
