@@ -5,8 +5,9 @@
 Times (`time.perf_counter`, no profiler: torch.profiler's per-op bookkeeping inflates the short kernels) around
 the oneDNN linears' forward and backward (`models.gemm._OneDNNAffine`), the training attention's forward and
 backward (`models.train_attention`'s `_FusedAttention` or `_BmmAttention`, whichever runs), the loss's forward
-(`F.cross_entropy`), gradient clipping and AdamW; the linears and the attention read 0 where this CPU keeps torch's
-kernels. "other" is the rest of the forward or backward pass (the loss's backward, embedding, residual adds, the
+(`models.fused_loss`'s kernel, or `F.cross_entropy`) and its backward (the kernel's; torch's is not separable and
+counts in "other"), gradient clipping and AdamW; the linears, the attention and the loss's backward read 0 where this
+CPU keeps torch's kernels. "other" is the rest of the forward or backward pass (embedding, residual adds, the
 autograd engine, Python). Each part with FLOPs is also given against the machine's GEMM rate (`machine.gemm_floor`,
 best kernel). Means over `--steps` steps after 5 warm-up steps. `--batch 1` shows the step's fixed cost (Python,
 autograd, the optimizer).
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forward import model_flops  # noqa: E402
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
-from models import HookedTransformer, gemm, train_attention  # noqa: E402
+from models import HookedTransformer, fused_loss, gemm, train_attention  # noqa: E402
 from models.allocator import keep_freed_memory  # noqa: E402
 from models.train_presets import get_preset  # noqa: E402
 
@@ -55,6 +56,8 @@ def run(steps: int, batch: int) -> dict:
     # each part's time, and the attention's also under its class's name (which of the two ran)
     wrapped = [(gemm._OneDNNAffine, "forward", ("linears forward",)),
                (gemm._OneDNNAffine, "backward", ("linears backward",)),
+               (fused_loss._FusedCrossEntropy, "forward", ("loss forward",)),
+               (fused_loss._FusedCrossEntropy, "backward", ("loss backward",)),
                *((cls, attr, (f"attention {attr}", cls.__name__)) for cls in (train_attention._BmmAttention,
                                                                              train_attention._FusedAttention)
                  for attr in ("forward", "backward"))]
@@ -92,10 +95,10 @@ def run(steps: int, batch: int) -> dict:
             setattr(cls, attr, fn)
         F.cross_entropy = cross_entropy
     # 0 where a part does not run here (plain kernels)
-    names = list(dict.fromkeys(names[0] for _, _, names in wrapped)) + ["loss forward"]
+    names = list(dict.fromkeys(names[0] for _, _, names in wrapped))
     ms = {name: 1e3 * t / steps for name, t in {**{n: spent[n] for n in names}, **phases}.items()}
     ms["forward, other"] = ms["forward"] - ms["linears forward"] - ms["attention forward"] - ms["loss forward"]
-    ms["backward, other"] = ms["backward"] - ms["linears backward"] - ms["attention backward"]
+    ms["backward, other"] = ms["backward"] - ms["linears backward"] - ms["attention backward"] - ms["loss backward"]
     T, c = model_cfg.n_ctx, model_cfg
     squares = c.n_layers * 2 * 2 * batch * c.n_heads * T * T * c.d_head  # q kᵀ and P v, whole squares
     linear = model_flops(c, batch, T) - squares  # the rest of a dense forward: q, k, v, o and the unembedding
@@ -120,7 +123,7 @@ def table(out: dict) -> str:
              "", "| part | ms / step | of the step | GFLOP/s | ms at the floor |", "|---|---:|---:|---:|---:|"]
     step = ms["forward"] + ms["backward"] + ms["clipping"] + ms["AdamW"]
     for name in ("linears forward", "attention forward", "loss forward", "forward, other", "linears backward",
-                 "attention backward", "backward, other", "clipping", "AdamW"):
+                 "attention backward", "loss backward", "backward, other", "clipping", "AdamW"):
         f = flops.get(name)
         rate = f"{f / ms[name] / 1e6:.0f}" if f and ms[name] else ""
         at_floor = f"{f / floor / 1e6:.2f}" if f else ""

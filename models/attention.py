@@ -17,7 +17,7 @@ from transformer_lens.hook_points import HookPoint
 
 from . import train_attention
 from .config import HookedTransformerConfig
-from .gemm import MIN_ROWS, affine, inference_only
+from .gemm import MIN_ROWS, affine, dual_level, inference_only, traced
 from .hook_switches import only_caching
 from .positions import Rotation
 from .score_bias import ScoreBias
@@ -139,14 +139,8 @@ class Attention(nn.Module):
                        for x, W, b in ((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
         elif (kv_entry is not None or cache is not None) and B * max(P, K) < MIN_ROWS:  # a decoding step
             q, k, v = _per_head_project(((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
-        else:
-            W = torch.cat([self.W_Q, W_K, W_V]).permute(1, 0, 2).reshape(cfg.d_model, -1)
-            b = torch.cat([self.b_Q, b_K, b_V]).reshape(-1)
-            widths = (H * dh, Hkv * dh, Hkv * dh)
-            if x_q is x_k is x_v:  # self-attention: one fused QKV matmul
-                q, k, v = affine(b, x_q.reshape(B * P, -1), W).split(widths, -1)
-            else:
-                q, k, v = _project((x_q, x_k, x_v), W, b, widths)
+        else:  # one product per distinct input (self-attention: one for all three; Shortformer: q and k, then v)
+            q, k, v = _project(((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
         q = _own(self.hook_q, q.view(B, P, H, dh))  # [batch, pos, head, d_head]
         k = _own(self.hook_k, k.view(B, K, Hkv, dh))  # [batch, key, kv_head, d_head]
         v = _own(self.hook_v, v.view(B, K, Hkv, dh))
@@ -262,17 +256,59 @@ def _per_head_project(triples) -> list:
     return out
 
 
-def _project(xs: tuple[torch.Tensor, ...], W: torch.Tensor, b: torch.Tensor, widths: tuple[int, ...]) -> list:
-    """`x_i @ W_i + b_i` for the inputs `xs` and the column blocks `widths` of `W` / `b`, as one matmul per run of
-    consecutive inputs that are the same tensor (all three at once for plain self-attention). Returns 2-D
-    `[batch·pos, width]` views."""
+def _project(triples) -> list:
+    """`x @ W[h] + b[h]` for each `(x [batch, pos, d_model], W [heads, d_model, d_head], b [heads, d_head])`, as one
+    product per run of consecutive inputs that are the same tensor, their weights side by side (all three at once
+    for plain self-attention). Returns 2-D `[batch·pos, heads·d_head]` views of each run's output (`_columns`)."""
     out, i = [], 0
-    while i < len(xs):
+    while i < len(triples):
         j = i + 1
-        while j < len(xs) and xs[j] is xs[i]:
+        while j < len(triples) and triples[j][0] is triples[i][0]:
             j += 1
-        lo, hi = sum(widths[:i]), sum(widths[:j])
-        x = xs[i]
-        out += affine(b[lo:hi], x.reshape(-1, x.shape[-1]), W[:, lo:hi]).split(widths[i:j], -1)
+        run = triples[i:j]
+        x, d_model = run[0][0], run[0][1].shape[1]
+        W = torch.cat([W for _, W, _ in run]) if len(run) > 1 else run[0][1]
+        b = torch.cat([b for _, _, b in run]) if len(run) > 1 else run[0][2]
+        y = affine(b.reshape(-1), x.reshape(-1, x.shape[-1]), W.permute(1, 0, 2).reshape(d_model, -1))
+        out += _columns(y, [W.shape[0] * W.shape[2] for _, W, _ in run])
         i = j
     return out
+
+
+def _columns(y: torch.Tensor, widths: list[int]) -> list:
+    """`y.split(widths, -1)`; under autograd through `_Columns`, whose backward takes the gradients' buffer whole
+    where they are its column blocks in place."""
+    if len(widths) == 1:
+        return [y]
+    if y.requires_grad and torch.is_grad_enabled() and not traced() and not dual_level():
+        return list(_Columns.apply(y, *widths))
+    return list(y.split(widths, -1))
+
+
+class _Columns(torch.autograd.Function):
+    """`y.split(widths, -1)` for a 2-D `y`. Its backward concatenates the gradients, unless they are already the
+    column blocks of one buffer laid out as `y` (`models.fused_attention` writes q, k and v's so): then it returns
+    that buffer, with no copy."""
+
+    @staticmethod
+    def forward(ctx, y, *widths):
+        ctx.shape, ctx.widths = y.shape, widths
+        return y.split(widths, -1)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        rows, width = ctx.shape
+        first = grads[0]
+        if not torch.is_grad_enabled() and all(g is not None for g in grads):
+            start, col = first.storage_offset(), 0
+            packed = True
+            for g in grads:
+                packed = (packed and g.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+                          and g.dtype == first.dtype and g.shape[0] == rows and g.stride() == (width, 1)
+                          and g.storage_offset() == start + col)
+                col += g.shape[1]
+            if packed:
+                return first.as_strided((rows, width), (width, 1), start), *(None for _ in grads)
+        like = next(g for g in grads if g is not None)
+        full = [g if g is not None else like.new_zeros(rows, w) for g, w in zip(grads, ctx.widths)]
+        return torch.cat(full, -1), *(None for _ in grads)

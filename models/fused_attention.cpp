@@ -8,62 +8,7 @@
 // as exp(scale · q kᵀ − lse), dP = dz vᵀ, dS = P ⊙ (dP − rowsum(P ⊙ dP)), dq = scale · dS k, dk = scale · dSᵀ q,
 // dv = Pᵀ dz. Products are register-blocked with GCC vector extensions (16 floats; the compiler maps them to the
 // machine's vectors) and accumulate in float32; exp is Cephes' expf polynomial (a few ulp).
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-
-typedef float vf __attribute__((vector_size(64), aligned(4)));
-typedef int32_t vi __attribute__((vector_size(64), aligned(4)));
-typedef int64_t i64;
-
-static inline vf ld(const float* p) { return *(const vf*)p; }
-static inline void st(float* p, vf x) { *(vf*)p = x; }
-static inline vf bc(float a) { return (vf){} + a; }
-
-// Cephes expf, 2^n · p(r) for x = n ln 2 + r, |r| ≤ ln 2 / 2, for x ≤ 0 (scores less their row's maximum or
-// log-sum-exp); below −87.3 (exp underflows float32's normal range) it is clamped there. NaN stays NaN.
-static inline vf vexp(vf x) {
-    x = x < bc(-87.33654f) ? bc(-87.33654f) : x;
-    vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-    vf r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    vf p = bc(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-    return p * (vf)e;
-}
-
-static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
-
-// Lane l of the result: x[l ^ h] for h = 8, 4, 2, 1 (a butterfly step of a horizontal reduction)
-template <int h>
-static inline vf swap_lanes(vf x) {
-    return __builtin_shuffle(x, (vi){0 ^ h, 1 ^ h, 2 ^ h, 3 ^ h, 4 ^ h, 5 ^ h, 6 ^ h, 7 ^ h, 8 ^ h, 9 ^ h, 10 ^ h,
-                                     11 ^ h, 12 ^ h, 13 ^ h, 14 ^ h, 15 ^ h});
-}
-
-static inline float hsum(vf x) {
-    x += swap_lanes<8>(x);
-    x += swap_lanes<4>(x);
-    x += swap_lanes<2>(x);
-    x += swap_lanes<1>(x);
-    return x[0];
-}
-
-static inline float hmax(vf x) {
-    x = vmax(x, swap_lanes<8>(x));
-    x = vmax(x, swap_lanes<4>(x));
-    x = vmax(x, swap_lanes<2>(x));
-    x = vmax(x, swap_lanes<1>(x));
-    return x[0];
-}
+#include "simd.h"
 
 // Rows a (index bit h clear) and b (bit h set) of a 16 × 16 block with that bit swapped between row and column
 // index; the four steps h = 8, 4, 2, 1 transpose the block.
@@ -301,12 +246,12 @@ int fa_forward(const float* q, const float* k, const float* v, const i64* qs, co
 }
 
 // The gradients of fa_forward's z: dz [B, T, H, D] with strides dzs; lse from fa_forward; dq, dk, dv [B, T, H, D]
-// (contiguous; null: not wanted). Returns as each_pair.
+// (null: not wanted) with strides gs[0..2], gs[3..5], gs[6..8] (batch, pos, head; D contiguous). Returns as each_pair.
 int fa_backward(const float* q, const float* k, const float* v, const i64* qs, const i64* ks, const i64* vs,
                 const float* dz, const i64* dzs, i64 B, i64 T, i64 H, i64 D, int causal, float scale,
-                const float* lse, float* dq, float* dk, float* dv, int threads) {
+                const float* lse, float* dq, float* dk, float* dv, const i64* gs, int threads) {
     return each_pair(B * H, T, D, threads, [&](Pair& w, i64 p) {
-        i64 b = p / H, h = p % H, o = (b * T * H + h) * D, Tp = w.Tp;
+        i64 b = p / H, h = p % H, Tp = w.Tp;
         const float *qp = q + b * qs[0] + h * qs[2], *kp = k + b * ks[0] + h * ks[2];
         w.q = qp, w.qs = qs[1], w.dz = dz + b * dzs[0] + h * dzs[2], w.dzs = dzs[1];
         w.transpose(kp, ks[1], w.kt);
@@ -326,9 +271,9 @@ int fa_backward(const float* q, const float* k, const float* v, const i64* qs, c
                 std::memset(dS + ncols, 0, (size_t)(Tp - ncols) * 4);
             }
         }
-        if (dq) square_times<false>(w.dS, Tp, T, kp, ks[1], D, dq + o, H * D, scale, causal);
-        if (dk) square_times<true>(w.dS, Tp, T, qp, qs[1], D, dk + o, H * D, scale, causal);
-        if (dv) square_times<true>(w.P, Tp, T, w.dz, w.dzs, D, dv + o, H * D, 1.f, causal);
+        if (dq) square_times<false>(w.dS, Tp, T, kp, ks[1], D, dq + b * gs[0] + h * gs[2], gs[1], scale, causal);
+        if (dk) square_times<true>(w.dS, Tp, T, qp, qs[1], D, dk + b * gs[3] + h * gs[5], gs[4], scale, causal);
+        if (dv) square_times<true>(w.P, Tp, T, w.dz, w.dzs, D, dv + b * gs[6] + h * gs[8], gs[7], 1.f, causal);
     });
 }
 }

@@ -1,4 +1,4 @@
-"""The fused training attention of `fused_attention.cpp`, compiled on this machine at first use and called by ctypes.
+"""The fused training attention of `fused_attention.cpp` (compiled on this machine at first use by `models.kernels`).
 
 A training step's attention, done as batched products (`models.train_attention`'s `_BmmAttention`, torch's flash
 kernel alike), sends each (sequence, head) pair's `[T, T]` square through memory between its products, softmax and
@@ -9,15 +9,10 @@ in the projections' `[batch, pos, head, d_head]` layout (no layout copies around
 for float32 training on the CPU (its flash kernel runs MKL's `32 × 128` products; FlexAttention has no CPU
 backward), so it is ours, ~330 lines of C++ with no dependency but OpenMP.
 
-It is compiled with the system's C++ compiler (`$CXX`, else `g++`, else `c++`; `-O3 -fopenmp` and the first of
-`-march=native` (x86), `-mcpu=native` (ARM) or neither that the compiler accepts) into
-the toolkit's cache (`models.cache_dir.default_cache_dir() / "kernels"`, one file per source, compiler and CPU, written
-atomically under a file lock) and used only where all of these hold, checked once per process and setting
-(`models.train_attention._fused`):
+It is used only where all of these hold, checked once per process and setting (`models.train_attention._fused`):
 - `TOY_CIRCUITS_FUSED_ATTENTION` is `auto` (the default; `off` turns it off) and `TOY_CIRCUITS_GEMM` is not `plain`
   (torch's own kernels only; `models.gemm`);
-- Linux, a compiler that builds the source, and a library that shares torch's OpenMP runtime (`libgomp.so.1`, the
-  one torch loaded: the pairs run on torch's own threads; a second runtime would fight them for the cores);
+- `models.kernels` built and loaded the library here (Linux, a C++ compiler, torch's OpenMP runtime shared);
 - on a probe it matches a float64 reference (values and gradients) and beats what would run instead (the batched
   oneDNN products, else torch's flash kernel) by `gemm.MIN_GAIN`.
 `why_not()` says why it is not in use. Shapes it takes: float32, `d_head` a multiple of 16 up to 64, a causal
@@ -27,34 +22,16 @@ mask or none (other biases keep the batched products).
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
 import os
-import platform
-import re
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
-import threading
-from pathlib import Path
 
 import torch
 
-from .cache_dir import default_cache_dir
+from . import kernels
 from .errors import ConfigError
 
 ENV = "TOY_CIRCUITS_FUSED_ATTENTION"
 SETTINGS = ("auto", "off")
-SOURCE = Path(__file__).with_name("fused_attention.cpp")
-FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC", "-Wno-psabi")
-TARGETS = (("-march=native",), ("-mcpu=native",), ())  # tried in turn: the first the compiler takes
 HEAD_SIZES = (16, 32, 48, 64)  # d_head the kernel's register blocks cover
-_OPENMP = re.compile(r"\S*/lib(?:gomp|iomp5|omp)[-.\w]*\.so[.\d]*")
-
-_lock = threading.Lock()
-_state: dict[str, object] = {}  # "lib": the loaded library (or None), "why": why not
 
 
 def _setting() -> str:
@@ -62,93 +39,6 @@ def _setting() -> str:
     if value not in SETTINGS:
         raise ConfigError(f"{ENV}={value!r} is not a fused-attention setting; allowed: {', '.join(SETTINGS)}")
     return value
-
-
-def _compiler() -> list[str] | None:
-    """The compiler's command: `$CXX` (split as a shell would: "ccache g++"), else `g++`, else `c++` on PATH."""
-    if os.environ.get("CXX", "").strip():
-        return shlex.split(os.environ["CXX"])
-    found = shutil.which("g++") or shutil.which("c++")
-    return [found] if found else None
-
-
-def _cpu_identity() -> str:
-    """What `-march=native` / `-mcpu=native` compile for: the machine, and the CPU's model and feature lines."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    keep = [ln for ln in lines if ln.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")]
-    return platform.machine() + "\n" + "\n".join(dict.fromkeys(keep))
-
-
-def library_path(cxx: list[str]) -> Path:
-    """Where the library built by `cxx` from this source for this CPU lives."""
-    version = subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, repr((FLAGS, TARGETS)), _cpu_identity()]).encode())
-    return default_cache_dir() / "kernels" / f"fused_attention-{key.hexdigest()[:16]}.so"
-
-
-def _build(cxx: list[str], target: Path) -> str | None:
-    """Compile the source to `target` (atomically, under a lock shared with other processes); None, or why not."""
-    from filelock import FileLock
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if target.exists():
-            return None
-        logging.getLogger(__name__).info("compiling %s with %s (once per machine) into %s", SOURCE.name,
-                                         shlex.join(cxx), target)
-        fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
-        os.close(fd)
-        try:
-            for arch in TARGETS:
-                run = subprocess.run([*cxx, *FLAGS, *arch, str(SOURCE), "-o", tmp], capture_output=True,
-                                     text=True, timeout=300)
-                if run.returncode == 0:
-                    os.replace(tmp, target)
-                    return None
-            return f"{shlex.join(cxx)} failed to compile {SOURCE.name}: {run.stderr.strip()[-300:]}"
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-
-def _openmp_runtimes() -> set[str]:
-    return set(_OPENMP.findall(Path("/proc/self/maps").read_text()))
-
-
-def _load() -> tuple[ctypes.CDLL | None, str]:
-    if not sys.platform.startswith("linux"):
-        return None, f"not Linux ({sys.platform}): the OpenMP runtime shared with torch cannot be checked"
-    try:
-        cxx = _compiler()
-    except ValueError as e:  # shlex: unbalanced quotes
-        return None, f"$CXX is not a command line: {e}"
-    if cxx is None:
-        return None, "no C++ compiler ($CXX, g++ or c++) on PATH"
-    try:  # RuntimeError: no home directory for the cache
-        path = library_path(cxx)
-        why = None if path.exists() else _build(cxx, path)  # a read-only cache that holds it is enough
-    except (OSError, subprocess.SubprocessError, RuntimeError) as e:
-        return None, f"could not build the kernel: {e}"
-    if why:
-        return None, why
-    torch.get_num_threads()  # torch's OpenMP runtime is loaded with torch; ours must resolve to it
-    before = _openmp_runtimes()
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as e:  # a truncated file, a cache on a noexec mount
-        return None, f"could not load the kernel: {e}"
-    if _openmp_runtimes() != before:
-        return None, "the kernel loaded a second OpenMP runtime beside torch's"
-    i64p, f32p = ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p
-    common = [f32p, f32p, f32p, i64p, i64p, i64p]
-    sizes = [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_float]
-    lib.fa_forward.argtypes = common + sizes + [f32p, f32p, f32p, ctypes.c_int]
-    lib.fa_backward.argtypes = common + [f32p, i64p] + sizes + [f32p, f32p, f32p, f32p, ctypes.c_int]
-    lib.fa_forward.restype = lib.fa_backward.restype = ctypes.c_int
-    return lib, ""
 
 
 def _strides(t: torch.Tensor):
@@ -196,33 +86,49 @@ def forward(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch
 
 def backward(q, k, v, dz, lse, is_causal: bool, scale: float, need: tuple[bool, bool, bool]):
     """`dq, dk, dv` (None where `need` says not) of `forward`'s z, given `dz = ∂L/∂z` and `forward`'s `lse`."""
+    q0, k0, v0 = q, k, v
     q, k, v, dz = _rows(q, q), _rows(k, q), _rows(v, q), _rows(dz, q)
     B, T, H, D = q.shape
     if lse.shape != (B * H, T) or not lse.is_contiguous() or lse.dtype != torch.float32:
         raise ValueError(f"lse must be forward's [batch·head, pos] = {(B * H, T)} float32; got {tuple(lse.shape)}")
-    grads = [q.new_empty(B, T, H, D) if n else None for n in need]
+    grads = _gradients((q0, k0, v0), need)
+    strides = (ctypes.c_int64 * 9)(*(s for g in grads for s in (g.stride()[:3] if g is not None else (0, 0, 0))))
     _check(_kernel().fa_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), _strides(q), _strides(k), _strides(v),
                                 dz.data_ptr(), _strides(dz), B, T, H, D, int(is_causal), scale, lse.data_ptr(),
-                                *(_ptr(g) for g in grads), torch.get_num_threads()))
+                                *(_ptr(g) for g in grads), strides, torch.get_num_threads()))
+    return grads
+
+
+def _gradients(inputs, need) -> list:
+    """Empty `[batch, pos, head, d_head]` gradients for `inputs` (None where not `need`ed). Inputs that are the column
+    blocks of one buffer `[batch·pos, width]` (the fused q/k/v projection's output, split) tiling it, get theirs at
+    the same places in one new buffer of that shape, which the split's backward takes whole instead of concatenating
+    (`models.attention._Columns`); the others get contiguous ones."""
+    grads = [t.new_empty(t.shape) if n else None for t, n in zip(inputs, need)]
+    for base in {id(t._base): t._base for t, n in zip(inputs, need) if n and t._base is not None}.values():
+        group = [i for i, (t, n) in enumerate(zip(inputs, need)) if n and t._base is base]
+        B, T, H, D = inputs[group[0]].shape
+        width = base.shape[-1] if base.dim() == 2 else 0
+        cols = sorted(inputs[i].storage_offset() - base.storage_offset() for i in group)
+        if (base.is_contiguous() and base.shape == (B * T, width) and cols == list(range(0, width, H * D))
+                and all(inputs[i].shape == (B, T, H, D) and inputs[i].stride() == (T * width, width, D, 1)
+                        for i in group)):
+            buffer = base.new_empty(base.shape)
+            for i in group:
+                grads[i] = buffer.as_strided(inputs[i].shape, inputs[i].stride(),
+                                             inputs[i].storage_offset() - base.storage_offset())
     return grads
 
 
 def library() -> ctypes.CDLL | None:
-    """The kernel, built and loaded on first call, or None where the setting, platform or compiler rules it out
-    (`why_not` says which)."""
-    if _setting() == "off":
-        return None
-    with _lock:
-        if "lib" not in _state:
-            _state["lib"], _state["why"] = _load()
-    return _state["lib"]
+    """The compiled kernels (`models.kernels.library()`), or None where the setting, platform or compiler rules them
+    out (`why_not` says which)."""
+    return None if _setting() == "off" else kernels.library()
 
 
 def why_not() -> str:
     """Empty where `library()` is loaded, else why it is not."""
-    if _setting() == "off":
-        return f"{ENV}=off"
-    return "" if library() is not None else str(_state["why"])
+    return f"{ENV}=off" if _setting() == "off" else kernels.why_not()
 
 
 def takes(q: torch.Tensor, bias: torch.Tensor | None) -> bool:

@@ -14,6 +14,7 @@ from torch import nn
 from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from . import fused_loss
 from .attention import hooked, soft_cap
 from .components import BlockInputs, Embed, PosEmbed, TransformerBlock, Unembed, final_norm
 from .config import HookedTransformerConfig
@@ -369,6 +370,6 @@ def lm_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool
     if attention_mask is not None:
         real = attention_mask.bool()
         target = target.masked_fill(~F.pad(real[:, :-1] & real[:, 1:], (0, 1), value=False), -100)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                           reduction="none" if per_token else "mean", label_smoothing=label_smoothing)
+    loss = fused_loss.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                    reduction="none" if per_token else "mean", label_smoothing=label_smoothing)
     return loss.view(tokens.shape)[:, :-1] if per_token else loss

@@ -1,16 +1,14 @@
 """`models.fused_attention`: the compiled training attention agrees with a float64 loop (values and every gradient,
 causal and unmasked, lengths on and off its 16-wide vectors, every `d_head` it takes, strided inputs), gives the same
-bits at any thread count, carries a model's training step to the plain path's gradients, and is built, cached and
-refused as its module says. Skipped where no C++ compiler can build it (the batched products run there instead)."""
-
-import os
-from pathlib import Path
+bits at any thread count, carries a model's training step to the plain path's gradients, writes the gradients of a
+split projection into one buffer, and is refused as its module says (building and loading: test_kernels.py). Skipped
+where no C++ compiler can build it (the batched products run there instead)."""
 
 import pytest
 import torch
 from helpers import attention_loop64
 
-from models import HookedTransformer, HookedTransformerConfig, gemm
+from models import HookedTransformer, HookedTransformerConfig, gemm, kernels
 from models import fused_attention as fa
 from models import train_attention as ta
 from models.errors import ConfigError
@@ -20,15 +18,6 @@ from models.errors import ConfigError
 def kernel():
     if fa.library() is None:
         pytest.skip(f"the fused attention is not built here: {fa.why_not()}")
-
-
-@pytest.fixture
-def fresh(monkeypatch, tmp_path):
-    """A process that has not loaded the kernel yet, with its cache in `tmp_path`."""
-    monkeypatch.setattr(fa, "_state", {})
-    monkeypatch.setattr(ta, "_fused_decided", {})
-    monkeypatch.setenv("CIRCUITS_CACHE", str(tmp_path))
-    return tmp_path
 
 
 def _inputs(B, T, H, D, seed=0):
@@ -140,7 +129,11 @@ def test_the_training_attention_takes_it_and_its_double_backward(kernel, monkeyp
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
-def test_a_training_step_matches_the_plain_path(kernel, monkeypatch):
+@pytest.mark.parametrize("positions", ["shortformer", "standard"])
+def test_a_training_step_matches_the_plain_path(kernel, monkeypatch, positions):
+    """The step's gradients against torch's kernels; q, k, v's gradients reach the projection as one buffer (its
+    split's backward concatenates nothing): q and k's with Shortformer positions (v reads the residual stream
+    alone), all three's otherwise."""
     monkeypatch.setattr(ta, "_fused_decided", {})
     monkeypatch.setattr(ta, "_fused_faster", lambda: True)
     assert ta._fused(torch.zeros(1, 8, 2, 32), None)  # decided (the probe's own calls are not counted below)
@@ -148,22 +141,91 @@ def test_a_training_step_matches_the_plain_path(kernel, monkeypatch):
     real = fa.forward
     monkeypatch.setattr(fa, "forward", lambda *a: calls.append(1) or real(*a))
     cfg = HookedTransformerConfig(n_layers=2, d_model=64, n_ctx=40, d_vocab=61, n_heads=2, d_mlp=None,
-                                  normalization_type=None, positional_embedding_type="shortformer", seed=0)
+                                  normalization_type=None, positional_embedding_type=positions, seed=0)
     tokens = torch.randint(0, 61, (3, 40), generator=torch.Generator().manual_seed(0))
+    concatenated = []
+    cat = torch.cat
 
     def grads():
         model = HookedTransformer(cfg).train()
-        model(tokens, return_type="loss").backward()
+        loss = model(tokens, return_type="loss")
+        monkeypatch.setattr(torch, "cat", lambda *a, **k: concatenated.append(1) or cat(*a, **k))
+        loss.backward()
+        monkeypatch.setattr(torch, "cat", cat)
         return {name: p.grad for name, p in model.named_parameters()}
 
     fused = grads()
     assert len(calls) == 2, "the fused attention was not taken in training"
+    assert not concatenated, "the gradients of q, k, v were concatenated"
     monkeypatch.setenv(fa.ENV, "off")
     with gemm.use("plain"):  # torch's flash attention and MKL products
         plain = grads()
     assert len(calls) == 2, f"{fa.ENV}=off still took the fused attention"
     for name in plain:
         torch.testing.assert_close(fused[name], plain[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _split_views(B, T, H, D, widths, seed=0):
+    """q, k, v `[B, T, H, D]` as a projection gives them: column blocks of 2-D buffers `[B·T, width]`, `widths` the
+    number of them per buffer (3: one buffer; 2, 1: Shortformer's q and k, then v)."""
+    g = torch.Generator().manual_seed(seed)
+    views = []
+    for n in widths:
+        views += [t.view(B, T, H, D) for t in torch.randn(B * T, n * H * D, generator=g).split(H * D, -1)]
+    return views
+
+
+@pytest.mark.parametrize("widths,need,shared", [((3,), (True, True, True), [[0, 1, 2]]),
+                                                ((2, 1), (True, True, True), [[0, 1], [2]]),
+                                                ((3,), (True, False, True), []),
+                                                ((2, 1), (False, True, True), [[2]])])
+def test_gradients_of_a_split_projection_share_its_layout(kernel, widths, need, shared):
+    """Inputs that tile one projection buffer get their gradients at the same places in one new buffer (no
+    concatenation later); others (a buffer not tiled by the gradients asked for) get contiguous ones. The same
+    bits either way."""
+    q, k, v = _split_views(2, 37, 2, 32, widths)
+    dz = torch.randn(2, 37, 2, 32)
+    z, lse = fa.forward(q, k, v, True, 0.2)
+    got = fa.backward(q, k, v, dz, lse, True, 0.2, need)
+    plain = fa.backward(q.contiguous(), k.contiguous(), v.contiguous(), dz, lse, True, 0.2, need)
+    for a, b in zip(got, plain):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+    grouped = [i for group in shared for i in group]
+    for group in shared:
+        base = got[group[0]]._base
+        assert base is not None and base.is_contiguous() and all(got[i]._base is base for i in group)
+        inputs = (q, k, v)
+        for i in group:
+            assert got[i].stride() == inputs[i].stride()
+            assert got[i].storage_offset() - base.storage_offset() == inputs[i].storage_offset()
+    for i, g in enumerate(got):
+        if g is not None and i not in grouped:
+            assert g.is_contiguous() and g._base is None
+
+
+def test_the_split_takes_packed_gradients_whole():
+    """`models.attention._Columns`: gradients that are its column blocks in place come back as their buffer (no
+    copy); separate ones, and a missing one (zeros), are concatenated; its double backward is torch's."""
+    from models.attention import _Columns, _columns
+
+    y = torch.randn(6, 7, dtype=torch.float64, requires_grad=True)
+    seen = []
+    mid = y * 1
+    mid.register_hook(lambda g: seen.append(g))
+    outs = _columns(mid, [3, 4])
+    buffer = torch.randn(6, 7, dtype=torch.float64)
+    torch.autograd.backward(outs, [buffer[:, :3], buffer[:, 3:]])
+    assert seen[0].data_ptr() == buffer.data_ptr() and torch.equal(seen[0], buffer)
+    y.grad = None
+    a, b = torch.randn(6, 3, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64)
+    torch.autograd.backward(_columns(y * 1, [3, 4]), [a, b])
+    assert torch.equal(y.grad, torch.cat([a, b], -1))
+    y.grad = None
+    _columns(y * 1, [3, 4])[1].backward(b)
+    assert torch.equal(y.grad, torch.cat([torch.zeros(6, 3, dtype=torch.float64), b], -1))
+    assert torch.autograd.gradcheck(lambda t: _Columns.apply(t, 2, 5), y)
+    assert torch.autograd.gradgradcheck(lambda t: _Columns.apply(t, 2, 5), y)
+    assert _columns(y, [7])[0] is y  # one block: the tensor itself
 
 
 def test_not_taken_for_shapes_it_does_not_cover(kernel):
@@ -176,56 +238,13 @@ def test_not_taken_for_shapes_it_does_not_cover(kernel):
         fa.forward(*(torch.zeros(1, 8, 2, 24) for _ in range(3)), True, 0.1)
 
 
-def test_built_once_into_the_cache_atomically(fresh):
-    if fa._compiler() is None:
-        pytest.skip("no C++ compiler")
-    lib = fa.library()
-    assert lib is not None, fa.why_not()
-    built = list((fresh / "kernels").glob("*.so"))
-    assert [p.name for p in built] == [fa.library_path(fa._compiler()).name]  # no temporary file left
-    mtime = built[0].stat().st_mtime_ns
-    fa._state.clear()
-    assert fa.library() is not None and built[0].stat().st_mtime_ns == mtime  # loaded, not rebuilt
-
-
-def test_off_and_bad_settings(fresh, monkeypatch):
+def test_off_and_bad_settings(fresh_kernels, monkeypatch):
     monkeypatch.setenv(fa.ENV, "off")
     assert fa.library() is None and fa.why_not() == f"{fa.ENV}=off"
     assert not ta._fused(torch.zeros(1, 8, 2, 32), None)
     monkeypatch.setenv(fa.ENV, "fast")
     with pytest.raises(ConfigError, match="allowed: auto, off"):
         fa.library()
-
-
-@pytest.mark.parametrize("cxx,why", [("/nonexistent/c++", "could not build"), ("false", "failed to compile"),
-                                     ("env /nonexistent/c++", "failed to compile"),
-                                     ('g++ "-O2', "not a command line")])
-def test_no_compiler_falls_back_with_a_reason(fresh, monkeypatch, cxx, why):
-    monkeypatch.setenv("CXX", cxx)
-    assert fa.library() is None and why in fa.why_not()
-    assert not ta._fused(torch.zeros(1, 8, 2, 32), None)
-    assert not list(Path(fresh).rglob("*.so"))  # nothing half-written left behind
-
-
-def test_a_compiler_without_march_native_builds_with_the_next_target(fresh, monkeypatch, tmp_path):
-    """ARM's GCC takes `-mcpu=native`, not `-march=native`: the build tries the targets in turn."""
-    if fa._compiler() is None:
-        pytest.skip("no C++ compiler")
-    seen = tmp_path / "seen"
-    wrapper = tmp_path / "arm-like-c++"
-    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {seen}\ncase "$*" in *-march=native*) exit 1;; esac\n'
-                       f'exec {fa._compiler()[0]} "$@"\n')
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("CXX", str(wrapper))
-    assert fa.library() is not None, fa.why_not()
-    calls = [line for line in seen.read_text().splitlines() if "fused_attention.cpp" in line]
-    assert ["-march=native" in c for c in calls] == [True, False] and "-mcpu=native" in calls[1]
-
-
-def test_no_compiler_on_path(fresh, monkeypatch):
-    monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setenv("PATH", os.devnull)
-    assert fa.library() is None and fa.why_not() == "no C++ compiler ($CXX, g++ or c++) on PATH"
 
 
 @pytest.mark.parametrize("wrong_for", [32, 64])
@@ -259,49 +278,17 @@ def test_gemm_plain_turns_it_off(kernel, monkeypatch):
         assert not ta._fused(x[0], None) and not ta.usable(*x, None, False)
 
 
-def test_a_library_that_does_not_load_falls_back(fresh, monkeypatch):
-    """A truncated file in the cache (or one on a noexec mount) is refused with the loader's reason."""
-    if fa._compiler() is None:
-        pytest.skip("no C++ compiler")
-    path = fa.library_path(fa._compiler())
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"\x7fELF truncated")
-    assert fa.library() is None and "could not load" in fa.why_not()
-    assert not ta._fused(torch.zeros(1, 8, 2, 32), None)
-
-
-def test_no_home_directory_falls_back(fresh, monkeypatch):
-    monkeypatch.delenv("CIRCUITS_CACHE")
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-
-    def no_home():
-        raise RuntimeError("Could not determine home directory.")
-
-    monkeypatch.setattr(Path, "home", no_home)
-    assert fa.library() is None and "home directory" in fa.why_not()
-
-
-def test_a_built_library_is_loaded_without_the_lock(fresh, monkeypatch):
-    """A cache that already holds the library (a shared, read-only one) needs no lock and no build."""
-    if fa._compiler() is None:
-        pytest.skip("no C++ compiler")
-    assert fa.library() is not None, fa.why_not()
-    fa._state.clear()
-    monkeypatch.setattr(fa, "_build", lambda *a: pytest.fail("rebuilt or locked a library that exists"))
-    assert fa.library() is not None
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["x86-64", "x86-64-v3"])
-def test_other_vector_widths_give_the_same_results(fresh, monkeypatch, target):
+def test_other_vector_widths_give_the_same_results(fresh_kernels, monkeypatch, target):
     """The kernel's 16-float vectors lowered to SSE2 (x86-64) and AVX2 (x86-64-v3) instead of this CPU's widest:
     built through the same loader and compared with the float64 loop (aarch64 was checked the same way under qemu,
     benchmarks/README.md)."""
     import platform
 
-    if platform.machine() != "x86_64" or fa._compiler() is None:
+    if platform.machine() != "x86_64" or kernels._compiler() is None:
         pytest.skip("an x86-64 compiler is needed")
-    monkeypatch.setattr(fa, "TARGETS", ((f"-march={target}",),))
+    monkeypatch.setattr(kernels, "TARGETS", ((f"-march={target}",),))
     if fa.library() is None:
         pytest.skip(fa.why_not())
     for causal in (True, False):

@@ -1,0 +1,108 @@
+"""`models.kernels`: the compiled kernels are built once into the cache, atomically, loaded without a lock where
+they exist, and refused with a reason (no compiler, a failing one, an unusable library or cache), in which case the
+fused attention and the fused loss fall back to torch's kernels."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models import fused_attention, fused_loss, kernels
+from models import train_attention as ta
+
+
+def _falls_back() -> bool:
+    """Neither compiled kernel is chosen, and the loss is still `F.cross_entropy`'s."""
+    x, t = torch.randn(6, 11), torch.tensor([1, 2, 3, -100, 4, 5])
+    same = torch.equal(fused_loss.cross_entropy(x, t, "none"), F.cross_entropy(x, t, reduction="none"))
+    return not ta._fused(torch.zeros(1, 8, 2, 32), None) and not fused_loss._chosen() and same
+
+
+@pytest.fixture
+def compiler():
+    if kernels._compiler() is None:
+        pytest.skip("no C++ compiler")
+    return kernels._compiler()
+
+
+def test_built_once_into_the_cache_atomically(fresh_kernels, compiler):
+    assert kernels.library() is not None, kernels.why_not()
+    built = list((fresh_kernels / "kernels").glob("*.so"))
+    assert [p.name for p in built] == [kernels.library_path(compiler).name]  # no temporary file left
+    mtime = built[0].stat().st_mtime_ns
+    kernels._state.clear()
+    assert kernels.library() is not None and built[0].stat().st_mtime_ns == mtime  # loaded, not rebuilt
+    for name in kernels.SIGNATURES:  # every function the modules call is there, with its argument types set
+        assert getattr(kernels.library(), name).argtypes == kernels.SIGNATURES[name]
+
+
+def test_a_changed_source_builds_a_new_library(fresh_kernels, compiler, monkeypatch, tmp_path):
+    """The cache key covers every source and header: an edited header is a new file, not the stale one."""
+    first = kernels.library_path(compiler)
+    header = tmp_path / "simd.h"
+    header.write_text(kernels.HEADERS[0].read_text() + "\n// edited\n")
+    monkeypatch.setattr(kernels, "HEADERS", (header,))
+    assert kernels.library_path(compiler) != first
+
+
+@pytest.mark.parametrize("cxx,why", [("/nonexistent/c++", "could not build"), ("false", "failed to compile"),
+                                     ("env /nonexistent/c++", "failed to compile"),
+                                     ('g++ "-O2', "not a command line")])
+def test_no_compiler_falls_back_with_a_reason(fresh_kernels, monkeypatch, cxx, why):
+    monkeypatch.setenv("CXX", cxx)
+    assert kernels.library() is None and why in kernels.why_not()
+    assert why in fused_attention.why_not() and why in fused_loss.why_not()
+    assert _falls_back()
+    assert not list(Path(fresh_kernels).rglob("*.so"))  # nothing half-written left behind
+
+
+def test_a_compiler_without_march_native_builds_with_the_next_target(fresh_kernels, compiler, monkeypatch, tmp_path):
+    """ARM's GCC takes `-mcpu=native`, not `-march=native`: the build tries the targets in turn."""
+    seen = tmp_path / "seen"
+    wrapper = tmp_path / "arm-like-c++"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {seen}\ncase "$*" in *-march=native*) exit 1;; esac\n'
+                       f'exec {compiler[0]} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    assert kernels.library() is not None, kernels.why_not()
+    calls = [line for line in seen.read_text().splitlines() if "fused_attention.cpp" in line]
+    assert ["-march=native" in c for c in calls] == [True, False] and "-mcpu=native" in calls[1]
+    assert all("fused_loss.cpp" in c for c in calls)  # one library from every source
+
+
+def test_no_compiler_on_path(fresh_kernels, monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", os.devnull)
+    assert kernels.library() is None and kernels.why_not() == "no C++ compiler ($CXX, g++ or c++) on PATH"
+    assert _falls_back()
+
+
+def test_a_library_that_does_not_load_falls_back(fresh_kernels, compiler):
+    """A truncated file in the cache (or one on a noexec mount) is refused with the loader's reason."""
+    path = kernels.library_path(compiler)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x7fELF truncated")
+    assert kernels.library() is None and "could not load" in kernels.why_not()
+    assert _falls_back()
+
+
+def test_no_home_directory_falls_back(fresh_kernels, monkeypatch):
+    monkeypatch.delenv("CIRCUITS_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", no_home)
+    assert kernels.library() is None and "home directory" in kernels.why_not()
+    assert _falls_back()
+
+
+def test_a_built_library_is_loaded_without_the_lock(fresh_kernels, compiler, monkeypatch):
+    """A cache that already holds the library (a shared, read-only one) needs no lock and no build."""
+    assert kernels.library() is not None, kernels.why_not()
+    kernels._state.clear()
+    monkeypatch.setattr(kernels, "_build", lambda *a: pytest.fail("rebuilt or locked a library that exists"))
+    assert kernels.library() is not None
