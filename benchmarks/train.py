@@ -21,9 +21,12 @@ against the floor on the same clock. Wall and CPU time (`time.process_time`) are
 reported (forward.py explains why); the process calls `models.allocator.keep_freed_memory()` first
 (`TOY_CIRCUITS_MALLOC=default` to skip it).
 
-`--attention-ab` adds two rows: our step with its training attention (`models.train_attention`: the fused kernel of
-`models.fused_attention`, else oneDNN's batched matmul, where this CPU passes their probes) against the same step
-with the batched products (the fused kernel off) and with torch's flash kernel (both off), alternated step by step.
+`--ab` (or `--attention-ab`) adds rows of our step against the same step without one of its own kernels, each pair
+alternated step by step: its training attention (`models.train_attention`: the fused kernel of
+`models.fused_attention`, else oneDNN's batched matmul, where this CPU passes their probes) against the batched
+products (the fused kernel off) and against torch's flash kernel (both off); the fused cross-entropy
+(`models.fused_loss`) against `F.cross_entropy` (`TOY_CIRCUITS_FUSED_LOSS=off`); and q, k, v's gradients written
+into one buffer laid out as the projection's output against separate ones that its split's backward concatenates.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forward import measure_pair, model_flops  # noqa: E402
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
-from models import HookedTransformer, gemm, lm_cross_entropy, to_transformer_lens, train_attention  # noqa: E402
+from models import HookedTransformer, fused_loss, gemm, lm_cross_entropy, to_transformer_lens, train_attention  # noqa: E402
 from models import fused_attention as fa  # noqa: E402
 from models.allocator import keep_freed_memory  # noqa: E402
 from models.train_presets import get_preset  # noqa: E402
@@ -83,15 +86,42 @@ def without(step, batched: bool):
     return run
 
 
+def without_fused_loss(step):
+    """`step` with `F.cross_entropy` instead of the fused loss."""
+    def run() -> float:
+        os.environ[fused_loss.ENV] = "off"
+        try:
+            return step()
+        finally:
+            del os.environ[fused_loss.ENV]
+    return run
+
+
+def without_packed_gradients(step):
+    """`step` with q, k, v's gradients in separate tensors (the projection's split concatenates them)."""
+    def run() -> float:
+        packed = fa._gradients
+        fa._gradients = lambda inputs, need: [t.new_empty(t.shape) if n else None for t, n in zip(inputs, need)]
+        try:
+            return step()
+        finally:
+            fa._gradients = packed
+    return run
+
+
 def attention_ab(model, tokens: torch.Tensor, steps: int, warmup: int) -> dict:
-    """Median ms per step of `model`'s step with its training attention against the batched products and against
-    the flash kernel, each pair alternated."""
+    """Median ms per step of `model`'s step against the same without one of its kernels (`--ab`), each pair
+    alternated."""
+    if os.environ.get(fused_loss.ENV):
+        raise SystemExit(f"--ab sets {fused_loss.ENV} itself; unset it")
     step = make_step(model, tokens)
-    step()  # the first call decides which attention applies here
+    step()  # the first call decides which attention and loss apply here
     rows = {"fused_attention": train_attention._fused_decided.get((fa._setting(), gemm._requested()), False),
-            "onednn_attention": train_attention._decide()}
-    for other, batched in (("batched", True), ("flash", False)):
-        t = measure_pair(step, without(step, batched), steps, warmup)
+            "onednn_attention": train_attention._decide(), "fused_loss": fused_loss.why_not() == ""}
+    others = (("batched", without(step, True)), ("flash", without(step, False)),
+              ("cross_entropy", without_fused_loss(step)), ("concatenated", without_packed_gradients(step)))
+    for other, plain in others:
+        t = measure_pair(step, plain, steps, warmup)
         rows[other] = {"ours_ms": t["ours_wall"] * 1e3, "other_ms": t["tl_wall"] * 1e3,
                        "ours_cpu_ms": t["ours_cpu"] * 1e3, "other_cpu_ms": t["tl_cpu"] * 1e3}
     return rows
@@ -172,8 +202,10 @@ def table(out: dict) -> str:
     ab = out.get("attention_ab")
     if ab:
         lines.append(f"our step's attention here: fused {ab['fused_attention']}, else batched oneDNN products "
-                     f"{ab['onednn_attention']}")
-        for other, name in (("batched", "the batched products (fused off)"), ("flash", "torch's flash attention")):
+                     f"{ab['onednn_attention']}; fused loss {ab['fused_loss']}")
+        for other, name in (("batched", "the batched products (fused off)"), ("flash", "torch's flash attention"),
+                            ("cross_entropy", "F.cross_entropy (fused loss off)"),
+                            ("concatenated", "q, k, v's gradients concatenated")):
             r = ab[other]
             lines.append(f"our step vs the same with {name}: {r['ours_ms']:.1f} vs {r['other_ms']:.1f} ms / step, "
                          f"{r['ours_cpu_ms']:.1f} vs {r['other_cpu_ms']:.1f} CPU ms "
@@ -186,11 +218,12 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--attention-ab", action="store_true",
-                    help="also time our step's attention against the batched products and torch's flash attention")
+    ap.add_argument("--ab", "--attention-ab", action="store_true", dest="ab",
+                    help="also time our step against the same without its fused attention, fused loss or packed "
+                         "q/k/v gradients")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    out = run(args.steps, ab=args.attention_ab)
+    out = run(args.steps, ab=args.ab)
     print(json.dumps(out, indent=2) if args.json else table(out))
 
 

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import train_breakdown  # noqa: E402
 
-from models import gemm, train_attention  # noqa: E402
+from models import fused_loss, gemm, train_attention  # noqa: E402
 
 
 @pytest.fixture
@@ -21,17 +21,19 @@ def no_floor(monkeypatch):
 
 
 def test_parts_add_up_and_classes_are_restored(no_floor):
-    timed = (gemm._OneDNNAffine, train_attention._BmmAttention, train_attention._FusedAttention)
+    timed = (gemm._OneDNNAffine, train_attention._BmmAttention, train_attention._FusedAttention,
+             fused_loss._FusedCrossEntropy)
     before = [dict(cls.__dict__) for cls in timed]
     out = train_breakdown.run(steps=2, batch=2)
     assert [dict(cls.__dict__) for cls in timed] == before
     ms = out["ms"]
     for phase, parts in (("forward", ["linears forward", "attention forward", "loss forward"]),
-                         ("backward", ["linears backward", "attention backward"])):
+                         ("backward", ["linears backward", "attention backward", "loss backward"])):
         assert all(0 <= ms[p] for p in parts) and ms[f"{phase}, other"] >= 0  # the timed parts fit in their phase
     if gemm.kernel() == "onednn":  # the wrapped classes ran and were timed (they read 0 with torch's kernels)
         assert ms["linears forward"] > 0 and ms["linears backward"] > 0
     assert ms["loss forward"] > 0
+    assert (ms["loss backward"] > 0) == (fused_loss.why_not() == "")  # the kernel's backward, where it runs
     # FLOPs of the attn-only-2l preset at batch 2: 2 layers of q, k, v, o (128 → 128) and the unembedding (128 → 512)
     tokens = 2 * 128
     assert out["flops"]["linears forward"] == 2 * tokens * (2 * 4 * 128 * 128 + 128 * 512)
