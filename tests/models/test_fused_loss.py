@@ -244,3 +244,26 @@ def test_probe_refuses_a_wrong_kernel(kernel, monkeypatch, where):
     monkeypatch.setattr(fused_loss, "_FusedCrossEntropy", Off)
     monkeypatch.setattr(fused_loss, "_decided", {})
     assert not fused_loss._exact() and not fused_loss._chosen()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["x86-64", "x86-64-v3"])
+def test_other_vector_widths_give_the_same_results(fresh_kernels, monkeypatch, target):
+    """The kernel's 16-float vectors lowered to SSE2 (x86-64) and AVX2 (x86-64-v3) instead of this CPU's widest,
+    built through the loader and compared with float64 (aarch64 was checked the same way under qemu,
+    benchmarks/README.md)."""
+    import platform
+
+    from models import kernels
+
+    if platform.machine() != "x86_64" or kernels._compiler() is None:
+        pytest.skip("an x86-64 compiler is needed")
+    monkeypatch.setattr(kernels, "TARGETS", ((f"-march={target}",),))
+    if kernels.library() is None:
+        pytest.skip(kernels.why_not())
+    for N, V, spread in ((37, 45, 3.0), (19, 512, 40.0), (4, 15, 0.1)):
+        x, t, dl = _case(N, V, spread, seed=7)
+        x.requires_grad_()
+        losses = FL.apply(x, t)
+        (grad,) = torch.autograd.grad(losses, x, dl)
+        _close([losses.detach(), grad], _reference(x, t, dl), dl)
