@@ -101,7 +101,7 @@ def without_packed_gradients(step):
     """`step` with q, k, v's gradients in separate tensors (the projection's split concatenates them)."""
     def run() -> float:
         packed = fa._gradients
-        fa._gradients = lambda inputs, need: [t.new_empty(t.shape) if n else None for t, n in zip(inputs, need)]
+        fa._gradients = fa.contiguous_gradients
         try:
             return step()
         finally:

@@ -140,7 +140,9 @@ class Attention(nn.Module):
         elif (kv_entry is not None or cache is not None) and B * max(P, K) < MIN_ROWS:  # a decoding step
             q, k, v = _per_head_project(((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
         else:  # one product per distinct input (self-attention: one for all three; Shortformer: q and k, then v)
-            q, k, v = _project(((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
+            # the fused attention can hand back q, k, v's gradients packed only where they reach it unchanged
+            packed = rotation is None and Hkv == H and not hooked(self.hook_q, self.hook_k, self.hook_v)
+            q, k, v = _project(((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)), packed)
         q = _own(self.hook_q, q.view(B, P, H, dh))  # [batch, pos, head, d_head]
         k = _own(self.hook_k, k.view(B, K, Hkv, dh))  # [batch, key, kv_head, d_head]
         v = _own(self.hook_v, v.view(B, K, Hkv, dh))
@@ -256,10 +258,11 @@ def _per_head_project(triples) -> list:
     return out
 
 
-def _project(triples) -> list:
+def _project(triples, packed: bool = False) -> list:
     """`x @ W[h] + b[h]` for each `(x [batch, pos, d_model], W [heads, d_model, d_head], b [heads, d_head])`, as one
     product per run of consecutive inputs that are the same tensor, their weights side by side (all three at once
-    for plain self-attention). Returns 2-D `[batch·pos, heads·d_head]` views of each run's output (`_columns`)."""
+    for plain self-attention). Returns 2-D `[batch·pos, heads·d_head]` views of each run's output (`_columns`, with
+    `packed`: their gradients may come back as the blocks of one buffer)."""
     out, i = [], 0
     while i < len(triples):
         j = i + 1
@@ -270,17 +273,17 @@ def _project(triples) -> list:
         W = torch.cat([W for _, W, _ in run]) if len(run) > 1 else run[0][1]
         b = torch.cat([b for _, _, b in run]) if len(run) > 1 else run[0][2]
         y = affine(b.reshape(-1), x.reshape(-1, x.shape[-1]), W.permute(1, 0, 2).reshape(d_model, -1))
-        out += _columns(y, [W.shape[0] * W.shape[2] for _, W, _ in run])
+        out += _columns(y, [W.shape[0] * W.shape[2] for _, W, _ in run], packed)
         i = j
     return out
 
 
-def _columns(y: torch.Tensor, widths: list[int]) -> list:
-    """`y.split(widths, -1)`; under autograd through `_Columns`, whose backward takes the gradients' buffer whole
-    where they are its column blocks in place."""
+def _columns(y: torch.Tensor, widths: list[int], packed: bool = True) -> list:
+    """`y.split(widths, -1)`; under autograd, where the gradients may come back `packed`, through `_Columns`, whose
+    backward takes the gradients' buffer whole where they are its column blocks in place."""
     if len(widths) == 1:
         return [y]
-    if y.requires_grad and torch.is_grad_enabled() and not traced() and not dual_level():
+    if packed and y.requires_grad and torch.is_grad_enabled() and not traced() and not dual_level():
         return list(_Columns.apply(y, *widths))
     return list(y.split(widths, -1))
 
@@ -293,12 +296,15 @@ class _Columns(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, *widths):
         ctx.shape, ctx.widths = y.shape, widths
+        ctx.set_materialize_grads(False)  # an unused block's gradient comes as None, not a tensor of zeros
         return y.split(widths, -1)
 
     @staticmethod
     def backward(ctx, *grads):
         rows, width = ctx.shape
         first = grads[0]
+        if all(g is None for g in grads):
+            return None, *(None for _ in grads)
         if not torch.is_grad_enabled() and all(g is not None for g in grads):
             start, col = first.storage_offset(), 0
             packed = True

@@ -7,7 +7,7 @@ backward: on a CPU whose L3 is shared (a VM) that traffic, not the arithmetic, s
 forward and backward, Dao et al. 2022, Algorithms 1 and 2, one block of keys per pair) and reads q, k, v and dz
 in the projections' `[batch, pos, head, d_head]` layout (no layout copies around it). torch 2.13 has no such kernel
 for float32 training on the CPU (its flash kernel runs MKL's `32 × 128` products; FlexAttention has no CPU
-backward), so it is ours, ~330 lines of C++ with no dependency but OpenMP.
+backward), so it is ours, ~280 lines of C++ (and the vector helpers of `simd.h`) with no dependency but OpenMP.
 
 It is used only where all of these hold, checked once per process and setting (`models.train_attention._fused`):
 - `TOY_CIRCUITS_FUSED_ATTENTION` is `auto` (the default; `off` turns it off) and `TOY_CIRCUITS_GEMM` is not `plain`
@@ -22,23 +22,17 @@ mask or none (other biases keep the batched products).
 from __future__ import annotations
 
 import ctypes
-import os
 
 import torch
 
 from . import kernels
-from .errors import ConfigError
 
 ENV = "TOY_CIRCUITS_FUSED_ATTENTION"
-SETTINGS = ("auto", "off")
 HEAD_SIZES = (16, 32, 48, 64)  # d_head the kernel's register blocks cover
 
 
 def _setting() -> str:
-    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if value not in SETTINGS:
-        raise ConfigError(f"{ENV}={value!r} is not a fused-attention setting; allowed: {', '.join(SETTINGS)}")
-    return value
+    return kernels.setting(ENV, "fused-attention")
 
 
 def _strides(t: torch.Tensor):
@@ -99,18 +93,24 @@ def backward(q, k, v, dz, lse, is_causal: bool, scale: float, need: tuple[bool, 
     return grads
 
 
+def contiguous_gradients(inputs, need) -> list:
+    """Empty contiguous gradients of `inputs`' shapes (None where not `need`ed)."""
+    return [t.new_empty(t.shape) if n else None for t, n in zip(inputs, need)]
+
+
 def _gradients(inputs, need) -> list:
     """Empty `[batch, pos, head, d_head]` gradients for `inputs` (None where not `need`ed). Inputs that are the column
     blocks of one buffer `[batch·pos, width]` (the fused q/k/v projection's output, split) tiling it, get theirs at
     the same places in one new buffer of that shape, which the split's backward takes whole instead of concatenating
     (`models.attention._Columns`); the others get contiguous ones."""
-    grads = [t.new_empty(t.shape) if n else None for t, n in zip(inputs, need)]
+    grads = contiguous_gradients(inputs, need)
     for base in {id(t._base): t._base for t, n in zip(inputs, need) if n and t._base is not None}.values():
         group = [i for i, (t, n) in enumerate(zip(inputs, need)) if n and t._base is base]
         B, T, H, D = inputs[group[0]].shape
         width = base.shape[-1] if base.dim() == 2 else 0
         cols = sorted(inputs[i].storage_offset() - base.storage_offset() for i in group)
-        if (base.is_contiguous() and base.shape == (B * T, width) and cols == list(range(0, width, H * D))
+        if (base.is_contiguous() and base.shape == (B * T, width) and len(group) * H * D == width
+                and cols == list(range(0, width, H * D))
                 and all(inputs[i].shape == (B, T, H, D) and inputs[i].stride() == (T * width, width, D, 1)
                         for i in group)):
             buffer = base.new_empty(base.shape)

@@ -7,6 +7,10 @@
 // gradient once. Rows are spread over OpenMP threads (torch's own: the library shares its runtime).
 #include "simd.h"
 
+// exp(x) for x ≤ 0 (logits less their row's maximum), 0 where it underflows float32's normal range (vexp clamps
+// there instead: −inf logits get an exact 0, as torch gives them); NaN stays NaN.
+static inline vf vexp0(vf x) { return x < bc(-87.33654f) ? bc(0.f) : vexp(x); }
+
 extern "C" {
 
 // x: [N, V] floats, row r at x + r · ldx, V contiguous; t: [N] targets, `ignore` meaning none (its loss is 0).
@@ -24,7 +28,7 @@ int fl_forward(const float* x, i64 N, i64 V, i64 ldx, const i64* t, i64 ignore, 
         float mx = hmax(m);
         for (; j < V; ++j) mx = std::max(mx, row[j]);
         vf s = bc(0.f), M = bc(mx);
-        for (j = 0; j < V16; j += 16) s += vexp(ld(row + j) - M);
+        for (j = 0; j < V16; j += 16) s += vexp0(ld(row + j) - M);
         float sum = hsum(s);
         for (; j < V; ++j) sum += std::exp(row[j] - mx);
         float ls = std::log(sum);
@@ -58,7 +62,7 @@ int fl_backward(const float* x, i64 N, i64 V, i64 ldx, const i64* t, i64 ignore,
         float gr = g[r * gs], mx = row_max[r], ls = log_sum[r];
         vf M = bc(mx), S = bc(ls), G = bc(gr);
         i64 j = 0, V16 = V - V % 16;
-        for (; j < V16; j += 16) st(out + j, vexp((ld(row + j) - M) - S) * G);
+        for (; j < V16; j += 16) st(out + j, vexp0((ld(row + j) - M) - S) * G);
         for (; j < V; ++j) out[j] = std::exp((row[j] - mx) - ls) * gr;
         if (t[r] >= 0 && t[r] < V) out[t[r]] -= gr;
     }

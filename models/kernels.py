@@ -1,17 +1,18 @@
 """The toolkit's compiled CPU kernels: `fused_attention.cpp` and `fused_loss.cpp` (with `simd.h`), built into one
 library on this machine at first use and called by ctypes (`models.fused_attention`, `models.fused_loss`).
 
-torch 2.13 has no fused float32 attention with a backward on the CPU, and its cross-entropy passes the logits
-through memory five times; both are memory-bound in a training step of a small model (benchmarks/README.md), so
-these two are ours, C++ with no dependency but OpenMP.
+torch 2.13 has no fused float32 attention with a backward on the CPU, and its cross-entropy writes and reads back
+three `[tokens, vocab]` tensors besides the logits; both are memory-bound in a training step of a small model
+(benchmarks/README.md), so these two are ours, C++ with no dependency but OpenMP.
 
 The library is compiled with the system's C++ compiler (`$CXX`, else `g++`, else `c++`; `-O3 -fopenmp` and the first
 of `-march=native` (x86), `-mcpu=native` (ARM) or neither that the compiler accepts) into the toolkit's cache
-(`models.cache_dir.default_cache_dir() / "kernels"`, one file per source text, compiler and CPU, written atomically
-under a file lock; a read-only cache that holds it needs no lock), and loaded only on Linux and only where it shares
-torch's OpenMP runtime (`libgomp.so.1`, the one torch loaded: the kernels run on torch's own threads; a second
-runtime would fight them for the cores). `library()` is the loaded library or None, `why_not()` the reason. Each
-kernel's module adds its own switch and first-use probe (exactness against float64, speed against torch).
+(`models.cache_dir.default_cache_dir() / "kernels"`, one file per source text, compiler command line and version,
+and CPU, written atomically under a file lock; a cache that already holds it needs no lock), and loaded only on Linux
+and only where it shares torch's OpenMP runtime (`libgomp.so.1`, the one torch loaded: the kernels run on torch's own
+threads; a second runtime would fight them for the cores). `library()` is the loaded library or None, `why_not()` the
+reason. Each kernel's module adds its own switch (`setting`) and first-use probe (exactness against float64, speed
+against torch).
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ from pathlib import Path
 import torch
 
 from .cache_dir import default_cache_dir
+from .errors import ConfigError
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("fused_attention.cpp", "fused_loss.cpp"))
 HEADERS = (Path(__file__).with_name("simd.h"),)
 FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC", "-Wno-psabi")
 TARGETS = (("-march=native",), ("-mcpu=native",), ())  # tried in turn: the first the compiler takes
+SETTINGS = ("auto", "off")  # each kernel's switch (`setting`)
 _OPENMP = re.compile(r"\S*/lib(?:gomp|iomp5|omp)[-.\w]*\.so[.\d]*")
 
 _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -74,10 +77,12 @@ def _cpu_identity() -> str:
 
 
 def library_path(cxx: list[str]) -> Path:
-    """Where the library built by `cxx` from these sources for this CPU lives."""
+    """Where the library built by `cxx` (its whole command line: `$CXX` may carry flags) from these sources for this
+    CPU lives."""
     version = subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
     texts = [p.read_text() for p in (*SOURCES, *HEADERS)]
-    key = hashlib.sha256("\0".join([*texts, version, repr((FLAGS, TARGETS)), _cpu_identity()]).encode())
+    command = shlex.join([shutil.which(cxx[0]) or cxx[0], *cxx[1:]])
+    key = hashlib.sha256("\0".join([*texts, command, version, repr((FLAGS, TARGETS)), _cpu_identity()]).encode())
     return default_cache_dir() / "kernels" / f"toy_circuits_kernels-{key.hexdigest()[:16]}.so"
 
 
@@ -95,13 +100,15 @@ def _build(cxx: list[str], target: Path) -> str | None:
         fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
         os.close(fd)
         try:
+            run = None
             for arch in TARGETS:
                 run = subprocess.run([*cxx, *FLAGS, *arch, *map(str, SOURCES), "-o", tmp], capture_output=True,
                                      text=True, timeout=300)
                 if run.returncode == 0:
                     os.replace(tmp, target)
                     return None
-            return f"{shlex.join(cxx)} failed to compile {names}: {run.stderr.strip()[-300:]}"
+            why = run.stderr.strip()[-300:] if run else "no target to compile for"
+            return f"{shlex.join(cxx)} failed to compile {names}: {why}"
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -139,6 +146,14 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, ctypes.c_int
     return lib, ""
+
+
+def setting(env: str, what: str) -> str:
+    """A kernel's switch: the environment variable `env`, `auto` (the default) or `off`."""
+    value = os.environ.get(env, "auto").strip().lower() or "auto"
+    if value not in SETTINGS:
+        raise ConfigError(f"{env}={value!r} is not a {what} setting; allowed: {', '.join(SETTINGS)}")
+    return value
 
 
 def library() -> ctypes.CDLL | None:

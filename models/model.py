@@ -366,10 +366,10 @@ def lm_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool
         raise ValueError("a loss needs at least 2 tokens per sequence (it predicts token i+1 from i)")
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    target = F.pad(tokens[:, 1:], (0, 1), value=-100)  # [batch, pos]; −100 = F.cross_entropy's ignore_index
+    target = F.pad(tokens[:, 1:], (0, 1), value=fused_loss.IGNORE)  # [batch, pos]; F.cross_entropy's ignore_index
     if attention_mask is not None:
         real = attention_mask.bool()
-        target = target.masked_fill(~F.pad(real[:, :-1] & real[:, 1:], (0, 1), value=False), -100)
+        target = target.masked_fill(~F.pad(real[:, :-1] & real[:, 1:], (0, 1), value=False), fused_loss.IGNORE)
     loss = fused_loss.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                                     reduction="none" if per_token else "mean", label_smoothing=label_smoothing)
     return loss.view(tokens.shape)[:, :-1] if per_token else loss

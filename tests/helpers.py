@@ -88,3 +88,12 @@ def attention_loop64(q, k, v, bias, causal, scale):
             heads.append(s.softmax(-1) @ v[b, :, h])
         rows.append(torch.stack(heads, 1))
     return torch.stack(rows)
+
+
+def cpu_has(flag: str) -> bool:
+    """This (Linux) CPU lists `flag` among its features in /proc/cpuinfo (e.g. "avx2")."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return any(flag in line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags"))

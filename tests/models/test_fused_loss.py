@@ -6,11 +6,13 @@ as torch does, and steps aside where it does not apply. Skipped where no C++ com
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import cpu_has
 
 from models import HookedTransformer, HookedTransformerConfig, fused_loss, gemm
 from models.errors import ConfigError
 
 FL = fused_loss._FusedCrossEntropy
+FASTER = fused_loss._faster  # the real probe (the `kernel` fixture replaces it)
 
 
 @pytest.fixture
@@ -22,6 +24,15 @@ def kernel(monkeypatch):
     monkeypatch.setattr(fused_loss, "_faster", lambda: True)  # the measurement is the CPU's
     monkeypatch.delenv(gemm.ENV, raising=False)
     monkeypatch.delenv(fused_loss.ENV, raising=False)
+
+
+@pytest.fixture
+def kernel_calls(kernel, monkeypatch):
+    """The shapes of the logits each call of the kernel's function saw."""
+    seen = []
+    real = FL.apply
+    monkeypatch.setattr(FL, "apply", lambda x, t: seen.append(tuple(x.shape)) or real(x, t))
+    return seen
 
 
 def _case(N, V, spread=3.0, seed=0, ignore_every=3):
@@ -64,7 +75,7 @@ def test_losses_and_gradients_match_float64(kernel, N, V, spread, seed):
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("rows", ["contiguous", "every other row"])
-def test_cross_entropy_is_f_cross_entropy(kernel, reduction, rows):
+def test_cross_entropy_is_f_cross_entropy(kernel_calls, reduction, rows):
     """The public function (its reduction and ignored rows) against torch's, on contiguous rows and on every other
     row of a buffer (a row stride of 2 V, read in place)."""
     logits = torch.randn(36, 40, generator=torch.Generator().manual_seed(1)) * 4
@@ -78,6 +89,7 @@ def test_cross_entropy_is_f_cross_entropy(kernel, reduction, rows):
     want.backward(dl)
     torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
     torch.testing.assert_close(a.grad, b.grad, rtol=2e-6, atol=1e-7)
+    assert kernel_calls == [tuple(x.shape)]
 
 
 def test_rows_read_in_place(kernel, monkeypatch):
@@ -93,7 +105,7 @@ def test_rows_read_in_place(kernel, monkeypatch):
     assert seen == [True]
 
 
-def test_all_rows_ignored_and_nonfinite_logits_as_torch(kernel):
+def test_all_rows_ignored_and_nonfinite_logits_as_torch(kernel_calls):
     x, _, _ = _case(4, 20)
     t = torch.full((4,), -100)
     assert torch.isnan(fused_loss.cross_entropy(x, t)) and torch.isnan(F.cross_entropy(x, t))  # 0 / 0
@@ -103,14 +115,39 @@ def test_all_rows_ignored_and_nonfinite_logits_as_torch(kernel):
     got, want = fused_loss.cross_entropy(x, t, "none"), F.cross_entropy(x, t, reduction="none")
     assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.isnan(got[1:3]).all()
     torch.testing.assert_close(got[[0, 3]], want[[0, 3]])
+    assert kernel_calls == [(4, 20), (4, 20)]
+    x = torch.full((2, 40), -float("inf"))  # −inf logits: gradient exactly 0 there, as torch (vector and tail)
+    x[:, 5] = 1.0
+    x[1, 37] = 0.5
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    fused_loss.cross_entropy(a, torch.tensor([5, 37])).backward()
+    F.cross_entropy(b, torch.tensor([5, 37])).backward()
+    assert torch.equal(a.grad == 0, b.grad == 0) and int((a.grad == 0).sum()) == 78  # all but row 1's two
+    torch.testing.assert_close(a.grad, b.grad)
+    ignored = torch.randn(3, 20)
+    ignored[1, 4] = float("nan")
+    c = ignored.clone().requires_grad_()
+    fused_loss.cross_entropy(c, torch.tensor([1, -100, 2]), "none").sum().backward()
+    assert torch.equal(c.grad[1], torch.zeros(20)) and torch.isfinite(c.grad).all()  # an ignored row: exactly 0
+
+
+def test_the_function_checks_what_it_reads(kernel):
+    """Called directly, the kernel's function refuses inputs it would read wrongly (int32 targets, a strided
+    vocabulary axis, a length mismatch, float64, strided targets) instead of reading past them."""
+    x, t, _ = _case(4, 8)
+    strided_t = torch.stack([t, t], 1)[:, 0]
+    for args in ((x, t.int()), (x.t().contiguous().t(), t), (x, t[:3]), (x.double(), t), (x, strided_t)):
+        with pytest.raises(ValueError, match="fused loss takes"):
+            FL.apply(*args)
 
 
 @pytest.mark.parametrize("bad", [7, 100, -1, -101])
-def test_a_target_out_of_range_raises_as_torch(kernel, bad):
+def test_a_target_out_of_range_raises_as_torch(kernel_calls, bad):
     x, _, _ = _case(4, 7)
     t = torch.tensor([0, 1, bad, 2])
     with pytest.raises(IndexError, match="out of bounds"):
         fused_loss.cross_entropy(x, t)
+    assert kernel_calls == [(4, 7)]  # the kernel found it (and torch's own error names it)
 
 
 def test_the_same_bits_at_any_thread_count(kernel):
@@ -199,13 +236,24 @@ def test_a_models_loss_and_gradients_match_the_plain_path(kernel, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
-def test_first_decided_in_an_evaluation(kernel, monkeypatch, mode):
-    """The probes differentiate: a first call under `no_grad` or `inference_mode` still decides, and uses it."""
+def test_first_decided_in_an_evaluation(kernel_calls, monkeypatch, mode):
+    """The probes differentiate: a first call under `no_grad` or `inference_mode` still decides (both probes run
+    their autograd; the timing verdict is the CPU's, so each contender runs once here), and uses the kernel."""
+    ran = []
+
+    def once_each(plain, fast, repeats):
+        plain(), fast()
+        ran.append(repeats)
+        return True
+
     monkeypatch.setattr(fused_loss, "_decided", {})
+    monkeypatch.setattr(fused_loss, "_faster", FASTER)
+    monkeypatch.setattr(gemm, "beats_per_core", once_each)
     x, t, _ = _case(5, 9)
     with mode():
         got = fused_loss.cross_entropy(x, t, "none")
-    assert fused_loss._decided == {("auto", "auto"): True}
+    assert fused_loss._decided == {("auto", "auto"): True} and ran == [7]
+    assert kernel_calls[-1] == (5, 9)
     torch.testing.assert_close(got, F.cross_entropy(x, t, reduction="none"))
 
 
@@ -258,6 +306,8 @@ def test_other_vector_widths_give_the_same_results(fresh_kernels, monkeypatch, t
 
     if platform.machine() != "x86_64" or kernels._compiler() is None:
         pytest.skip("an x86-64 compiler is needed")
+    if target == "x86-64-v3" and not cpu_has("avx2"):
+        pytest.skip("this CPU has no AVX2")
     monkeypatch.setattr(kernels, "TARGETS", ((f"-march={target}",),))
     if kernels.library() is None:
         pytest.skip(kernels.why_not())

@@ -166,3 +166,24 @@ def test_model_loss_and_gradients_match_plain(onednn):
     ref, got = _plain_and_fast(run)
     for r, g in zip(ref, got):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_a_probe_remeasures_before_refusing_and_restores_the_thread_count(monkeypatch):
+    """`beats_per_core`: one losing round is measured again (a noisy round must not decide a process), two refuse;
+    concurrent probes leave the thread count as they found it."""
+    import threading
+
+    rounds = []
+    monkeypatch.setattr(gemm, "_beats", lambda plain, fast, repeats: rounds.append(1) or len(rounds) > 1)
+    assert gemm.beats_per_core(None, None, 3) and len(rounds) == 2
+    monkeypatch.setattr(gemm, "_beats", lambda plain, fast, repeats: rounds.append(1) or False)
+    rounds.clear()
+    assert not gemm.beats_per_core(None, None, 3) and len(rounds) == 2
+    torch.set_num_threads(3)
+    monkeypatch.setattr(gemm, "_beats", lambda plain, fast, repeats: torch.get_num_threads() == 1)
+    threads = [threading.Thread(target=gemm.beats_per_core, args=(None, None, 3)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert torch.get_num_threads() == 3

@@ -34,8 +34,36 @@ def test_built_once_into_the_cache_atomically(fresh_kernels, compiler):
     mtime = built[0].stat().st_mtime_ns
     kernels._state.clear()
     assert kernels.library() is not None and built[0].stat().st_mtime_ns == mtime  # loaded, not rebuilt
-    for name in kernels.SIGNATURES:  # every function the modules call is there, with its argument types set
-        assert getattr(kernels.library(), name).argtypes == kernels.SIGNATURES[name]
+
+
+def test_the_declared_signatures_are_the_c_prototypes():
+    """`kernels.SIGNATURES` (what ctypes passes) against each function's prototype in the C++ sources, argument by
+    argument: an address for a pointer, int64 for `i64`, int for `int`, float for `float` (a mismatch would pass
+    arguments in the wrong registers)."""
+    import ctypes
+    import re
+
+    ctype = {"i64": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}
+    found = {}
+    for source in kernels.SOURCES:
+        for name, params in re.findall(r"^int (\w+)\(([^)]*)\)", source.read_text(), re.M):
+            found[name] = [p.replace("const", "").split()[0] for p in params.split(",")]
+    assert set(found) == set(kernels.SIGNATURES)
+    for name, params in found.items():
+        declared = kernels.SIGNATURES[name]
+        assert len(declared) == len(params), name
+        for i, (c, t) in enumerate(zip(params, declared)):
+            if c.endswith("*"):  # an address (a tensor's data_ptr), or an i64 array built by ctypes
+                want = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)) if c == "i64*" else (ctypes.c_void_p,)
+            else:
+                want = (ctype[c],)
+            assert t in want, f"{name} argument {i}: {c} declared as {t}"
+
+
+def test_the_compiler_command_line_is_in_the_cache_key(fresh_kernels, compiler, monkeypatch):
+    """`$CXX` with flags (a sanitizer, fast-math) builds its own library, not the plain one's."""
+    assert kernels.library_path(compiler) != kernels.library_path([*compiler, "-ffast-math"])
+    assert kernels.library_path(compiler) == kernels.library_path(list(compiler))
 
 
 def test_a_changed_source_builds_a_new_library(fresh_kernels, compiler, monkeypatch, tmp_path):
