@@ -13,7 +13,7 @@ kernel where all of these hold, else `F.cross_entropy` itself:
 - `TOY_CIRCUITS_FUSED_LOSS` is `auto` (the default; `off` turns it off) and `TOY_CIRCUITS_GEMM` is not `plain`
   (torch's own kernels only; `models.gemm`);
 - `models.kernels` built and loaded the library here, and once per process and setting its probes passed: values
-  and gradients against float64 (`_exact`) and faster than `F.cross_entropy` by `gemm.MIN_GAIN` (`_faster`);
+  and gradients against float64 (`_exact`) and not slower than `F.cross_entropy` (`_faster`);
 - the call fits: float32 CPU logits `[N, V]` with contiguous rows, int64 targets `[N]`, no label smoothing, no
   `torch.compile` tracing, functorch transform or forward-mode AD.
 A double backward (`create_graph=True`) differentiates `softmax(x) − onehot` as plain ops. An out-of-range target
@@ -138,8 +138,10 @@ def _exact() -> bool:
 
 
 def _faster(repeats: int = 7) -> bool:
-    """Forward and backward on `[2048, 512]` logits beat `F.cross_entropy`'s by `gemm.MIN_GAIN`, one thread (as
-    `models.gemm` measures: a per-core property)."""
+    """Forward and backward on `[2048, 512]` logits are not slower than `F.cross_entropy`'s, one thread (as
+    `models.gemm` measures: a per-core property). Not slower, rather than `gemm.MIN_GAIN` faster: the gain is in
+    the passes over memory a step saves (a 1.2–5× difference alone on one thread here, its low end when torch's
+    buffers are already mapped), and a 1.25× bar made one fresh process in twelve refuse it."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2048, 512, generator=g).requires_grad_()
     t = torch.randint(0, 512, (2048,), generator=g)
@@ -148,4 +150,4 @@ def _faster(repeats: int = 7) -> bool:
         torch.autograd.grad(fn(x, t), x)
 
     return gemm.beats_per_core(lambda: run(F.cross_entropy),
-                               lambda: run(lambda a, b: _FusedCrossEntropy.apply(a, b).mean()), repeats)
+                               lambda: run(lambda a, b: _FusedCrossEntropy.apply(a, b).mean()), repeats, gain=1.0)

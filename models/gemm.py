@@ -83,9 +83,9 @@ def _faster(repeats: int = 7) -> bool:
     return _beats(lambda: x @ W, lambda: _onednn(x, W.t(), None), repeats)
 
 
-def _beats(plain, fast, repeats: int) -> bool:
-    """`fast()` takes at most 1 / `MIN_GAIN` of `plain()`'s time: best of `repeats` each, alternated, after one
-    warm-up round (where oneDNN builds its primitive)."""
+def _beats(plain, fast, repeats: int, gain: float = MIN_GAIN) -> bool:
+    """`fast()` takes at most 1 / `gain` of `plain()`'s time: best of `repeats` each, alternated, after one warm-up
+    round (where oneDNN builds its primitive)."""
     best = [float("inf"), float("inf")]
     for i in range(repeats + 1):
         for j, f in enumerate((plain, fast)):
@@ -93,7 +93,7 @@ def _beats(plain, fast, repeats: int) -> bool:
             f()
             if i:
                 best[j] = min(best[j], time.perf_counter() - t0)
-    return best[0] >= MIN_GAIN * best[1]
+    return best[0] >= gain * best[1]
 
 
 def kernel() -> str:
@@ -185,7 +185,7 @@ def agrees(got, want) -> bool:
 _probe_lock = threading.RLock()  # one probe at a time: each sets the process's thread count and restores it
 
 
-def beats_per_core(plain, fast, repeats: int) -> bool:
+def beats_per_core(plain, fast, repeats: int, gain: float = MIN_GAIN) -> bool:
     """`_beats` on one thread, the thread count restored after: the probes measure a per-core property (with two
     threads on a loaded machine the timings flip from run to run). A first round that finds `fast` not faster is
     measured once more before refusing it, so that a process's verdict does not hinge on one noisy round (a fresh
@@ -194,7 +194,7 @@ def beats_per_core(plain, fast, repeats: int) -> bool:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return _beats(plain, fast, repeats) or _beats(plain, fast, repeats)
+            return _beats(plain, fast, repeats, gain) or _beats(plain, fast, repeats, gain)
         finally:
             torch.set_num_threads(threads)
 
