@@ -174,13 +174,13 @@ def test_a_probe_remeasures_before_refusing_and_restores_the_thread_count(monkey
     import threading
 
     rounds = []
-    monkeypatch.setattr(gemm, "_beats", lambda plain, fast, repeats: rounds.append(1) or len(rounds) > 1)
+    monkeypatch.setattr(gemm, "_beats", lambda plain, fast, repeats, gain: rounds.append(1) or len(rounds) > 1)
     assert gemm.beats_per_core(None, None, 3) and len(rounds) == 2
-    monkeypatch.setattr(gemm, "_beats", lambda plain, fast, repeats: rounds.append(1) or False)
+    monkeypatch.setattr(gemm, "_beats", lambda plain, fast, repeats, gain: rounds.append(1) or False)
     rounds.clear()
     assert not gemm.beats_per_core(None, None, 3) and len(rounds) == 2
     torch.set_num_threads(3)
-    monkeypatch.setattr(gemm, "_beats", lambda plain, fast, repeats: torch.get_num_threads() == 1)
+    monkeypatch.setattr(gemm, "_beats", lambda plain, fast, repeats, gain: torch.get_num_threads() == 1)
     threads = [threading.Thread(target=gemm.beats_per_core, args=(None, None, 3)) for _ in range(8)]
     for t in threads:
         t.start()
