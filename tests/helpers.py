@@ -97,3 +97,22 @@ def cpu_has(flag: str) -> bool:
     except OSError:
         return False
     return any(flag in line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags"))
+
+
+def kernels_built_for(target: str, monkeypatch) -> None:
+    """`models.kernels` rebuilt for `-march=target` (an x86-64 level) in a fresh cache (use with the `fresh_kernels`
+    fixture); skips where this is not an x86-64 machine with a compiler, the CPU cannot run the level, or the build
+    fails."""
+    import platform
+
+    import pytest
+
+    from models import kernels
+
+    if platform.machine() != "x86_64" or kernels._compiler() is None:
+        pytest.skip("an x86-64 compiler is needed")
+    if target == "x86-64-v3" and not cpu_has("avx2"):
+        pytest.skip("this CPU has no AVX2")
+    monkeypatch.setattr(kernels, "TARGETS", ((f"-march={target}",),))
+    if kernels.library() is None:
+        pytest.skip(kernels.why_not())

@@ -6,9 +6,9 @@ where no C++ compiler can build it (the batched products run there instead)."""
 
 import pytest
 import torch
-from helpers import attention_loop64, cpu_has
+from helpers import attention_loop64, kernels_built_for
 
-from models import HookedTransformer, HookedTransformerConfig, attention, gemm, kernels
+from models import HookedTransformer, HookedTransformerConfig, attention, gemm
 from models import fused_attention as fa
 from models import train_attention as ta
 from models.errors import ConfigError
@@ -288,15 +288,7 @@ def test_other_vector_widths_give_the_same_results(fresh_kernels, monkeypatch, t
     """The kernel's 16-float vectors lowered to SSE2 (x86-64) and AVX2 (x86-64-v3) instead of this CPU's widest:
     built through the same loader and compared with the float64 loop (aarch64 was checked the same way under qemu,
     benchmarks/README.md)."""
-    import platform
-
-    if platform.machine() != "x86_64" or kernels._compiler() is None:
-        pytest.skip("an x86-64 compiler is needed")
-    if target == "x86-64-v3" and not cpu_has("avx2"):
-        pytest.skip("this CPU has no AVX2")
-    monkeypatch.setattr(kernels, "TARGETS", ((f"-march={target}",),))
-    if fa.library() is None:
-        pytest.skip(fa.why_not())
+    kernels_built_for(target, monkeypatch)
     for causal in (True, False):
         (q, k, v), dz = _inputs(2, 45, 2, 48, seed=5)
         z, lse = fa.forward(q, k, v, causal, 0.15)

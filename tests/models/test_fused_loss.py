@@ -6,7 +6,7 @@ as torch does, and steps aside where it does not apply. Skipped where no C++ com
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import cpu_has
+from helpers import kernels_built_for
 
 from models import HookedTransformer, HookedTransformerConfig, fused_loss, gemm
 from models.errors import ConfigError
@@ -300,17 +300,7 @@ def test_other_vector_widths_give_the_same_results(fresh_kernels, monkeypatch, t
     """The kernel's 16-float vectors lowered to SSE2 (x86-64) and AVX2 (x86-64-v3) instead of this CPU's widest,
     built through the loader and compared with float64 (aarch64 was checked the same way under qemu,
     benchmarks/README.md)."""
-    import platform
-
-    from models import kernels
-
-    if platform.machine() != "x86_64" or kernels._compiler() is None:
-        pytest.skip("an x86-64 compiler is needed")
-    if target == "x86-64-v3" and not cpu_has("avx2"):
-        pytest.skip("this CPU has no AVX2")
-    monkeypatch.setattr(kernels, "TARGETS", ((f"-march={target}",),))
-    if kernels.library() is None:
-        pytest.skip(kernels.why_not())
+    kernels_built_for(target, monkeypatch)
     for N, V, spread in ((37, 45, 3.0), (19, 512, 40.0), (4, 15, 0.1)):
         x, t, dl = _case(N, V, spread, seed=7)
         x.requires_grad_()
