@@ -109,7 +109,7 @@ def without_packed_gradients(step):
     return run
 
 
-def attention_ab(model, tokens: torch.Tensor, steps: int, warmup: int) -> dict:
+def kernels_ab(model, tokens: torch.Tensor, steps: int, warmup: int) -> dict:
     """Median ms per step of `model`'s step against the same without one of its kernels (`--ab`), each pair
     alternated."""
     if os.environ.get(fused_loss.ENV):
@@ -142,7 +142,7 @@ def run(steps: int, warmup: int = 3, ab: bool = False) -> dict:
     floor_before = gemm_floor()
     times = {mode: measure_pair(make_step(ours, tokens, mode), make_step(theirs, tokens, mode), steps, warmup)
              for mode in ("own", "shared")}
-    ab_row = attention_ab(ours, tokens, steps, warmup) if ab else None
+    ab_row = kernels_ab(ours, tokens, steps, warmup) if ab else None
     floor_after = gemm_floor()
     flops = 3 * model_flops(model_cfg, B, T)
     floor = best_floor(floor_before, floor_after)
@@ -170,7 +170,7 @@ def run(steps: int, warmup: int = 3, ab: bool = False) -> dict:
         "gemm_floor_gflops": floor,
         "ours_fraction_of_floor": flops / own["ours_wall"] / 1e9 / wall_floor,
         "ours_cpu_fraction_of_floor": flops / own["ours_cpu"] / 1e9 / cpu_floor,
-        "attention_ab": ab_row,
+        "kernels_ab": ab_row,
     }
 
 
@@ -199,7 +199,7 @@ def table(out: dict) -> str:
               f"with one shared loss (models.lm_cross_entropy on either model's logits): {sh['ours_step_ms']:.0f} vs "
               f"{sh['transformer_lens_step_ms']:.0f} ms / step, {sh['ratio_tokens_per_s']:.2f}× "
               f"({sh['ratio_tokens_per_cpu_s']:.2f}× per CPU second)"]
-    ab = out.get("attention_ab")
+    ab = out.get("kernels_ab")
     if ab:
         lines.append(f"our step's attention here: fused {ab['fused_attention']}, else batched oneDNN products "
                      f"{ab['onednn_attention']}; fused loss {ab['fused_loss']}")

@@ -23,8 +23,6 @@ ignored row's gradient is 0 even where its logits hold NaN (torch: NaN, from 0 Â
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import torch.nn.functional as F
 
@@ -33,8 +31,7 @@ from . import gemm, kernels
 ENV = "TOY_CIRCUITS_FUSED_LOSS"
 IGNORE = -100  # F.cross_entropy's default ignore_index
 
-_decided: dict[tuple[str, str], bool] = {}  # (this setting, GEMM setting) -> the probes' verdict
-_lock = threading.Lock()  # one first decision (threads calling at once wait for it, not probe twice)
+_decided: dict[tuple[str, str], bool] = {}  # (this setting, GEMM setting) -> the verdict (`kernels.decided`)
 
 
 def _setting() -> str:
@@ -54,20 +51,19 @@ def why_not() -> str:
 
 
 def _chosen() -> bool:
-    key = (_setting(), gemm._requested())
-    if key not in _decided:
-        with _lock, torch.inference_mode(False), torch.enable_grad():  # the first call may come from an evaluation
-            if key not in _decided:
-                _decided[key] = (key[0] != "off" and key[1] != "plain" and kernels.library() is not None
-                                 and _exact() and _faster())
-    return _decided[key]
+    return kernels.decided(_decided, _setting(), _exact, _faster)
+
+
+def _readable(x: torch.Tensor, t: torch.Tensor) -> bool:
+    """The kernel can read these: float32 CPU logits `[N, V]` (N, V > 0) with contiguous rows, int64 CPU targets
+    `[N]`."""
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.shape[0] > 0
+            and x.shape[1] > 0 and x.stride(1) == 1 and t.dtype == torch.int64 and t.device.type == "cpu"
+            and t.shape == x.shape[:1])
 
 
 def _fits(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> bool:
-    return (logits.dtype == torch.float32 and logits.device.type == "cpu" and logits.dim() == 2
-            and logits.shape[0] > 0 and logits.shape[1] > 0 and logits.stride(1) == 1
-            and target.dtype == torch.int64 and target.device.type == "cpu" and target.shape == logits.shape[:1]
-            and label_smoothing == 0 and not gemm.traced() and not gemm.dual_level())
+    return (_readable(logits, target) and label_smoothing == 0 and not gemm.traced() and not gemm.dual_level())
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean",
@@ -86,9 +82,7 @@ class _FusedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, t):
-        if not (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.stride(1) == 1
-                and t.dtype == torch.int64 and t.device.type == "cpu" and t.shape == x.shape[:1]
-                and t.is_contiguous()):  # the kernel reads raw memory: a mismatch would read past the storage
+        if not (_readable(x, t) and t.is_contiguous()):  # raw memory: a mismatch would read past the storage
             raise ValueError(f"the fused loss takes float32 CPU logits [N, V] with contiguous rows and int64 CPU "
                              f"targets [N]; got {x.dtype} {tuple(x.shape)} and {t.dtype} {tuple(t.shape)}")
         N, V = x.shape

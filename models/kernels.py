@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from . import gemm
 from .cache_dir import default_cache_dir
 from .errors import ConfigError
 
@@ -154,6 +155,24 @@ def setting(env: str, what: str) -> str:
     if value not in SETTINGS:
         raise ConfigError(f"{env}={value!r} is not a {what} setting; allowed: {', '.join(SETTINGS)}")
     return value
+
+
+_deciding = threading.RLock()  # one first decision at a time (a second caller waits for it, not probing again)
+
+
+def decided(verdicts: dict, setting: str, *probes) -> bool:
+    """Whether a kernel whose switch reads `setting` runs in this process: decided once per (`setting`,
+    `TOY_CIRCUITS_GEMM`) pair and kept in `verdicts`; yes where the switch is not `off`, the GEMM setting not `plain`
+    (torch's own kernels only), the library loaded and every probe (exactness, then speed) passes. The probes
+    differentiate: they run with autograd on and outside inference mode, as the first call may come from an
+    evaluation."""
+    key = (setting, gemm._requested())
+    if key not in verdicts:
+        with _deciding, torch.inference_mode(False), torch.enable_grad():
+            if key not in verdicts:
+                verdicts[key] = (setting != "off" and key[1] != "plain" and library() is not None
+                                 and all(probe() for probe in probes))
+    return verdicts[key]
 
 
 def library() -> ctypes.CDLL | None:

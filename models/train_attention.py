@@ -33,7 +33,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from . import fused_attention, gemm
+from . import fused_attention, gemm, kernels
 from .score_bias import Causal
 
 MAX_LEN = 512  # longest sequence on this path (the saved pattern grows as T²)
@@ -239,20 +239,15 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
 
 
 _decided: dict[str, bool] = {}  # GEMM setting -> whether this path applies (`models.gemm.onednn_matmuls_ok`)
-_fused_decided: dict[tuple[str, str], bool] = {}  # (fused-attention setting, GEMM setting) -> the probe's verdict
+_fused_decided: dict[tuple[str, str], bool] = {}  # (fused-attention setting, GEMM setting) -> `kernels.decided`
 
 
 def _fused(q: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """The call goes to `models.fused_attention`'s kernel: it covers the shape, `TOY_CIRCUITS_GEMM` is not `plain`
     (torch's kernels only), and once per setting the kernel loaded and its probes passed (`_fused_exact`,
     `_fused_faster`)."""
-    if not fused_attention.takes(q, bias):
-        return False
-    key = (fused_attention._setting(), gemm._requested())
-    if key not in _fused_decided:
-        _fused_decided[key] = (key[1] != "plain" and fused_attention.library() is not None and _fused_exact()
-                               and _fused_faster())
-    return _fused_decided[key]
+    return fused_attention.takes(q, bias) and kernels.decided(_fused_decided, fused_attention._setting(),
+                                                               _fused_exact, _fused_faster)
 
 
 PROBES = ((37, 32), (70, 16), (70, 48), (21, 64))  # (length, d_head): every register block, lengths off 16, > 64

@@ -134,3 +134,36 @@ def test_a_built_library_is_loaded_without_the_lock(fresh_kernels, compiler, mon
     kernels._state.clear()
     monkeypatch.setattr(kernels, "_build", lambda *a: pytest.fail("rebuilt or locked a library that exists"))
     assert kernels.library() is not None
+
+
+def test_a_kernel_is_decided_once_per_setting(monkeypatch):
+    """`kernels.decided`: `off` and `TOY_CIRCUITS_GEMM=plain` say no without probing; otherwise the probes run once
+    (in order, stopping at the first no, with autograd on even when called under `no_grad`), threads arriving at
+    once wait for that one decision, and the verdict is kept per setting."""
+    import threading
+    import time
+
+    from models import gemm
+
+    monkeypatch.setattr(kernels, "library", lambda: object())
+    ran = []
+
+    def exact():
+        ran.append(("exact", torch.is_grad_enabled()))
+        time.sleep(0.05)
+        return True
+
+    verdicts = {}
+    assert not kernels.decided(verdicts, "off", exact) and ran == []
+    with gemm.use("plain"):
+        assert not kernels.decided(verdicts, "auto", exact) and ran == []
+    with torch.no_grad():
+        answers = []
+        threads = [threading.Thread(target=lambda: answers.append(kernels.decided(verdicts, "auto", exact)))
+                   for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert answers == [True] * 4 and ran == [("exact", True)]
+    assert not kernels.decided({}, "auto", lambda: False, lambda: pytest.fail("probed after a no"))
