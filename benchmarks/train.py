@@ -6,8 +6,9 @@ Ours: `HookedTransformer` with the `attn-only-2l` preset config (shortformer pos
 biases; its sizes are printed with the table). TransformerLens cannot build shortformer
 models any more, so its side is `TransformerBridge.boot_native` with the closest configuration it supports
 (`models.to_transformer_lens` of the same model with standard positions: same sizes, same weights). Both run
-the same hand-written step: forward and next-token loss, backward, gradient clipping at 1.0, AdamW (lr 1e-3,
-foreach) on the preset's batch (batch_size × n_ctx tokens). The loss is taken two ways, each measured:
+the same hand-written step: forward and next-token loss, backward, gradient clipping at 1.0, AdamW (lr 1e-3) as
+our trainer builds it (`models.train.adamw`: torch's fused kernel where it has one), on the preset's batch
+(batch_size × n_ctx tokens). The loss is taken two ways, each measured:
 - own (the headline): `model(tokens, return_type="loss")`, each library's own loss, as in
   `transformer_lens.tools.training.train` and `circuits train`;
 - shared: `models.lm_cross_entropy` applied to either model's logits, so only the models differ.
@@ -49,13 +50,14 @@ from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 from models import HookedTransformer, fused_loss, gemm, lm_cross_entropy, to_transformer_lens, train_attention  # noqa: E402
 from models import fused_attention as fa  # noqa: E402
 from models.allocator import keep_freed_memory  # noqa: E402
+from models.train import adamw  # noqa: E402
 from models.train_presets import get_preset  # noqa: E402
 
 
 def make_step(model, tokens: torch.Tensor, loss_kind: str = "own"):
     """One training step of `model` on `tokens` with its own loss (`loss_kind="own"`) or
     `models.lm_cross_entropy` on its logits (`"shared"`); returns a zero-argument callable."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    opt = adamw(model.parameters(), lr=1e-3)
     shared = loss_kind == "shared"
 
     def step() -> float:

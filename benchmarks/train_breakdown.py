@@ -35,6 +35,7 @@ from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
 from models import HookedTransformer, fused_loss, gemm, train_attention  # noqa: E402
 from models.allocator import keep_freed_memory  # noqa: E402
+from models.train import adamw  # noqa: E402
 from models.train_presets import get_preset  # noqa: E402
 
 
@@ -71,7 +72,7 @@ def run(steps: int, batch: int) -> dict:
         tokens = torch.randint(0, model_cfg.d_vocab, (batch, model_cfg.n_ctx),
                                generator=torch.Generator().manual_seed(0))
         model = HookedTransformer(model_cfg).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        opt = adamw(model.parameters(), lr=1e-3)
         phases = collections.defaultdict(float)
         for i in range(steps + 5):
             if i == 5:

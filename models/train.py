@@ -36,7 +36,7 @@ from .train_config import TrainConfig, lr_at
 from .train_tasks import LanguageModelling, MaskedLM, Seq2Seq
 
 __all__ = ["train", "TrainConfig", "TrainConfigError", "lr_at", "init_positions", "pick_device",
-           "dist_info", "make_optimizer", "build_data", "check_setup", "evaluate_loss", "finalize"]
+           "dist_info", "adamw", "make_optimizer", "build_data", "check_setup", "evaluate_loss", "finalize"]
 
 
 @torch.no_grad()
@@ -87,7 +87,27 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
         scale = float(cfg.lr_multipliers.get(leaf, 1.0))
         groups.setdefault((decay, scale), []).append(p)
     param_groups = [{"params": ps, "weight_decay": d, "lr_scale": s} for (d, s), ps in sorted(groups.items())]
-    return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=tuple(cfg.betas), foreach=True)
+    return adamw(param_groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def adamw(params, **kwargs) -> torch.optim.AdamW:
+    """`torch.optim.AdamW(params, **kwargs)` on torch's fused kernel (the whole update in one pass over each
+    parameter) where every parameter is a floating-point CPU or CUDA tensor (torch documents the fused AdamW for
+    those), else its `foreach` implementation. Same update to float32 rounding (Loshchilov & Hutter 2019, Algorithm
+    2; tests/models/test_train.py checks both against a float64 loop) and deterministic; for `attn-only-2l` on the
+    benchmark machine 0.14 against 0.49 ms a step at two threads (benchmarks/README.md)."""
+    params = [dict(g, params=_tensors(g["params"])) if isinstance(g, dict) else g for g in _tensors(params)]
+    tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+    fused = all(p.is_floating_point() and p.device.type in FUSED_ADAMW_DEVICES for p in tensors)
+    return torch.optim.AdamW(params, **kwargs, **({"fused": True} if fused else {"foreach": True}))
+
+
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
+
+
+def _tensors(params) -> list:
+    """A parameter list (a lone tensor, or any iterable, as torch's optimizers take) as a list."""
+    return [params] if isinstance(params, torch.Tensor) else list(params)
 
 
 def build_data(cfg: TrainConfig, model_cfg, tokenizer=None):

@@ -71,6 +71,9 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict, list]:
     return tensors, groups
 
 
+IMPLEMENTATION = ("foreach", "fused")  # an optimizer's param-group settings that choose its kernel
+
+
 def load_optimizer(opt: torch.optim.Optimizer, tensors: dict, groups: list) -> None:
     state: dict = {}
     for key, t in tensors.items():
@@ -81,7 +84,12 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict, groups: list) -> N
     for g in groups:
         if "betas" in g:
             g["betas"] = tuple(g["betas"])
+    # which implementation runs the update is this process's choice (`models.train.adamw`: fused where torch has
+    # it for these parameters), not part of the training state: a checkpoint written by another one keeps it
+    kernels = [{k: g[k] for k in IMPLEMENTATION if k in g} for g in opt.param_groups]
     opt.load_state_dict({"state": state, "param_groups": groups})
+    for g, kept in zip(opt.param_groups, kernels, strict=True):  # load_state_dict checked the group count
+        g.update(kept)
 
 
 # --- the run folder -------------------------------------------------------------------------------

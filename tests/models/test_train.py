@@ -254,3 +254,78 @@ def test_lr_multipliers_scale_their_parameters_only(corpus_dir):
     assert not torch.allclose(frozen.W_E, start.W_E, atol=1e-4)  # everything else trained
     with pytest.raises(TrainConfigError, match=r"W_psos.*parameters: \[.*'W_pos'"):
         make_optimizer(model, tiny_train(corpus_dir, lr_multipliers={"W_psos": 0.1}))
+
+
+def _adamw_reference(params, grads, groups, steps, betas=(0.9, 0.999), eps=1e-8):
+    """AdamW in float64, loop by loop (Loshchilov & Hutter 2019, Algorithm 2, as torch's bias correction)."""
+    out = []
+    for p0, (lr, wd) in zip(params, groups, strict=True):
+        p = p0.double()
+        m, v = torch.zeros_like(p), torch.zeros_like(p)
+        for t in range(1, steps + 1):
+            g = grads[t - 1][len(out)].double()
+            p = p * (1 - lr * wd)
+            m = betas[0] * m + (1 - betas[0]) * g
+            v = betas[1] * v + (1 - betas[1]) * g * g
+            p = p - lr * (m / (1 - betas[0] ** t)) / ((v / (1 - betas[1] ** t)).sqrt() + eps)
+        out.append(p)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["chosen", "foreach"])
+def test_adamw_matches_a_float64_loop(kind):
+    from models.train import adamw
+
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.randn(s, generator=gen).requires_grad_() for s in ((7, 5), (33,), (4, 3, 2))]
+    start = [p.detach().clone() for p in params]
+    settings = [(1e-2, 0.1), (3e-3, 0.0), (1e-2, 0.1)]
+    groups = [{"params": [params[0], params[2]], "weight_decay": 0.1}, {"params": [params[1]], "lr": 3e-3,
+                                                                        "weight_decay": 0.0}]
+    opt = adamw(groups, lr=1e-2) if kind == "chosen" else torch.optim.AdamW(groups, lr=1e-2, foreach=True)
+    if kind == "chosen":  # torch has a fused CPU AdamW (2.4 and later): the trainer takes it
+        assert all(g["fused"] for g in opt.param_groups)
+    # gradients from 1e-7 (where eps matters) to 10
+    grads = [[torch.randn(p.shape, generator=gen) * 10 ** (i % 3 - 1) * (1e-6 if j == 1 else 1) for j, p in
+              enumerate(params)] for i in range(12)]
+    for gs in grads:
+        for p, g in zip(params, gs, strict=True):
+            p.grad = g.clone()
+        opt.step()
+    for got, p0, want in zip(params, start, _adamw_reference(start, grads, settings, len(grads)), strict=True):
+        moved = float((want - p0.double()).abs().max())
+        assert float((got.double() - want).abs().max()) <= 1e-6 * float(want.abs().max()) + 1e-4 * moved
+
+
+def test_adamw_falls_back_where_torch_has_no_fused_kernel():
+    from models.train import adamw
+
+    p = torch.zeros(3, dtype=torch.complex64, requires_grad=True)  # fused AdamW takes real floating tensors only
+    opt = adamw([p], lr=1e-3)
+    assert opt.param_groups[0]["foreach"] and not opt.param_groups[0]["fused"]
+
+
+def test_resume_keeps_this_process_optimizer_kernel():
+    from models.train import adamw
+    from models.train_state import load_optimizer, optimizer_tensors
+
+    p = torch.ones(4, requires_grad=True)
+    old = torch.optim.AdamW([p], lr=1e-3, foreach=True)  # a checkpoint written before the trainer took fused AdamW
+    p.grad = torch.full((4,), 0.5)
+    old.step()
+    tensors, groups = optimizer_tensors(old)
+    new = adamw([p], lr=1e-3)
+    load_optimizer(new, tensors, json.loads(json.dumps(groups)))
+    assert new.param_groups[0]["fused"] and not new.param_groups[0]["foreach"]
+    assert float(new.state[p]["step"]) == 1.0 and torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])
+    new.step()  # the fused kernel runs on the loaded state
+    assert float(new.state[p]["step"]) == 2.0
+
+
+def test_adamw_takes_what_torch_optimizers_take():
+    from models.train import adamw
+
+    a, b = torch.zeros(2, requires_grad=True), torch.zeros(3, requires_grad=True)
+    for params in ((p for p in (a, b)), [{"params": (p for p in (a,))}, {"params": b, "lr": 0.5}]):
+        opt = adamw(params, lr=1e-3)
+        assert [p for g in opt.param_groups for p in g["params"]] == [a, b] and opt.param_groups[0]["fused"]
