@@ -66,7 +66,11 @@ def test_bad_config_and_corpus(tmp_path, capsys):
 
 
 def test_tiny_training_run_writes_a_card(tmp_path, capsys, monkeypatch):
+    from models import allocator
+
     monkeypatch.setenv("CIRCUITS_CACHE", str(tmp_path / "cache"))
+    kept = []  # the command keeps freed memory for its steps (recorded, not applied to the test process)
+    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: kept.append(True) or True)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.py").write_text(TEXT)
     cfg = {"model": {"n_layers": 2, "d_model": 32, "n_ctx": 48, "d_vocab": 259, "n_heads": 2,
@@ -79,7 +83,7 @@ def test_tiny_training_run_writes_a_card(tmp_path, capsys, monkeypatch):
     assert main(["train", "--config", str(tmp_path / "m.json"), "--data", str(tmp_path / "data"),
                  "--out", str(out), "--json", "--train-config", '{"steps": 10}']) == 0  # inline, over the file's
     summary = json.loads(capsys.readouterr().out)
-    assert summary["steps"] == 10 and summary["out"] == str(out)
+    assert summary["steps"] == 10 and summary["out"] == str(out) and kept
     card = (out / "card.md").read_text()
     assert "circuits train --config" in card and "validation loss" in card
     assert (out / "training_curve.png").read_bytes()[:4] == b"\x89PNG"
