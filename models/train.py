@@ -90,19 +90,18 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return adamw(param_groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch documents its fused AdamW
+
+
 def adamw(params, **kwargs) -> torch.optim.AdamW:
     """`torch.optim.AdamW(params, **kwargs)` on torch's fused kernel (the whole update in one pass over each
-    parameter) where every parameter is a floating-point CPU or CUDA tensor (torch documents the fused AdamW for
-    those), else its `foreach` implementation. Same update to float32 rounding (Loshchilov & Hutter 2019, Algorithm
-    2; tests/models/test_train.py checks both against a float64 loop) and deterministic; for `attn-only-2l` on the
-    benchmark machine 0.14 against 0.49 ms a step at two threads (benchmarks/README.md)."""
+    parameter) where every parameter is a floating-point tensor on one of `FUSED_ADAMW_DEVICES`, else its `foreach`
+    implementation: the same update to float32 rounding (Loshchilov & Hutter 2019, Algorithm 2; the tests hold both
+    to a float64 loop), deterministic, and fewer passes over memory (benchmarks/README.md has the timings)."""
     params = [dict(g, params=_tensors(g["params"])) if isinstance(g, dict) else g for g in _tensors(params)]
     tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
     fused = all(p.is_floating_point() and p.device.type in FUSED_ADAMW_DEVICES for p in tensors)
     return torch.optim.AdamW(params, **kwargs, **({"fused": True} if fused else {"foreach": True}))
-
-
-FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 
 def _tensors(params) -> list:

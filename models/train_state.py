@@ -84,8 +84,8 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict, groups: list) -> N
     for g in groups:
         if "betas" in g:
             g["betas"] = tuple(g["betas"])
-    # which implementation runs the update is this process's choice (`models.train.adamw`: fused where torch has
-    # it for these parameters), not part of the training state: a checkpoint written by another one keeps it
+    # which kernel runs the update (`models.train.adamw`: fused where torch has one for these parameters) is the
+    # resuming process's choice, not training state: the checkpoint's own setting is not restored
     kernels = [{k: g[k] for k in IMPLEMENTATION if k in g} for g in opt.param_groups]
     opt.load_state_dict({"state": state, "param_groups": groups})
     for g, kept in zip(opt.param_groups, kernels, strict=True):  # load_state_dict checked the group count

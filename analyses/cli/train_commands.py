@@ -116,7 +116,7 @@ def run_train(args) -> int:
             eval_fn = make_eval_fn(tok, val, seen, periods=(50, 100))
         report_fn = make_report_fn(name, about, command, cfg, corpus, val, seen)
     allocator.keep_freed_memory()  # a program of ours: each step's activations reuse the freed heap instead of
-    # being faulted in again page by page (1.4-1.6x the steps/s of attn-only-2l here; TOY_CIRCUITS_MALLOC=default)
+    # being faulted in again page by page (README, "Benchmarks"; TOY_CIRCUITS_MALLOC=default: glibc's settings)
     model, summary = train(model_cfg, cfg, eval_fn=eval_fn, report_fn=report_fn, resume=args.resume, tokenizer=tok)
     em = f", held-out exact match {summary['final_exact_match']:.2%}" if "final_exact_match" in summary else ""
     emit(args, dict(summary, out=args.out), f"trained {args.preset or 'model'}: {summary['steps']} steps, "
