@@ -1,7 +1,7 @@
 """Forward-pass speed: our `HookedTransformer` vs TransformerLens 4.x (`models.to_transformer_lens`, a
 `TransformerBridge.boot_native` carrying the same weights), on the same tokens, CPU, one process.
 
-    python benchmarks/forward.py [--json] [--threads 2] [--repeats 7]
+    python benchmarks/forward.py [--json] [--threads 2] [--repeats 7] [--dtype float32]
 
 Models: (a) 2-layer attention-only, d_model 128, 4 heads, d_vocab 2048, standard positions, no LayerNorm;
 (b) 2-layer, d_model 512, 8 heads, d_mlp 2048, LayerNorm, d_vocab 2048. Batch 8 x 256 tokens.
@@ -90,8 +90,9 @@ def bench_pair(ours, theirs, repeats: int, warmup: int = 2) -> tuple[float, floa
     return m["ours_wall"], m["tl_wall"]
 
 
-def bench_model(label: str, arch: dict, repeats: int) -> list[dict]:
-    cfg = HookedTransformerConfig(n_ctx=POS, d_vocab=VOCAB, positional_embedding_type="standard", seed=0, **arch)
+def bench_model(label: str, arch: dict, repeats: int, dtype: str = "float32") -> list[dict]:
+    cfg = HookedTransformerConfig(n_ctx=POS, d_vocab=VOCAB, positional_embedding_type="standard", seed=0, dtype=dtype,
+                                  **arch)
     ours = HookedTransformer(cfg).eval()
     theirs = to_transformer_lens(ours).eval()
     tokens = torch.randint(0, VOCAB, (BATCH, POS), generator=torch.Generator().manual_seed(0))
@@ -120,12 +121,12 @@ def bench_model(label: str, arch: dict, repeats: int) -> list[dict]:
     return results
 
 
-def run(repeats: int) -> dict:
+def run(repeats: int, dtype: str = "float32") -> dict:
     warnings.filterwarnings("ignore")
     malloc = keep_freed_memory()
     load_before = os.getloadavg()
     floor_before = gemm_floor()
-    results = [r for label, arch in MODELS.items() for r in bench_model(label, arch, repeats)]
+    results = [r for label, arch in MODELS.items() for r in bench_model(label, arch, repeats, dtype)]
     floor_after = gemm_floor()
     floor = best_floor(floor_before, floor_after)
     for r in results:
@@ -133,14 +134,14 @@ def run(repeats: int) -> dict:
         r["vs_floor_cpu"] = max(floor["cpu"].values()) / (r["gflop"] / r["ours_cpu_ms"] * 1e3)
     return {"machine": cpu(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
             "keep_freed_memory": malloc, "gemm_floor_gflops": floor,
-            "batch": BATCH, "pos": POS, "repeats": repeats, "results": results}
+            "batch": BATCH, "pos": POS, "repeats": repeats, "dtype": dtype, "results": results}
 
 
 def table(out: dict) -> str:
     lines = [
         header(out["machine"], out["gemm_floor_gflops"], out["loadavg_before"]),
         f"glibc keeps freed memory (models.allocator): {out['keep_freed_memory']}; batch {out['batch']} × "
-        f"{out['pos']}, median of {out['repeats']}",
+        f"{out['pos']}, {out['dtype']}, median of {out['repeats']}",
         "",
         "| model | row | ours ms | TL ms | ours/TL | ours CPU ms | TL CPU ms | ours/TL (CPU) | ours GFLOP/s "
         "| vs floor | vs floor (CPU) |",
@@ -158,9 +159,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="the models' dtype (the GEMM floor stays float32)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    out = run(args.repeats)
+    out = run(args.repeats, args.dtype)
     print(json.dumps(out, indent=2) if args.json else table(out))
 
 

@@ -17,7 +17,7 @@ from transformer_lens.hook_points import HookPoint
 
 from . import train_attention
 from .config import HookedTransformerConfig
-from .gemm import MIN_ROWS, affine, dual_level, inference_only, traced
+from .gemm import MIN_ROWS, affine, dual_level, inference_only, rounded_product, traced
 from .hook_switches import only_caching
 from .positions import Rotation
 from .score_bias import ScoreBias
@@ -190,9 +190,10 @@ class Attention(nn.Module):
         cap = self.cfg.attn_scores_soft_cap
         fast = cap is None and inference_only(q, k, v)
         if fast and (bias is None or bias.dim() == 2):
-            scores = scaled_scores(q, k, scale, bias)
+            scores = rounded_product(lambda q, k, bias: scaled_scores(q, k, scale, bias), q, k, bias)
         else:
-            scores = soft_cap((q @ k.transpose(-1, -2)).mul_(scale), cap)  # in place: the square once
+            qk = rounded_product(lambda q, k: q @ k.transpose(-1, -2), q, k)
+            scores = soft_cap(qk.mul_(scale), cap)  # in place: the square once
             if bias is not None:
                 scores.add_(bias)
         seen = hooked(self.hook_attn_scores)
@@ -203,8 +204,8 @@ class Attention(nn.Module):
         pattern = self.hook_pattern(pattern)
         if (fast and score_bias.masks_future and K >= P and only_caching(self.hook_attn_scores)
                 and only_caching(self.hook_pattern)):
-            return causal_pattern_v(pattern, v)
-        return pattern @ v
+            return rounded_product(causal_pattern_v, pattern, v)
+        return rounded_product(torch.matmul, pattern, v)
 
 
 def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None,
@@ -254,7 +255,7 @@ def _per_head_project(triples) -> list:
     out = []
     for x, W, b in triples:
         rows = x.reshape(1, -1, x.shape[-1]).expand(W.shape[0], -1, -1)  # [heads, batch·pos, d_model], no copy
-        out.append(torch.baddbmm(b[:, None], rows, W).transpose(0, 1))
+        out.append(rounded_product(lambda b, rows, W: torch.baddbmm(b[:, None], rows, W), b, rows, W).transpose(0, 1))
     return out
 
 

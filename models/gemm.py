@@ -19,9 +19,12 @@ Forward and backward both run on oneDNN (`_OneDNNAffine`; its double backward us
 forward-mode AD has a `jvp`). torch's own `mm` / `bmm` reach oneDNN only through a public precision setting
 (`onednn_matmuls`, used where `onednn_matmuls_ok` found it float32-exact and faster): the weight gradient `xᵀ g`
 takes it (oneDNN reads `xᵀ` in place; `_linear_pointwise` copies it), and so does `models.train_attention`.
-Switch: the environment variable `TOY_CIRCUITS_GEMM` = `auto` (the default), `plain` (never oneDNN) or `onednn`
-(skip the measurement, keep the capability check); `use(kernel)` sets it in code. Results agree with the plain kernel
-to rounding (float32), not bitwise.
+bfloat16 and float16 CPU products (the layers', the attention's explicit path and its decoding projection) run in
+float32 and are rounded once to their dtype where `upcast_reduced` measured that faster (CPUs without native
+reduced-precision kernels; benchmarks/README.md); torch's own kernel rounds a float32 sum once as well.
+Switch: the environment variable `TOY_CIRCUITS_GEMM` = `auto` (the default), `plain` (never oneDNN, never the float32
+way for reduced precision) or `onednn` (skip the oneDNN measurement, keep the capability check); `use(kernel)` sets it
+in code. Results agree with the plain kernel to rounding, not bitwise.
 """
 
 from __future__ import annotations
@@ -216,12 +219,61 @@ def _fits(x: torch.Tensor, W: torch.Tensor) -> bool:
             and not traced() and not torch.is_autocast_enabled("cpu") and kernel() == "onednn")
 
 
+REDUCED = (torch.bfloat16, torch.float16)
+_upcast_decided: dict[tuple[str, torch.dtype], bool] = {}  # (requested setting, dtype) -> whether to upcast
+
+
+def upcast_reduced(dtype: torch.dtype) -> bool:
+    """Once per setting and dtype: bfloat16 / float16 CPU products run in float32 and are rounded once to `dtype`.
+
+    torch's own reduced-precision CPU products accumulate in float32 and round once as well, but where the CPU has no
+    native kernel for them they run many times slower than the float32 product (benchmarks/README.md, "bfloat16");
+    the products of two bfloat16 / float16 numbers are exact in float32, so both ways differ only in the order of
+    the float32 sum. Decided where a probe finds the float32 way no further from a float64 reference than torch's
+    (within 2×) and faster per core by `MIN_GAIN`; never with `TOY_CIRCUITS_GEMM=plain`."""
+    key = (_requested(), dtype)
+    if key not in _upcast_decided:
+        _upcast_decided[key] = key[0] != "plain" and _upcast_probe(dtype)
+    return _upcast_decided[key]
+
+
+def _upcast_probe(dtype: torch.dtype, repeats: int = 5) -> bool:
+    x, W, _ = (t.to(dtype) for t in _probe(64, 128, 256))
+    plain, up = x @ W, (x.float() @ W.float()).to(dtype)
+    ref = x.double() @ W.double()
+    err = lambda t: float((t.double() - ref).abs().max())
+    return err(up) <= 2 * err(plain) and beats_per_core(lambda: x @ W, lambda: (x.float() @ W.float()).to(dtype),
+                                                         repeats)
+
+
+def in_float32(t: torch.Tensor) -> bool:
+    """`t` is a bfloat16 / float16 CPU tensor whose products run in float32 here (`upcast_reduced`; not under CPU
+    autocast, which chooses its own precision)."""
+    return (t.device.type == "cpu" and t.dtype in REDUCED and not torch.is_autocast_enabled("cpu")
+            and upcast_reduced(t.dtype))
+
+
+def rounded_product(fn, *tensors: torch.Tensor | None) -> torch.Tensor:
+    """`fn(*tensors)` for a product of reduced-precision CPU tensors: computed on float32 copies and rounded once to
+    their dtype where `in_float32` holds (as torch's own kernel rounds its float32 sum), else as it is."""
+    first = tensors[0]
+    if not in_float32(first):
+        return fn(*tensors)
+    return fn(*(None if t is None else t.float() for t in tensors)).to(first.dtype)
+
+
+def _upcast_fits(x: torch.Tensor, W: torch.Tensor) -> bool:
+    return W.dtype == x.dtype and x.dim() == 2 and W.dim() == 2 and in_float32(x)
+
+
 def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """`x @ W + b` for a 2-D `x [rows, d_in]`, `W [d_in, d_out]`, `b [d_out]`, as one fused product (no separate
     bias pass), on the kernel `kernel()` chose where the call fits (module docstring). A bias that is zero and
     needs no gradient (the buffers of `use_bias=False`) is skipped on the CPU; the zero test reads the values, so a
     bias written later (`circuits.fold_layer_norm`) still counts. On a GPU the test would synchronise, so the add
     stays; below `MIN_ROWS` rows (a decoding step) the test costs more than the add, so the add stays too."""
+    if _upcast_fits(x, W) and b.dtype == x.dtype:
+        return affine(b.float(), x.float(), W.float()).to(x.dtype)
     skip_b = x.shape[0] >= MIN_ROWS and not b.requires_grad and b.device.type == "cpu" and not b.any()
     if not _fits(x, W):
         return x @ W if skip_b else torch.addmm(b, x, W)
@@ -233,6 +285,8 @@ def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 
 def matmul(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """`x @ W` for 2-D `x` and `W`, on the kernel `kernel()` chose where the call fits (see `affine`)."""
+    if _upcast_fits(x, W):
+        return matmul(x.float(), W.float()).to(x.dtype)
     if not _fits(x, W):
         return x @ W
     W = W.contiguous()
