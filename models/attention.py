@@ -135,7 +135,7 @@ class Attention(nn.Module):
         if Hkv != cfg.n_key_value_heads:  # ungrouped: every query head gets its own copy of its kv head
             W_K, W_V, b_K, b_V = (t.repeat_interleave(H // cfg.n_key_value_heads, 0) for t in (W_K, W_V, b_K, b_V))
         if x_q.ndim == 4:  # per-head inputs
-            q, k, v = (torch.einsum("bphd,hde->bphe", x, W) + b
+            q, k, v = (rounded_product(lambda x, W: torch.einsum("bphd,hde->bphe", x, W), x, W) + b
                        for x, W, b in ((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
         elif (kv_entry is not None or cache is not None) and B * max(P, K) < MIN_ROWS:  # a decoding step
             q, k, v = _per_head_project(((x_q, self.W_Q, self.b_Q), (x_k, W_K, b_K), (x_v, W_V, b_V)))
@@ -172,7 +172,8 @@ class Attention(nn.Module):
             z = z.transpose(1, 2)
         z = self.hook_z(z)  # [batch, pos, head, d_head]
         if cfg.use_attn_result and hooked(self.hook_result):
-            result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))  # [batch, pos, head, d_model]
+            per_head = rounded_product(lambda z, W: torch.einsum("bphd,hdm->bphm", z, W), z, self.W_O)
+            result = self.hook_result(per_head)  # [batch, pos, head, d_model]
             return result.sum(-2) + self.b_O
         return affine(self.b_O, z.reshape(B * P, H * dh), self.W_O.reshape(H * dh, -1)).view(B, P, -1)
 

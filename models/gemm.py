@@ -19,9 +19,9 @@ Forward and backward both run on oneDNN (`_OneDNNAffine`; its double backward us
 forward-mode AD has a `jvp`). torch's own `mm` / `bmm` reach oneDNN only through a public precision setting
 (`onednn_matmuls`, used where `onednn_matmuls_ok` found it float32-exact and faster): the weight gradient `xᵀ g`
 takes it (oneDNN reads `xᵀ` in place; `_linear_pointwise` copies it), and so does `models.train_attention`.
-bfloat16 and float16 CPU products (the layers', the attention's explicit path and its decoding projection) run in
-float32 and are rounded once to their dtype where `upcast_reduced` measured that faster (CPUs without native
-reduced-precision kernels; benchmarks/README.md); torch's own kernel rounds a float32 sum once as well.
+bfloat16 and float16 CPU products (the layers', the attention's explicit path, per-head products and decoding
+projection) run in float32 and are rounded once to their dtype where `upcast_reduced` measured that faster (CPUs
+without native reduced-precision kernels; benchmarks/README.md); torch's own kernel rounds a float32 sum once too.
 Switch: the environment variable `TOY_CIRCUITS_GEMM` = `auto` (the default), `plain` (never oneDNN, never the float32
 way for reduced precision) or `onednn` (skip the oneDNN measurement, keep the capability check); `use(kernel)` sets it
 in code. Results agree with the plain kernel to rounding, not bitwise.

@@ -66,13 +66,15 @@ def test_float32_path_gradients(upcast, dtype):
     _within_one_rounding(b.grad, gd.sum(0), gd.abs().sum(0), dtype)
 
 
+@pytest.mark.parametrize("per_head", [False, True], ids=["fused", "per-head inputs and results"])
 @pytest.mark.parametrize("dtype", REDUCED)
-def test_model_forward_cache_and_gradients_match_torchs_kernels(upcast, dtype):
+def test_model_forward_cache_and_gradients_match_torchs_kernels(upcast, dtype, per_head):
     """The layers and the explicit attention path (`run_with_cache`: scores, pattern, pattern·v with and without
-    the causal skip) in float32 against the same model on torch's reduced-precision kernels and float64: the same
-    activations in the same dtype, each no further from float64 than 2× torch's."""
+    the causal skip; per-head inputs and results) in float32 against the same model on torch's reduced-precision
+    kernels and float64: the same activations in the same dtype, each no further from float64 than 2× torch's."""
     cfg = HookedTransformerConfig(n_layers=2, d_model=64, n_heads=4, d_mlp=128, n_ctx=24, d_vocab=61,
-                                  normalization_type="LN", seed=0, dtype="float64")
+                                  normalization_type="LN", seed=0, dtype="float64", use_attn_result=per_head,
+                                  use_split_qkv_input=per_head)
     ref = HookedTransformer(cfg)
     model = HookedTransformer(cfg.replace(dtype=str(dtype).removeprefix("torch.")))
     model.load_state_dict({k: v.to(dtype) for k, v in ref.state_dict().items()})
@@ -131,15 +133,18 @@ class _ReducedProducts(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("hooks", ["none", "cache", "pattern edited", "generate"])
+@pytest.mark.parametrize("hooks", ["none", "cache", "pattern edited", "generate", "per-head inputs and results"])
 def test_no_reduced_precision_product_runs_where_float32_is_chosen(upcast, hooks):
+    per_head = hooks == "per-head inputs and results"
     model = HookedTransformer(HookedTransformerConfig(n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=16,
-                                                      d_vocab=50, normalization_type="LN", seed=0, dtype="bfloat16"))
+                                                      d_vocab=50, normalization_type="LN", seed=0, dtype="bfloat16",
+                                                      use_attn_result=per_head, use_split_qkv_input=per_head))
     tokens = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
     run = {"none": lambda: model(tokens), "cache": lambda: model.run_with_cache(tokens),
            "pattern edited": lambda: model.run_with_hooks(
                tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda t, hook: t.clone())]),
-           "generate": lambda: model.generate(tokens[:, :4], max_new_tokens=8, temperature=0.0)}[hooks]
+           "generate": lambda: model.generate(tokens[:, :4], max_new_tokens=8, temperature=0.0),
+           "per-head inputs and results": lambda: model.run_with_cache(tokens)}[hooks]
     seen = {}
     for on in (False, True):
         upcast(on)
