@@ -36,7 +36,8 @@ def tiny_model():
 
 
 def tiny_train(corpus_dir, out=None, **kw):
-    d = dict(steps=30, batch_size=8, lr=3e-3, warmup_steps=5, data=str(corpus_dir), tokenizer="bytes",
+    """The tiny run, on the CPU wherever the tests run (the CUDA path: tests/models/test_cuda.py)."""
+    d = dict(device="cpu", steps=30, batch_size=8, lr=3e-3, warmup_steps=5, data=str(corpus_dir), tokenizer="bytes",
              out_dir=None if out is None else str(out), cache_dir=str(corpus_dir / ".cache"), checkpoint_every=10,
              log_checkpoints=3, eval_every=10, log_every=5, progress=False, num_threads=1, repeat_fraction=0.25,
              repeat_min_len=3, repeat_max_len=8)
