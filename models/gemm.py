@@ -246,24 +246,22 @@ def _upcast_probe(dtype: torch.dtype, repeats: int = 5) -> bool:
                                                          repeats)
 
 
-def in_float32(t: torch.Tensor) -> bool:
-    """`t` is a bfloat16 / float16 CPU tensor whose products run in float32 here (`upcast_reduced`; not under CPU
-    autocast, which chooses its own precision)."""
-    return (t.device.type == "cpu" and t.dtype in REDUCED and not torch.is_autocast_enabled("cpu")
-            and upcast_reduced(t.dtype))
+def in_float32(*tensors: torch.Tensor | None) -> bool:
+    """The tensors (None: absent) are bfloat16 / float16 CPU tensors of one dtype whose products run in float32 here
+    (`upcast_reduced`; not under CPU autocast, which chooses its own precision). Other dtypes return at the first
+    test, so float32 calls pay one comparison."""
+    first = tensors[0]
+    return (first.dtype in REDUCED and first.device.type == "cpu"
+            and all(t is None or t.dtype == first.dtype for t in tensors)
+            and not torch.is_autocast_enabled("cpu") and upcast_reduced(first.dtype))
 
 
 def rounded_product(fn, *tensors: torch.Tensor | None) -> torch.Tensor:
     """`fn(*tensors)` for a product of reduced-precision CPU tensors: computed on float32 copies and rounded once to
     their dtype where `in_float32` holds (as torch's own kernel rounds its float32 sum), else as it is."""
-    first = tensors[0]
-    if not in_float32(first):
+    if not in_float32(*tensors):
         return fn(*tensors)
-    return fn(*(None if t is None else t.float() for t in tensors)).to(first.dtype)
-
-
-def _upcast_fits(x: torch.Tensor, W: torch.Tensor) -> bool:
-    return W.dtype == x.dtype and x.dim() == 2 and W.dim() == 2 and in_float32(x)
+    return fn(*(None if t is None else t.float() for t in tensors)).to(tensors[0].dtype)
 
 
 def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -272,7 +270,7 @@ def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     needs no gradient (the buffers of `use_bias=False`) is skipped on the CPU; the zero test reads the values, so a
     bias written later (`circuits.fold_layer_norm`) still counts. On a GPU the test would synchronise, so the add
     stays; below `MIN_ROWS` rows (a decoding step) the test costs more than the add, so the add stays too."""
-    if _upcast_fits(x, W) and b.dtype == x.dtype:
+    if in_float32(x, W, b):  # as `rounded_product`, on float32 copies
         return affine(b.float(), x.float(), W.float()).to(x.dtype)
     skip_b = x.shape[0] >= MIN_ROWS and not b.requires_grad and b.device.type == "cpu" and not b.any()
     if not _fits(x, W):
@@ -285,7 +283,7 @@ def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 
 def matmul(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """`x @ W` for 2-D `x` and `W`, on the kernel `kernel()` chose where the call fits (see `affine`)."""
-    if _upcast_fits(x, W):
+    if in_float32(x, W):
         return matmul(x.float(), W.float()).to(x.dtype)
     if not _fits(x, W):
         return x @ W

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import in_dtype
 
 from models import HookedTransformer, HookedTransformerConfig, gemm
 
@@ -76,8 +77,7 @@ def test_model_forward_cache_and_gradients_match_torchs_kernels(upcast, dtype, p
                                   normalization_type="LN", seed=0, dtype="float64", use_attn_result=per_head,
                                   use_split_qkv_input=per_head)
     ref = HookedTransformer(cfg)
-    model = HookedTransformer(cfg.replace(dtype=str(dtype).removeprefix("torch.")))
-    model.load_state_dict({k: v.to(dtype) for k, v in ref.state_dict().items()})
+    model = in_dtype(ref, str(dtype).removeprefix("torch."))
     tokens = torch.randint(0, 61, (3, 24), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want_logits, want = ref.run_with_cache(tokens)
@@ -164,6 +164,7 @@ def test_when_the_float32_path_is_taken(monkeypatch):
     assert gemm.upcast_reduced(torch.float16) is True  # faster and as exact
     x = torch.ones(4, 4, dtype=torch.float16)
     assert gemm.in_float32(x) and not gemm.in_float32(x.bfloat16()) and not gemm.in_float32(x.float())
+    assert gemm.in_float32(x, x, None) and not gemm.in_float32(x, x.float())  # one reduced dtype, absent ones skipped
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not gemm.in_float32(x)  # autocast chooses its own precision
     monkeypatch.setattr(gemm, "_upcast_probe", lambda dtype: pytest.fail("probed under the plain setting"))
