@@ -69,19 +69,25 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def measure_pair(ours, theirs, repeats: int, warmup: int = 2) -> dict:
-    """Median wall and CPU seconds of two callables, alternating them run by run."""
+def measure_pair(ours, theirs, repeats: int, warmup: int = 2, sync=None) -> dict:
+    """Median wall and CPU seconds of two callables (`theirs` None: of `ours` alone), alternating them run by run:
+    `{"ours_wall", "ours_cpu", "tl_wall", "tl_cpu"}`. `sync` (a GPU's `synchronize`) runs before and after each timed
+    call, so that a run is timed from an idle device to an idle device."""
+    sides = {"ours": ours} if theirs is None else {"ours": ours, "tl": theirs}
+    wait = sync or (lambda: None)
     for _ in range(warmup):
-        ours()
-        theirs()
-    runs = {"ours": [], "tl": []}
+        for fn in sides.values():
+            fn()
+    runs = {key: [] for key in sides}
     for _ in range(repeats):
-        for key, fn in (("ours", ours), ("tl", theirs)):
+        for key, fn in sides.items():
+            wait()
             w0, c0 = time.perf_counter(), time.process_time()
             fn()
+            wait()
             runs[key].append((time.perf_counter() - w0, time.process_time() - c0))
-    med = lambda key, i: statistics.median(r[i] for r in runs[key])
-    return {"ours_wall": med("ours", 0), "tl_wall": med("tl", 0), "ours_cpu": med("ours", 1), "tl_cpu": med("tl", 1)}
+    return {f"{key}_{clock}": statistics.median(r[i] for r in runs[key])
+            for key in runs for i, clock in enumerate(("wall", "cpu"))}
 
 
 def bench_pair(ours, theirs, repeats: int, warmup: int = 2) -> tuple[float, float]:
@@ -90,9 +96,14 @@ def bench_pair(ours, theirs, repeats: int, warmup: int = 2) -> tuple[float, floa
     return m["ours_wall"], m["tl_wall"]
 
 
+def config(arch: dict, pos: int = POS, dtype: str = "float32") -> HookedTransformerConfig:
+    """The config of a model of `MODELS` for sequences of `pos` tokens."""
+    return HookedTransformerConfig(n_ctx=pos, d_vocab=VOCAB, positional_embedding_type="standard", seed=0,
+                                   dtype=dtype, **arch)
+
+
 def bench_model(label: str, arch: dict, repeats: int, dtype: str = "float32") -> list[dict]:
-    cfg = HookedTransformerConfig(n_ctx=POS, d_vocab=VOCAB, positional_embedding_type="standard", seed=0, dtype=dtype,
-                                  **arch)
+    cfg = config(arch, dtype=dtype)
     ours = HookedTransformer(cfg).eval()
     theirs = to_transformer_lens(ours).eval()
     tokens = torch.randint(0, VOCAB, (BATCH, POS), generator=torch.Generator().manual_seed(0))

@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -37,41 +35,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forward import MODELS, model_flops  # noqa: E402
+from forward import MODELS, config, measure_pair, model_flops  # noqa: E402
+from train import contenders, make_step  # noqa: E402
 
-from models import HookedTransformer, HookedTransformerConfig  # noqa: E402
-from models.train import adamw  # noqa: E402
+from models import HookedTransformer  # noqa: E402
 from models.train_presets import get_preset  # noqa: E402
 
 #: dense data-sheet peaks, TFLOP/s (NVIDIA H100 / H200 SXM data sheets: FP32 67, BF16 Tensor Core 989 without
 #: sparsity); matched on the device name
 PEAKS = {"H100": {"float32": 67.0, "bfloat16": 989.0}, "H200": {"float32": 67.0, "bfloat16": 989.0}}
 FORWARD_SHAPES = ((8, 256), (64, 1024))
-DEVICE = "cuda"
 TRAIN_SCALES = (1, 8, 64)
 
 
-def sync() -> None:
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-
-
-def pair(ours, theirs, repeats: int, warmup: int = 3) -> dict:
-    """Median seconds of `ours` and `theirs` (None: ours alone), alternated run by run, synchronised each side."""
-    fns = {"ours": ours} | ({"tl": theirs} if theirs is not None else {})
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    sync()
-    runs = {k: [] for k in fns}
-    for _ in range(repeats):
-        for key, fn in fns.items():
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            runs[key].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in runs.items()}
+def pair(ours, theirs, repeats: int) -> dict:
+    """Median seconds of `ours` and `theirs` (None: ours alone), alternated run by run, each from an idle GPU to an
+    idle GPU: `{"ours": s, "tl": s}`."""
+    m = measure_pair(ours, theirs, repeats, warmup=3, sync=torch.cuda.synchronize)
+    return {key: m[f"{key}_wall"] for key in ("ours", "tl") if f"{key}_wall" in m}
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 8192, repeats: int = 10) -> float:
@@ -87,7 +68,7 @@ def matmul_peak(dtype: torch.dtype, n: int = 8192, repeats: int = 10) -> float:
         start.record()
         a @ b
         end.record()
-        sync()
+        torch.cuda.synchronize()
         best = min(best, start.elapsed_time(end) / 1e3)
     return 2 * n**3 / best / 1e12
 
@@ -97,17 +78,17 @@ def transformer_lens(model):
     try:
         from models import to_transformer_lens
 
-        return to_transformer_lens(model)
+        return to_transformer_lens(model).eval()
     except ImportError:  # not installed, or a dependency of it missing or broken here
         return None
 
 
-def row(kind: str, label: str, dtype: str, shape: tuple, t: dict, flops: float, peaks: dict, tokens: int) -> dict:
+def row(kind: str, label: str, dtype: str, shape: tuple, t: dict, flops: float, peaks: dict) -> dict:
+    tokens, tflops = shape[0] * shape[1], flops / t["ours"] / 1e12
     out = {"kind": kind, "model": label, "dtype": dtype, "batch": shape[0], "pos": shape[1],
-           "ours_ms": t["ours"] * 1e3, "ours_tokens_per_s": tokens / t["ours"],
-           "ours_tflops": flops / t["ours"] / 1e12,
-           "of_measured_peak": flops / t["ours"] / 1e12 / peaks["measured"],
-           "of_datasheet_peak": flops / t["ours"] / 1e12 / peaks["datasheet"] if peaks["datasheet"] else None}
+           "ours_ms": t["ours"] * 1e3, "ours_tokens_per_s": tokens / t["ours"], "ours_tflops": tflops,
+           "of_measured_peak": tflops / peaks["measured"],
+           "of_datasheet_peak": tflops / peaks["datasheet"] if peaks["datasheet"] else None}
     if "tl" in t:
         out |= {"tl_ms": t["tl"] * 1e3, "tl_tokens_per_s": tokens / t["tl"], "ratio": t["ours"] / t["tl"]}
     return out
@@ -124,58 +105,40 @@ def forward_rows(dtype: str, peaks: dict, repeats: int) -> list[dict]:
     rows = []
     for label, arch in MODELS.items():
         for batch, pos in FORWARD_SHAPES:
-            cfg = HookedTransformerConfig(n_ctx=pos, d_vocab=2048, positional_embedding_type="standard", seed=0,
-                                          dtype=dtype, **arch)
-            ours = HookedTransformer(cfg).eval().to(DEVICE)
+            cfg = config(arch, pos, dtype)
+            ours = HookedTransformer(cfg).eval().to("cuda")
             theirs = transformer_lens(ours)
-            theirs = theirs.eval() if theirs is not None else None
-            tokens = torch.randint(0, cfg.d_vocab, (batch, pos), device=DEVICE,
-                                   generator=torch.Generator(device=DEVICE).manual_seed(0))
+            tokens = torch.randint(0, cfg.d_vocab, (batch, pos), device="cuda",
+                                   generator=torch.Generator(device="cuda").manual_seed(0))
             flops = model_flops(cfg, batch, pos)
             with torch.no_grad():
                 err = None if theirs is None else float((ours(tokens) - theirs(tokens)).abs().max())
                 for kind, (fo, ft) in forward_calls(ours, theirs, tokens).items():
-                    t = pair(fo, ft, repeats)
-                    rows.append(row(kind, label, dtype, (batch, pos), t, flops, peaks, batch * pos)
+                    rows.append(row(kind, label, dtype, (batch, pos), pair(fo, ft, repeats), flops, peaks)
                                 | {"max_abs_logit_diff": err})
             del ours, theirs
             torch.cuda.empty_cache()
     return rows
 
 
-def make_step(model, tokens: torch.Tensor, bf16: bool):
-    """forward (each library's own loss), backward, clipping at 1.0, AdamW; under bfloat16 autocast if `bf16`."""
-    opt = adamw(model.parameters(), lr=1e-3)
-
-    def step() -> None:
-        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(tokens, return_type="loss")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    return step
-
-
 def train_rows(dtype: str, peaks: dict, repeats: int) -> list[dict]:
     rows = []
     model_cfg, train_cfg, _ = get_preset("attn-only-2l")
     model_cfg = model_cfg.replace(seed=0)
+    amp = "cuda" if dtype == "bfloat16" else None  # bfloat16: autocast over float32 weights, as `circuits train`
     for scale in TRAIN_SCALES:
         batch, pos = train_cfg.batch_size * scale, model_cfg.n_ctx
-        ours = HookedTransformer(model_cfg).train().to(DEVICE)
-        standard = HookedTransformer(model_cfg.replace(positional_embedding_type="standard"))
-        standard.load_state_dict(ours.state_dict(), strict=False)
-        theirs = transformer_lens(standard.to(DEVICE))
-        tokens = torch.randint(0, model_cfg.d_vocab, (batch, pos), device=DEVICE,
-                               generator=torch.Generator(device=DEVICE).manual_seed(0))
-        bf16 = dtype == "bfloat16"
-        t = pair(make_step(ours, tokens, bf16),
-                 None if theirs is None else make_step(theirs.train(), tokens, bf16), repeats)
+        try:
+            ours, theirs = contenders(model_cfg, "cuda")
+        except ImportError:
+            ours, theirs = HookedTransformer(model_cfg).train().to("cuda"), None
+        tokens = torch.randint(0, model_cfg.d_vocab, (batch, pos), device="cuda",
+                               generator=torch.Generator(device="cuda").manual_seed(0))
+        t = pair(make_step(ours, tokens, autocast=amp),
+                 None if theirs is None else make_step(theirs, tokens, autocast=amp), repeats)
         rows.append(row("training step", "attn-only-2l", dtype, (batch, pos), t, 3 * model_flops(model_cfg, batch, pos),
-                        peaks, batch * pos))
-        del ours, standard, theirs
+                        peaks))
+        del ours, theirs
         torch.cuda.empty_cache()
     return rows
 

@@ -33,6 +33,7 @@ into one buffer laid out as the projection's output against separate ones that i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -54,14 +55,17 @@ from models.train import adamw  # noqa: E402
 from models.train_presets import get_preset  # noqa: E402
 
 
-def make_step(model, tokens: torch.Tensor, loss_kind: str = "own"):
+def make_step(model, tokens: torch.Tensor, loss_kind: str = "own", autocast: str | None = None):
     """One training step of `model` on `tokens` with its own loss (`loss_kind="own"`) or
-    `models.lm_cross_entropy` on its logits (`"shared"`); returns a zero-argument callable."""
+    `models.lm_cross_entropy` on its logits (`"shared"`), its forward under bfloat16 autocast on the device type
+    `autocast` if given (as `circuits train` on CUDA); returns a zero-argument callable."""
     opt = adamw(model.parameters(), lr=1e-3)
     shared = loss_kind == "shared"
+    amp = (lambda: torch.autocast(autocast, dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
 
     def step() -> float:
-        loss = lm_cross_entropy(model(tokens), tokens) if shared else model(tokens, return_type="loss")
+        with amp():
+            loss = lm_cross_entropy(model(tokens), tokens) if shared else model(tokens, return_type="loss")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -129,16 +133,22 @@ def kernels_ab(model, tokens: torch.Tensor, steps: int, warmup: int) -> dict:
     return rows
 
 
+def contenders(model_cfg, device: str = "cpu") -> tuple:
+    """Ours with `model_cfg` (training mode, on `device`) and TransformerLens' bridge of the same weights with
+    standard positions (TransformerLens 4.x has no shortformer); `ImportError` where it cannot be imported."""
+    ours = HookedTransformer(model_cfg).train().to(device)
+    standard = HookedTransformer(model_cfg.replace(positional_embedding_type="standard"))
+    standard.load_state_dict(ours.state_dict(), strict=False)
+    return ours, to_transformer_lens(standard.to(device)).train()
+
+
 def run(steps: int, warmup: int = 3, ab: bool = False) -> dict:
     warnings.filterwarnings("ignore")
     model_cfg, train_cfg, _ = get_preset("attn-only-2l")
     model_cfg = model_cfg.replace(seed=0)
     B, T = train_cfg.batch_size, model_cfg.n_ctx
     tokens = torch.randint(0, model_cfg.d_vocab, (B, T), generator=torch.Generator().manual_seed(0))
-    ours = HookedTransformer(model_cfg).train()
-    standard = HookedTransformer(model_cfg.replace(positional_embedding_type="standard"))
-    standard.load_state_dict(ours.state_dict(), strict=False)
-    theirs = to_transformer_lens(standard).train()
+    ours, theirs = contenders(model_cfg)
     malloc = keep_freed_memory()
     load_before = os.getloadavg()
     floor_before = gemm_floor()

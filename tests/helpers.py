@@ -17,6 +17,13 @@ def randomize(model, scale=0.3, seed=0):
     return model
 
 
+def in_dtype(model: HookedTransformer, dtype: str) -> HookedTransformer:
+    """A model of `model`'s config in `dtype` ("float64", "bfloat16", ...) carrying its weights, on the CPU."""
+    twin = HookedTransformer(model.cfg.replace(dtype=dtype))
+    twin.load_state_dict({k: v.detach().to("cpu", twin.cfg.dtype) for k, v in model.state_dict().items()})
+    return twin
+
+
 def make_model(n_layers: int = 2, **kw) -> HookedTransformer:
     d = dict(n_layers=n_layers, d_model=16, n_ctx=24, d_vocab=30, n_heads=2, d_mlp=None,
              normalization_type=None, positional_embedding_type="shortformer", seed=0)

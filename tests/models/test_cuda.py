@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from helpers import in_dtype
 
 from models import HookedTransformer, HookedTransformerConfig
 
@@ -32,8 +33,8 @@ def _ieee_float32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-def _model(arch: str, dtype: str = "float32") -> HookedTransformer:
-    return HookedTransformer(HookedTransformerConfig(n_ctx=32, d_vocab=97, seed=0, dtype=dtype, **ARCHS[arch])).eval()
+def _model(arch: str) -> HookedTransformer:
+    return HookedTransformer(HookedTransformerConfig(n_ctx=32, d_vocab=97, seed=0, **ARCHS[arch])).eval()
 
 
 def _tokens(batch: int = 3, pos: int = 32, vocab: int = 97) -> torch.Tensor:
@@ -56,8 +57,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, rel: float, scale: float | Non
 @pytest.mark.parametrize("arch", ARCHS)
 def test_forward_and_cache_on_cuda_match_float64(arch):
     model = _model(arch)
-    ref = _model(arch, "float64")
-    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    ref = in_dtype(model, "float64").eval()
     gpu = model.to(DEVICE)
     tokens = _tokens()
     with torch.no_grad():
@@ -74,8 +74,7 @@ def test_forward_and_cache_on_cuda_match_float64(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gradients_on_cuda_match_float64(arch):
     model = _model(arch).train()
-    ref = _model(arch, "float64").train()
-    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    ref = in_dtype(model, "float64").train()
     gpu = model.to(DEVICE)
     tokens = _tokens()
     gpu(tokens.to(DEVICE), return_type="loss").backward()
@@ -88,8 +87,7 @@ def test_gradients_on_cuda_match_float64(arch):
 
 def test_bfloat16_forward_on_cuda_near_float64():
     model = _model("LN gelu standard")
-    ref = _model("LN gelu standard", "float64")
-    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    ref = in_dtype(model, "float64").eval()
     gpu = model.to(DEVICE, torch.bfloat16)
     tokens = _tokens()
     with torch.no_grad():
