@@ -34,7 +34,7 @@ class ScoredHead:
 def task_alignment(task, src: torch.Tensor, src_mask: torch.Tensor, n_tgt: int) -> torch.Tensor | None:
     """`[batch, n_tgt, src_pos]` bool: row i marks the source positions that decoder position i (which predicts
     target token i; its input is BOS then the target) should attend to, from `task.alignment` of each source
-    (`models.seq2seq_data.Task`); rows past the target are False. None when the task's target is not a
+    (`models.data.seq2seq.Task`); rows past the target are False. None when the task's target is not a
     rearrangement of its source (the date task)."""
     out = torch.zeros(src.shape[0], n_tgt, src.shape[1], dtype=torch.bool)
     for b, (s, m) in enumerate(zip(src.cpu(), src_mask.cpu())):

@@ -16,7 +16,7 @@ import torch
 from circuits.composition import composition_baseline, composition_scores
 from circuits.eigen import copying_score, copying_scores, positive_eigenvalue_fraction
 from circuits.factored import k_composition_circuit
-from models.model import head_label
+from models.arch.model import head_label
 
 from .one_layer import positional_r2
 from .scores import (

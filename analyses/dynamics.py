@@ -3,7 +3,7 @@ score and per-head induction scores over tokens seen, and the window where induc
 
 Olsson et al. (2022): induction heads form abruptly, together with a jump in the in-context-learning score
 (< 0.15 nats before, ≈ 0.4 after) and a bump in the loss curve; one-layer models show none of it. Reads the
-`metrics.jsonl` that `models.train.train` writes (records with `tokens`, `train_loss`, `val_loss` and, at
+`metrics.jsonl` that `models.training.loop.train` writes (records with `tokens`, `train_loss`, `val_loss` and, at
 checkpoints, the `analyses.train_metrics` scores: `icl_score`, `induction_scores_{period}` `[layer][head]`,
 `previous_token_scores`).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from models.model import head_label
+from models.arch.model import head_label
 
 from .util import markdown_table
 
@@ -315,7 +315,7 @@ def checkpoint_scores(run_dir, windows=None, tokens_from=None, early: int | None
     recs = _read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
     tok_at = {int(r["step"]): int(r["tokens"]) for r in recs if "step" in r and "tokens" in r}
     if tokenizer is None and (run / "tokenizer.json").is_file():
-        from models.tokenizer import load_tokenizer
+        from models.data.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(run / "tokenizer.json")
     folders = sorted((p for p in (run / "checkpoints").glob("step-*") if (p / "config.json").is_file()),

@@ -1,5 +1,5 @@
 """The report sections for encoder–decoder models (`ENCDEC_SECTIONS`; `analyses.report.build_report` picks them by
-model type). Probes are held-out pairs of the model's task (`models.seq2seq_data`, named by `train_config.json`'s
+model type). Probes are held-out pairs of the model's task (`models.data.seq2seq`, named by `train_config.json`'s
 `data` or the config's `extra["task"]`); each section says what its numbers measure."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def seq2seq_task(model, train_config: dict | None = None) -> dict | None:
 def held_out_probes(model, spec: dict, n: int, seed: int = 0):
     """`(batches, rows, src, tgt, src_mask, tgt_mask, aligned or None)`: `n` held-out pairs of the task `spec`
     (`seq2seq_task`), on the model's device, with their alignment (`analyses.alignment.task_alignment`)."""
-    from models.seq2seq_data import Seq2SeqBatches, make_task
+    from models.data.seq2seq import Seq2SeqBatches, make_task
 
     task = make_task(spec["data"], spec["task_symbols"], spec["task_min_len"], spec["task_max_len"])
     batches = Seq2SeqBatches(task, model.cfg.n_ctx_src, model.cfg.n_ctx_tgt)
@@ -88,7 +88,7 @@ def overview(ctx) -> str:
     if spec is None:
         return "\n".join(lines + ["", "No seq2seq task is recorded for this model: the sections that need probe "
                                   "pairs are left out."])
-    from models.seq2seq_data import exact_match
+    from models.data.seq2seq import exact_match
 
     batches, rows, *_ = probes(ctx)
     em = exact_match(ctx.model, batches, rows)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from models.model import head_label
+from models.arch.model import head_label
 
 
 @lru_cache(maxsize=1)

@@ -47,7 +47,7 @@ def token_label(s: str, max_len: int = 12) -> str:
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet (printable bytes as themselves, the rest shifted to U+0100…), inverted:
     the table byte-level BPE tokenizers (`tokenizers.pre_tokenizers.ByteLevel`) store their pieces in."""
-    from models.tokenizer import byte_level_unicode
+    from models.data.tokenizer import byte_level_unicode
 
     return {ch: b for b, ch in byte_level_unicode().items()}
 

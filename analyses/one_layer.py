@@ -18,7 +18,7 @@ from circuits.diagonal import diagonal_rank_stats
 from circuits.eigen import copying_scores, positive_eigenvalue_fraction
 from circuits.factored import full_ov_circuit, full_qk_circuit
 from circuits.interface import positional_scheme
-from models.model import head_label
+from models.arch.model import head_label
 
 from .scores import attention_patterns, copying_scores_behavioural
 from .sequences import bos_token_id, random_tokens, token_pool

@@ -19,7 +19,7 @@ import torch
 
 from circuits.eigen import eigenvalues
 from circuits.factored import full_ov_circuit
-from models.model import head_label
+from models.arch.model import head_label
 
 from .sequences import repeated_tokens
 from .util import weight_view

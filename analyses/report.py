@@ -66,7 +66,7 @@ def _load(model_or_name_or_path):
     """(model, display name, model folder or None)."""
     if isinstance(model_or_name_or_path, (str, Path)):
         import models
-        from models.checkpoint import ZOO_DIR, resolve
+        from models.io.checkpoint import ZOO_DIR, resolve
 
         folder = resolve(model_or_name_or_path)
         shipped = Path(folder).resolve().parent == Path(ZOO_DIR).resolve()
@@ -80,7 +80,7 @@ def _load(model_or_name_or_path):
 def _train_config(folder: Path | None) -> dict:
     if folder is not None and (Path(folder) / "train_config.json").is_file():
         from models.errors import CheckpointError
-        from models.safe_read import JSON_LIMIT, read_text
+        from models.io.safe_read import JSON_LIMIT, read_text
 
         return json.loads(read_text(Path(folder) / "train_config.json", JSON_LIMIT, CheckpointError))
     return {}
@@ -96,7 +96,7 @@ def training_corpus(model, folder: Path | None):
     if isinstance(data, str) and data.startswith("synthetic"):
         return None
     try:
-        from models.data import build_token_corpus
+        from models.data.corpora import build_token_corpus
 
         return build_token_corpus(data, tok)
     except Exception:  # no corpus here (offline, missing folder): the report goes on without text

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from models.model import head_label
+from models.arch.model import head_label
 
 from .util import fmt, markdown_table
 

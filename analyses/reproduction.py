@@ -21,7 +21,7 @@ from circuits.diagonal import diagonal_rank_stats
 from circuits.eigen import copying_score
 from circuits.factored import full_qk_circuit
 from circuits.interface import attn_scale
-from models.model import head_label
+from models.arch.model import head_label
 
 from .sequences import token_pool
 
@@ -316,7 +316,7 @@ def _one_layer_icl_note(icl: float, se: float) -> str:
 
 
 def write(out: Path = DEFAULT_OUT, zoo: Path | None = None) -> str:
-    from models.checkpoint import ZOO_DIR
+    from models.io.checkpoint import ZOO_DIR
 
     zoo = Path(zoo) if zoo is not None else ZOO_DIR
     torch.set_num_threads(1)

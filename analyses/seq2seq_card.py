@@ -1,4 +1,4 @@
-"""Model cards of encoder–decoder models trained on a `models.seq2seq_data` task (`circuits train --preset
+"""Model cards of encoder–decoder models trained on a `models.data.seq2seq` task (`circuits train --preset
 enc-dec-reverse`): exact match on held-out sources, each cross-attention head's alignment score and the copying score of
 its OV circuit, and the training curve.
 
@@ -67,10 +67,10 @@ def _heads(t: torch.Tensor) -> str:
 
 def make_seq2seq_report_fn(name: str, about: str, command: str, cfg, n_check: int = 2048):
     """`report_fn(model, summary, metrics) -> {"card.md", "training_curve.png", "measured.json"}` for
-    `models.train.train` on a seq2seq task (`n_check` held-out sources measured at the end)."""
+    `models.training.loop.train` on a seq2seq task (`n_check` held-out sources measured at the end)."""
 
     def report_fn(model, summary, metrics) -> dict:
-        from models.seq2seq_data import Seq2SeqBatches, exact_match, make_task
+        from models.data.seq2seq import Seq2SeqBatches, exact_match, make_task
 
         c = model.cfg
         batches = Seq2SeqBatches(make_task(cfg.data, cfg.task_symbols, cfg.task_min_len, cfg.task_max_len),
@@ -95,7 +95,7 @@ def make_seq2seq_report_fn(name: str, about: str, command: str, cfg, n_check: in
             numbers["cross_copying_scores"] = [[round(float(v), 4) for v in r] for r in cs]
             lines.append(f"- copying scores Σλ/Σ|λ| of the cross-attention OV circuits W_E_src W_V W_O W_U: "
                          f"{_heads(cs)} (min **{float(cs.min()):.3f}**)")
-        from models.train_state import step_dir
+        from models.training.state import step_dir
 
         shipped = [s for s in cfg.keep_checkpoints or () if cfg.out_dir and step_dir(cfg.out_dir, s).is_dir()]
         tok_s = [r["tokens_per_s"] for r in metrics if "tokens_per_s" in r]
@@ -110,7 +110,7 @@ def make_seq2seq_report_fn(name: str, about: str, command: str, cfg, n_check: in
                   f"scheduled sampling ({cfg.sampling_schedule}, up to {cfg.sampling_max:g})")
         text = [f"# {name}", "", about, "", "## Model", "", f"- {arch}",
                 f"- parameters: {sum(p.numel() for p in model.parameters()):,}", "", "## Training", "",
-                f"- data: `{cfg.data}`, sources of {lens} symbols out of {cfg.task_symbols} (models.seq2seq_data); "
+                f"- data: `{cfg.data}`, sources of {lens} symbols out of {cfg.task_symbols} (models.data.seq2seq); "
                 "held-out split: sources whose CRC-32 is 0 mod 10, never trained on",
                 f"- {summary['steps']} steps × batch {cfg.batch_size} ({summary['tokens_seen']:,} source + target "
                 f"positions, padding included); {decode}; AdamW lr {cfg.lr} (warm-up {cfg.warmup_steps}, cosine to "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from circuits.checks import check_int
-from models.model import int_ids
+from models.arch.model import int_ids
 
 
 def special_token_ids(model) -> list[int]:

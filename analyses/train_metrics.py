@@ -1,6 +1,6 @@
-"""Training-time measurements and model cards, built from `analyses.scores` for `models.train.train`.
+"""Training-time measurements and model cards, built from `analyses.scores` for `models.training.loop.train`.
 
-`make_eval_fn(...)` returns the `eval_fn(model) -> dict` callback that `models.train.train` calls at every
+`make_eval_fn(...)` returns the `eval_fn(model) -> dict` callback that `models.training.loop.train` calls at every
 checkpoint (models/ never imports analyses/): each head's induction score on `[BOS] + R + R` (|R| = 50 and
 a second period), each head's previous-token score on validation text, and the in-context-learning score
 (loss at token late − loss at token early, positions scaled from Olsson et al.'s 50 and 500 of 512).
@@ -63,7 +63,7 @@ def make_eval_fn(tokenizer, val_tokens, seen_ids, periods=(50,), batch: int = 16
 def eval_inputs(cfg, model_cfg, n_sequences: int | None = None):
     """(tokenizer, `n_sequences` validation sequences, seen ids, corpus) for `make_eval_fn`, from a
     `TrainConfig`'s data (default `analyses.scores.ICL_EXAMPLES` sequences)."""
-    from models.train import build_data
+    from models.training.loop import build_data
 
     from .scores import ICL_EXAMPLES
 
@@ -258,12 +258,12 @@ def mixture_line(cfg) -> str:
 
 
 def make_report_fn(name: str, about: str, command: str, cfg, corpus, val, seen, notes: str = ""):
-    """`report_fn(model, summary, metrics) -> {"card.md": ..., "training_curve.png": ...}` for `models.train`."""
+    """`report_fn(model, summary, metrics) -> {"card.md": ..., "training_curve.png": ...}` for `models.training.loop`."""
 
     def report_fn(model, summary, metrics) -> dict:
         import json
 
-        from models.train_presets import PRESETS
+        from models.training.presets import PRESETS
 
         c = model.cfg
         lines, numbers = card_results(model, metrics, summary, corpus)

@@ -15,7 +15,7 @@ import torch
 from circuits.checks import check_int
 from circuits.factored import full_ov_circuit, full_qk_circuit
 from circuits.interface import attn_scale
-from models.model import head_label
+from models.arch.model import head_label
 
 from .sequences import token_pool
 from .util import markdown_table, token_str, weight_view

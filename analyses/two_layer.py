@@ -16,7 +16,7 @@ from circuits.checks import as_tokens
 from circuits.composition import composition_baseline, composition_scores
 from circuits.importance import term_importance
 from circuits.paths import path_expansion
-from models.model import head_label, lm_cross_entropy
+from models.arch.model import head_label, lm_cross_entropy
 
 from .detect import DetectionResult, detect_induction_heads, detect_previous_token_heads
 from .util import markdown_table, weight_view

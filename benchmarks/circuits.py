@@ -9,7 +9,7 @@ biases, float32 (plain tensors behind the `circuits` interface). Three tasks:
    d_head × d_head eigenproblems) vs TransformerLens' `(W_E @ OV @ W_U).eigenvalues` per head vs the dense
    eigendecomposition of one 50257² matrix (infeasible: estimated from timed n = 1000, 2000 and n³ scaling).
    Floor: one `torch.matmul(W_U, W_E)` (torch's default kernel, MKL here), timed alternately with ours; the same
-   product on oneDNN (`models.gemm`, what ours uses where it is faster) is printed beside it.
+   product on oneDNN (`models.accel.gemm`, what ours uses where it is faster) is printed beside it.
 2. all three composition-score tensors (Q, K, V; `circuits.composition_scores`) vs TransformerLens'
    `utilities.composition_scores` on the stacked `FactoredMatrix`es (what `TransformerBridge.all_composition_scores`
    calls) vs the dense definition (form every d_model × d_model W_OV, W_QK and the l1 < l2 products).
@@ -18,7 +18,7 @@ biases, float32 (plain tensors behind the `circuits` interface). Three tasks:
    `FactoredMatrix.AB` is that matrix). The dense matrix needs 10.1 GB; it is estimated from 2048 of its rows.
    Floor: 2·d_vocab²·d_head FLOPs at the matmul rate measured beside it.
 
-Each case runs in a fresh subprocess (which calls `models.allocator.keep_freed_memory()` first); "peak extra" is
+Each case runs in a fresh subprocess (which calls `models.accel.allocator.keep_freed_memory()` first); "peak extra" is
 the peak RSS (`ru_maxrss`) during the task minus the RSS before it (the weights and imports excluded). Times are the
 best of `--repeats` runs after a warm-up (single runs for the slow routes). The floors are timed in the same process
 as ours, so that load from other processes hits both alike: task 1's `W_U @ W_E` alternately with ours; task 3's
@@ -102,7 +102,7 @@ def _interleaved(fns, repeats: int) -> list[float]:
 
 def case_copy_ours(w, repeats):
     import circuits
-    from models import gemm
+    from models.accel import gemm
 
     out = {"mean_score": float(circuits.copying_scores(w).mean()), "kernel": gemm.kernel()}  # warm-up
     with gemm.use("onednn"):
@@ -223,7 +223,7 @@ CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case
 
 
 def worker(name: str, threads: int, repeats: int) -> None:
-    from models.allocator import keep_freed_memory
+    from models.accel.allocator import keep_freed_memory
 
     keep_freed_memory()  # every route alike (TOY_CIRCUITS_MALLOC=default for glibc's defaults)
     torch.set_num_threads(threads)

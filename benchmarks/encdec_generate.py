@@ -1,4 +1,4 @@
-"""Encoder–decoder generation: the decoder key/value cache (`models.encoder_decoder_generate.KVCache`) against
+"""Encoder–decoder generation: the decoder key/value cache (`models.generation.seq2seq.KVCache`) against
 re-running the decoder on the whole prefix at every step, greedy decoding of `--new` tokens.
 
 The two contenders alternate run by run in one process (the machine is shared: a ratio of alternated runs is the

@@ -13,7 +13,7 @@ processes hits both alike. Both wall time and CPU time (`time.process_time`: thi
 which other processes on a shared machine disturb far less; with one thread it is the quiet machine's wall time)
 are reported, each with its ratio.
 
-The process first calls `models.allocator.keep_freed_memory()` (glibc keeps freed memory instead of faulting it in
+The process first calls `models.accel.allocator.keep_freed_memory()` (glibc keeps freed memory instead of faulting it in
 again each call; both contenders profit alike); `TOY_CIRCUITS_MALLOC=default` runs with glibc's defaults.
 
 The floor is a dense 2048³ float32 product (`machine.gemm_floor`) on torch's default kernel and on oneDNN, timed
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
 from models import HookedTransformer, HookedTransformerConfig, to_transformer_lens  # noqa: E402
-from models.allocator import keep_freed_memory  # noqa: E402
+from models.accel.allocator import keep_freed_memory  # noqa: E402
 
 BATCH, POS, VOCAB = 8, 256, 2048
 MODELS = {
@@ -151,7 +151,7 @@ def run(repeats: int, dtype: str = "float32") -> dict:
 def table(out: dict) -> str:
     lines = [
         header(out["machine"], out["gemm_floor_gflops"], out["loadavg_before"]),
-        f"glibc keeps freed memory (models.allocator): {out['keep_freed_memory']}; batch {out['batch']} × "
+        f"glibc keeps freed memory (models.accel.allocator): {out['keep_freed_memory']}; batch {out['batch']} × "
         f"{out['pos']}, {out['dtype']}, median of {out['repeats']}",
         "",
         "| model | row | ours ms | TL ms | ours/TL | ours CPU ms | TL CPU ms | ours/TL (CPU) | ours GFLOP/s "

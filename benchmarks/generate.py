@@ -21,7 +21,7 @@ FLOPs (2 per multiply-add) of what each path computes: the cached path one posit
 far, the cache-free path the whole context every step (`forward.model_flops`, its pos × pos attention counted
 dense); "× floor" is a path's CPU time over the time those FLOPs take at the GEMM floor (`machine.gemm_floor`, the
 fastest kernel, CPU clock): how far a row is from the machine's limit. The process calls
-`models.allocator.keep_freed_memory()` first, as the other benchmarks (`TOY_CIRCUITS_MALLOC=default` skips it).
+`models.accel.allocator.keep_freed_memory()` first, as the other benchmarks (`TOY_CIRCUITS_MALLOC=default` skips it).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
 import models  # noqa: E402
 from models import HookedTransformer  # noqa: E402
-from models.allocator import keep_freed_memory  # noqa: E402
+from models.accel.allocator import keep_freed_memory  # noqa: E402
 
 
 def contenders() -> dict:
@@ -114,7 +114,7 @@ def run_threads(threads: int, repeats: int, new: int, budget: float, models_: di
 
 def table(run: dict, malloc: bool, repeats: int) -> str:
     lines = [header(run["machine"], run["gemm_floor_gflops"], run["loadavg_before"]), "",
-             f"glibc keeps freed memory (models.allocator): {malloc}; greedy, one-token prompt; median of up to "
+             f"glibc keeps freed memory (models.accel.allocator): {malloc}; greedy, one-token prompt; median of up to "
              f"{repeats} alternated runs (column 'runs')", "",
              "| model | batch | new tokens | runs | KV cache tok/s | no cache tok/s | speed-up | KV tok/CPU s | "
              "no cache tok/CPU s | speed-up (CPU) | KV CPU ms / step | KV × floor | no cache × floor |",

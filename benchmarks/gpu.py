@@ -39,7 +39,7 @@ from forward import MODELS, config, measure_pair, model_flops  # noqa: E402
 from train import contenders, make_step  # noqa: E402
 
 from models import HookedTransformer  # noqa: E402
-from models.train_presets import get_preset  # noqa: E402
+from models.training.presets import get_preset  # noqa: E402
 
 #: dense data-sheet peaks, TFLOP/s (NVIDIA H100 / H200 SXM data sheets: FP32 67, BF16 Tensor Core 989 without
 #: sparsity); matched on the device name

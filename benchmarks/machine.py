@@ -1,5 +1,5 @@
 """What every benchmark prints about the machine: the CPU model and its AVX-512 flags, the load average, and the GEMM
-floor (a 2048³ float32 product) on torch's default kernel and on oneDNN (`models.gemm`), so each row can be read
+floor (a 2048³ float32 product) on torch's default kernel and on oneDNN (`models.accel.gemm`), so each row can be read
 against the fastest product this machine offers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from models import gemm
+from models.accel import gemm
 
 
 def cpu() -> dict:

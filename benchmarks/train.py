@@ -7,7 +7,7 @@ biases; its sizes are printed with the table). TransformerLens cannot build shor
 models any more, so its side is `TransformerBridge.boot_native` with the closest configuration it supports
 (`models.to_transformer_lens` of the same model with standard positions: same sizes, same weights). Both run
 the same hand-written step: forward and next-token loss, backward, gradient clipping at 1.0, AdamW (lr 1e-3) as
-our trainer builds it (`models.train.adamw`: torch's fused kernel where it has one), on the preset's batch
+our trainer builds it (`models.training.loop.adamw`: torch's fused kernel where it has one), on the preset's batch
 (batch_size × n_ctx tokens). The loss is taken two ways, each measured:
 - own (the headline): `model(tokens, return_type="loss")`, each library's own loss, as in
   `transformer_lens.tools.training.train` and `circuits train`;
@@ -17,16 +17,16 @@ median over `--steps` timed steps after warm-up.
 
 Achieved FLOP/s counts 3 × the dense forward FLOPs (forward + backward) of `benchmarks/forward.model_flops`,
 against the GEMM floor (a 2048³ float32 product, `machine.gemm_floor`) on the fastest kernel torch offers here
-(oneDNN where `models.gemm` has it), timed before and after, by wall time and by CPU time, each row's rate
+(oneDNN where `models.accel.gemm` has it), timed before and after, by wall time and by CPU time, each row's rate
 against the floor on the same clock. Wall and CPU time (`time.process_time`) are both
-reported (forward.py explains why); the process calls `models.allocator.keep_freed_memory()` first
+reported (forward.py explains why); the process calls `models.accel.allocator.keep_freed_memory()` first
 (`TOY_CIRCUITS_MALLOC=default` to skip it).
 
 `--ab` (or `--attention-ab`) adds rows of our step against the same step without one of its own kernels, each pair
-alternated step by step: its training attention (`models.train_attention`: the fused kernel of
-`models.fused_attention`, else oneDNN's batched matmul, where this CPU passes their probes) against the batched
+alternated step by step: its training attention (`models.accel.train_attention`: the fused kernel of
+`models.accel.fused_attention`, else oneDNN's batched matmul, where this CPU passes their probes) against the batched
 products (the fused kernel off) and against torch's flash kernel (both off); the fused cross-entropy
-(`models.fused_loss`) against `F.cross_entropy` (`TOY_CIRCUITS_FUSED_LOSS=off`); and q, k, v's gradients written
+(`models.accel.fused_loss`) against `F.cross_entropy` (`TOY_CIRCUITS_FUSED_LOSS=off`); and q, k, v's gradients written
 into one buffer laid out as the projection's output against separate ones that its split's backward concatenates.
 """
 
@@ -49,10 +49,10 @@ from forward import measure_pair, model_flops  # noqa: E402
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
 from models import HookedTransformer, fused_loss, gemm, lm_cross_entropy, to_transformer_lens, train_attention  # noqa: E402
-from models import fused_attention as fa  # noqa: E402
-from models.allocator import keep_freed_memory  # noqa: E402
-from models.train import adamw  # noqa: E402
-from models.train_presets import get_preset  # noqa: E402
+from models.accel import fused_attention as fa  # noqa: E402
+from models.accel.allocator import keep_freed_memory  # noqa: E402
+from models.training.loop import adamw  # noqa: E402
+from models.training.presets import get_preset  # noqa: E402
 
 
 def make_step(model, tokens: torch.Tensor, loss_kind: str = "own", autocast: str | None = None):

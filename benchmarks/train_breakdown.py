@@ -3,9 +3,9 @@
     python benchmarks/train_breakdown.py [--threads 1] [--steps 20] [--batch 32] [--json]
 
 Times (`time.perf_counter`, no profiler: torch.profiler's per-op bookkeeping inflates the short kernels) around
-the oneDNN linears' forward and backward (`models.gemm._OneDNNAffine`), the training attention's forward and
-backward (`models.train_attention`'s `_FusedAttention` or `_BmmAttention`, whichever runs), the loss's forward
-(`models.fused_loss`'s kernel, or `F.cross_entropy`) and its backward (the kernel's; torch's is not separable and
+the oneDNN linears' forward and backward (`models.accel.gemm._OneDNNAffine`), the training attention's forward and
+backward (`models.accel.train_attention`'s `_FusedAttention` or `_BmmAttention`, whichever runs), the loss's forward
+(`models.accel.fused_loss`'s kernel, or `F.cross_entropy`) and its backward (the kernel's; torch's is not separable and
 counts in "other"), gradient clipping and AdamW; the linears, the attention and the loss's backward read 0 where this
 CPU keeps torch's kernels. "other" is the rest of the forward or backward pass (embedding, residual adds, the
 autograd engine, Python). Each part with FLOPs is also given against the machine's GEMM rate (`machine.gemm_floor`,
@@ -34,9 +34,9 @@ from forward import model_flops  # noqa: E402
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
 from models import HookedTransformer, fused_loss, gemm, train_attention  # noqa: E402
-from models.allocator import keep_freed_memory  # noqa: E402
-from models.train import adamw  # noqa: E402
-from models.train_presets import get_preset  # noqa: E402
+from models.accel.allocator import keep_freed_memory  # noqa: E402
+from models.training.loop import adamw  # noqa: E402
+from models.training.presets import get_preset  # noqa: E402
 
 
 def _timed(spent: dict, names: tuple[str, ...], fn):

@@ -24,8 +24,8 @@ import math
 
 import torch
 
-from models.encoder_decoder import HookedEncoderDecoder
-from models.encoder_decoder_config import EncoderDecoderConfig
+from models.arch.encoder_decoder import HookedEncoderDecoder
+from models.arch.encoder_decoder_config import EncoderDecoderConfig
 
 
 def build_reversal_model(d_vocab: int = 8, length: int = 5, gain: float = 60.0,

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from transformer_lens import FactoredMatrix
 
-from models.positions import SCHEMES
+from models.arch.positions import SCHEMES
 
 from .checks import check_head_pair, check_layer_head
 from .interface import positional_scheme, select, warn_if_unfolded

@@ -8,7 +8,7 @@ import copy
 def fold_layer_norm(model, center_writing_weights: bool = True, center_unembed: bool = False):
     """A copy of `model` with every LayerNorm/RMSNorm weight and bias folded into the weights that read it:
     TransformerLens 2.18's `process_weights_(fold_ln=True, center_writing_weights, center_unembed,
-    fold_value_biases=False)` on a copy (`models.weight_processing`, which states each step and its source).
+    fold_value_biases=False)` on a copy (`models.arch.weight_processing`, which states each step and its source).
 
     For a pre-norm `ln(x) = centre(x)/scale · w + b` read by `W` (with bias `b_W`):
     `ln(x) W + b_W = (centre(x)/scale) (diag(w) W) + (b W + b_W)`, so `W ← diag(w) W`, `b_W ← b_W + b W` and the
@@ -30,7 +30,7 @@ def fold_layer_norm(model, center_writing_weights: bool = True, center_unembed: 
         raise TypeError(f"fold_layer_norm needs a models.HookedTransformer, got {type(model).__name__}")
     kind = model.cfg.normalization_type
     new = copy.deepcopy(model)  # its own cfg too (shared by its modules), which processing switches to LNPre / RMSPre
-    # only the steps that apply to this norm kind: `models.weight_processing.check` would warn and skip the others
+    # only the steps that apply to this norm kind: `models.arch.weight_processing.check` would warn and skip the others
     new.process_weights_(fold_ln=kind in ("LN", "RMS"),
                          center_writing_weights=center_writing_weights and kind in ("LN", "LNPre")
                          and not model.cfg.final_rms,

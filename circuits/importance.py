@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.model import lm_cross_entropy
+from models.arch.model import lm_cross_entropy
 
 from .checks import as_tokens
 from .paths import path_expansion

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from models.positions import scheme
+from models.arch.positions import scheme
 
 
 def positional_scheme(model):
-    """The model's positional scheme object (`models.positions`): what its positions do, asked, never compared by
+    """The model's positional scheme object (`models.arch.positions`): what its positions do, asked, never compared by
     name. Works on a TransformerLens bridge's config too."""
     return scheme(model.cfg)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.model import head_label
+from models.arch.model import head_label
 
 from .checks import check_int
 from .frozen import FrozenForward, frozen_forward

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.model import head_label
+from models.arch.model import head_label
 
 from .checks import check_layer_head
 from .frozen import frozen_forward

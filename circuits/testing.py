@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from models.config import HookedTransformerConfig
-from models.model import HookedTransformer
+from models.arch.config import HookedTransformerConfig
+from models.arch.model import HookedTransformer
 
 
 @dataclass(frozen=True)

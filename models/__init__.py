@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 from .lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .checkpoint import load, save
-    from .config import HookedTransformerConfig
-    from .encoder import EncoderConfig, HookedEncoder
-    from .encoder_decoder import HookedEncoderDecoder
-    from .encoder_decoder_config import EncoderDecoderConfig
+    from .arch.config import HookedTransformerConfig
+    from .arch.encoder import EncoderConfig, HookedEncoder
+    from .arch.encoder_decoder import HookedEncoderDecoder
+    from .arch.encoder_decoder_config import EncoderDecoderConfig
+    from .arch.model import HookedTransformer, head_label, lm_cross_entropy
     from .errors import (
         CheckpointError,
         ConfigError,
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
         UnsupportedByTransformerLens,
         WeightProcessingError,
     )
-    from .interop import from_transformer_lens_state_dict, to_transformer_lens
-    from .kv_cache import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
-    from .model import HookedTransformer, head_label, lm_cross_entropy
+    from .generation.kv_cache import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
+    from .io.checkpoint import load, save
+    from .io.interop import from_transformer_lens_state_dict, to_transformer_lens
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, __file__)

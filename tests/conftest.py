@@ -36,9 +36,9 @@ def tiny_model(tiny_cfg):
 
 @pytest.fixture
 def fresh_kernels(monkeypatch, tmp_path):
-    """A process that has not loaded the compiled kernels (`models.kernels`) nor decided on them yet, with its cache
+    """A process that has not loaded the compiled kernels (`models.accel.kernels`) nor decided on them yet, with its cache
     in `tmp_path`."""
-    from models import fused_loss, kernels, train_attention
+    from models.accel import fused_loss, kernels, train_attention
 
     monkeypatch.setattr(kernels, "_state", {})
     monkeypatch.setattr(train_attention, "_fused_decided", {})

@@ -35,7 +35,7 @@ def byte_model(kind: str = "standard", n_kv: int | None = None, attn_only: bool 
                n_ctx: int = 64) -> HookedTransformer:
     """The key/value-cache and decoding tests' model: 2 LayerNorm layers × 4 heads (`n_kv` key/value heads), GELU
     MLPs unless `attn_only`, positions `kind`, the byte tokenizer, every parameter perturbed (scale 0.5, seed 1)."""
-    from models.tokenizer import ByteTokenizer
+    from models.data.tokenizer import ByteTokenizer
 
     cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=n_ctx, d_vocab=259, n_heads=4, d_mlp=32, seed=0,
                                   positional_embedding_type=kind, normalization_type="LN", n_key_value_heads=n_kv,
@@ -107,14 +107,14 @@ def cpu_has(flag: str) -> bool:
 
 
 def kernels_built_for(target: str, monkeypatch) -> None:
-    """`models.kernels` rebuilt for `-march=target` (an x86-64 level) in a fresh cache (use with the `fresh_kernels`
+    """`models.accel.kernels` rebuilt for `-march=target` (an x86-64 level) in a fresh cache (use with the `fresh_kernels`
     fixture); skips where this is not an x86-64 machine with a compiler, the CPU cannot run the level, or the build
     fails."""
     import platform
 
     import pytest
 
-    from models import kernels
+    from models.accel import kernels
 
     if platform.machine() != "x86_64" or kernels._compiler() is None:
         pytest.skip("an x86-64 compiler is needed")

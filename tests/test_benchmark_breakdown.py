@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import train_breakdown  # noqa: E402
 
-from models import fused_loss, gemm, train_attention  # noqa: E402
+from models.accel import fused_loss, gemm, train_attention  # noqa: E402
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ def run_heads(args) -> int:
     import math
     import textwrap
 
-    from models.model import head_label
+    from models.arch.model import head_label
 
     from ..detect import detect_induction_heads, detect_previous_token_heads
     from ..one_layer import COPYING_THRESHOLD
@@ -123,7 +123,7 @@ def run_eigen(args) -> int:
     from circuits.composition import composition_scores
     from circuits.eigen import copying_score, eigenvalues, positive_eigenvalue_fraction
     from circuits.factored import full_ov_circuit, full_qk_circuit, k_composition_circuit
-    from models.model import head_label
+    from models.arch.model import head_label
 
     from ..util import weight_view
 
@@ -197,7 +197,7 @@ def run_compose(args) -> int:
     import torch
 
     from circuits.composition import composition_baseline, composition_scores
-    from models.model import head_label
+    from models.arch.model import head_label
 
     from ..util import weight_view
 
@@ -299,7 +299,7 @@ def _trigram_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_trigrams(args) -> int:
-    from models.model import head_label
+    from models.arch.model import head_label
 
     from ..trigrams import skip_trigram_bugs, skip_trigrams
 

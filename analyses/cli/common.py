@@ -155,7 +155,7 @@ def read_json_object(spec: str, what: str) -> dict:
         if inline:
             d = json.loads(spec)
         else:
-            from models.safe_read import JSON_LIMIT, read_bytes
+            from models.io.safe_read import JSON_LIMIT, read_bytes
 
             d = json.loads(read_bytes(spec, JSON_LIMIT, UsageError, what))
     except OSError as e:
@@ -179,7 +179,7 @@ class Loaded:
 def load_model(args, device) -> Loaded:
     """The model MODEL names: a zoo name, a folder, or a state-dict file with `--config` (see `add_model`)."""
     import models
-    from models.checkpoint import resolve
+    from models.io.checkpoint import resolve
 
     spec = args.model
     path = Path(spec)
@@ -201,7 +201,7 @@ def load_model(args, device) -> Loaded:
         model = models.load(folder, device=device)
         name = spec
     if getattr(args, "tokenizer", None):
-        from models.tokenizer import load_tokenizer
+        from models.data.tokenizer import load_tokenizer
 
         if not Path(args.tokenizer).is_file():
             raise UsageError(f"{args.tokenizer}: no such tokenizer file")
@@ -256,7 +256,7 @@ def read_text_tokens(model, text_file: str, max_tokens: int = TEXT_TOKENS):
     file; a FIFO or device is refused."""
     import torch
 
-    from models.safe_read import open_regular
+    from models.io.safe_read import open_regular
 
     if model.tokenizer is None:
         raise UsageError("--text-file needs a tokenizer: this model has none (pass --tokenizer TOKENIZER.json)")

@@ -101,7 +101,7 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 def run_report(args) -> int:
     import sys
 
-    from models.allocator import keep_freed_memory
+    from models.accel.allocator import keep_freed_memory
 
     from ..report import ENCDEC_SECTIONS, SECTIONS, build_report
 
@@ -201,7 +201,7 @@ def run_attention(args) -> int:
     with torch.no_grad():
         pat = attention_patterns(model, tokens)[:, 0]  # [layer, head, q, k]
     heads = heads or [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
-    from models.model import head_label
+    from models.arch.model import head_label
 
     from ..plots import plot_token_patterns
 
@@ -256,7 +256,7 @@ def run_generate(args) -> int:
         raise UsageError(f"{loaded.name} has no tokenizer; pass --tokenizer TOKENIZER.json")
     import warnings
 
-    from models.generate import ContextWindowWarning
+    from models.generation.generate import ContextWindowWarning
 
     prompt = model.to_tokens(args.prompt, truncate=False)
     n_prompt, limit = prompt.shape[1], model.cfg.positions.max_context

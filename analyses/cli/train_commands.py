@@ -15,7 +15,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--config", help="model config JSON, or {\"model\": {...}, \"train\": {...}}; a file, or "
                      "inline text starting with {; \"model_type\": \"encoder_decoder\" or \"encoder\" picks those "
                      "models")
-    p.add_argument("--train-config", help="training settings JSON over the preset's (models.train.TrainConfig "
+    p.add_argument("--train-config", help="training settings JSON over the preset's (models.training.loop.TrainConfig "
                    "fields); a file, or inline text starting with {")
     p.add_argument("--out", required=True, help="output folder: model, metrics.jsonl, checkpoints/, card. Must be new, "
                    "empty or an earlier run (a folder of other files is refused, exit 2; files you add to a run "
@@ -43,11 +43,11 @@ def train_settings(args) -> tuple:
     """(model config, TrainConfig, description) from the command line."""
     import dataclasses
 
-    from models.checkpoint import config_from_dict
-    from models.train import TrainConfig
+    from models.io.checkpoint import config_from_dict
+    from models.training.loop import TrainConfig
 
     if args.preset:
-        from models.train_presets import get_preset
+        from models.training.presets import get_preset
 
         try:
             model_cfg, cfg, about = get_preset(args.preset)
@@ -93,9 +93,9 @@ def _check_train_memory(model_cfg, cfg) -> None:
 def run_train(args) -> int:
     import shlex
 
-    from models import allocator
-    from models.config import HookedTransformerConfig
-    from models.train import train
+    from models.accel import allocator
+    from models.arch.config import HookedTransformerConfig
+    from models.training.loop import train
 
     from ..train_metrics import eval_inputs, make_eval_fn, make_report_fn
 
@@ -131,7 +131,7 @@ def _zoo_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_zoo(args) -> int:
-    from models.checkpoint import zoo_cards
+    from models.io.checkpoint import zoo_cards
 
     cards = zoo_cards()
     lines = [f"{c['name']:<14} {c['n_layers']}L x {c['n_heads']}H d_model={c['d_model']} "

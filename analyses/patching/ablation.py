@@ -46,7 +46,7 @@ class Ablation:
         return (self.per_prompt - self.clean).mean(-1)
 
     def markdown(self) -> str:
-        from models.model import head_label
+        from models.arch.model import head_label
 
         from ..util import markdown_table
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from models.model import head_label
+from models.arch.model import head_label
 
 from ..util import markdown_table
 from .metrics import metric, next_token_answers

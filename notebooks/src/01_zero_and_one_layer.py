@@ -31,7 +31,7 @@ import circuits
 import models
 from analyses import plots
 from analyses.util import windows
-from models.data import build_token_corpus
+from models.data.corpora import build_token_corpus
 
 torch.set_num_threads(1)  # these tensors are small: one thread is fastest, and polite on a shared CPU
 plt.rcParams["figure.dpi"] = 90  # 7-pt labels legible at the saved size

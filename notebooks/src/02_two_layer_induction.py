@@ -28,7 +28,7 @@ import circuits
 import models
 from analyses import plots
 from analyses.util import windows as windows_of
-from models.data import build_token_corpus
+from models.data.corpora import build_token_corpus
 
 torch.set_num_threads(1)  # small tensors: one thread is fastest, and polite on a shared CPU
 torch.set_grad_enabled(False)  # analysis only: no autograd graphs

@@ -33,9 +33,9 @@ from analyses import plots
 from analyses.dynamics import plot_training_dynamics
 from analyses.train_metrics import eval_inputs, make_eval_fn
 from analyses.util import windows as windows_of
-from models.checkpoint import resolve
-from models.data import build_token_corpus
-from models.train import TrainConfig, train
+from models.data.corpora import build_token_corpus
+from models.io.checkpoint import resolve
+from models.training.loop import TrainConfig, train
 
 torch.set_num_threads(1)  # small tensors: one thread is fastest, and polite on a shared CPU
 plt.rcParams["figure.dpi"] = 90  # 7-pt labels legible at the saved size
@@ -43,7 +43,7 @@ plt.rcParams["figure.dpi"] = 90  # 7-pt labels legible at the saved size
 # %% [markdown]
 # ## Train a small model live
 #
-# `models.train.train(model_config, train_config)` is the same loop `circuits train` runs: AdamW, warm-up and
+# `models.training.loop.train(model_config, train_config)` is the same loop `circuits train` runs: AdamW, warm-up and
 # cosine decay, deterministic batches, checkpoints, and an `eval_fn` called at every checkpoint — here the
 # induction, previous-token and ICL scores from `analyses.train_metrics` (which `circuits train` uses too).
 # The task `synthetic:repeat` is `[BOS] + R + R + …` with random tokens `R` of a random period (4 to 31): after

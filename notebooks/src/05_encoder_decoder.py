@@ -31,9 +31,9 @@ import circuits
 from analyses.alignment import alignment_scores, task_alignment
 from analyses.encdec_plots import plot_cross_patterns, plot_full_cross_ov, plot_positional_cross_qk
 from models import EncoderDecoderConfig
-from models.seq2seq_data import Seq2SeqBatches, exact_match, make_task
-from models.train import train
-from models.train_config import TrainConfig
+from models.data.seq2seq import Seq2SeqBatches, exact_match, make_task
+from models.training.config import TrainConfig
+from models.training.loop import train
 
 torch.set_num_threads(1)  # small tensors: one thread is fastest, and polite on a shared CPU
 plt.rcParams["figure.dpi"] = 90
@@ -42,7 +42,7 @@ plt.rcParams["figure.dpi"] = 90
 # ## Train a tiny one, twice
 #
 # One encoder layer and one decoder layer, 2 heads each, d_model 32, attention-only, learned positions; sources of
-# 3–6 letters out of 8 (`models.seq2seq_data`, held-out split by a hash of the source: never trained on). Both runs
+# 3–6 letters out of 8 (`models.data.seq2seq`, held-out split by a hash of the source: never trained on). Both runs
 # share everything but how the decoder's inputs are made: **teacher forcing** feeds the true previous target token;
 # **scheduled sampling** feeds the model's own prediction with a probability rising linearly to 0.5 over training.
 

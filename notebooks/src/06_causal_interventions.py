@@ -37,7 +37,7 @@ import models
 from analyses import patching as P
 from analyses.sequences import random_tokens, repeated_tokens
 from circuits.testing import build_induction_model
-from models.data import build_token_corpus
+from models.data.corpora import build_token_corpus
 
 torch.set_num_threads(1)  # small tensors: one thread is fastest, and polite on a shared CPU
 torch.set_grad_enabled(False)  # analysis only (attribution patching turns gradients on where it needs them)

@@ -16,8 +16,8 @@ from analyses.alignment import (
 from analyses.figure_checks import figure_problems
 from circuits.encdec_testing import build_reversal_model, reversal_sources
 from models import EncoderDecoderConfig, HookedEncoderDecoder
+from models.data.seq2seq import make_task
 from models.errors import ConfigError
-from models.seq2seq_data import make_task
 
 matplotlib.use("Agg")
 

@@ -63,7 +63,7 @@ def test_missing_metrics(tmp_path):
 
 
 def test_zoo_attn_only_2l_forms_induction_heads():
-    from models.checkpoint import ZOO_DIR
+    from models.io.checkpoint import ZOO_DIR
 
     d = training_dynamics(ZOO_DIR / "attn-only-2l")
     assert d.formation_window is not None, str(d)

@@ -13,7 +13,7 @@ from helpers import checked_report
 
 from analyses.figure_checks import figure_problems
 from models import HookedTransformer, HookedTransformerConfig
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -13,7 +13,7 @@ from analyses.dynamics import loss_bump, training_dynamics
 from analyses.labels import token_label, token_labels
 from circuits.testing import build_induction_model
 from models import HookedTransformer, HookedTransformerConfig
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 
 # --- the loss bump -----------------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ def test_small_speed_up_is_not_a_bump():
 
 
 def test_zoo_runs():
-    from models.checkpoint import ZOO_DIR
+    from models.io.checkpoint import ZOO_DIR
 
     for name in ("attn-only-0l", "attn-only-1l", "gelu-2l"):  # no induction heads: no bump
         assert training_dynamics(ZOO_DIR / name).bump is None, name

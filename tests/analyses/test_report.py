@@ -11,7 +11,7 @@ from analyses import build_report
 from analyses.report import SECTIONS
 from circuits.testing import build_induction_model
 from models import HookedTransformer, HookedTransformerConfig
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 TEXT = torch.tensor(list((Path(__file__).resolve().parents[2] / "analyses" / "scores.py").read_bytes()[:6000]))
 

@@ -10,7 +10,7 @@ from transformer_lens.head_detector import detect_head
 from analyses import scores as S
 from analyses.sequences import bos_token_id, repeated_tokens, special_token_ids, token_pool
 from models import HookedTransformer, HookedTransformerConfig
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 
 def make_model(n_layers=1, n_heads=4, d_vocab=64, n_ctx=128, d_model=32, norm=None, pos="standard", seed=0, **kw):

@@ -6,7 +6,7 @@ import torch
 
 from analyses.zero_layer import bigram_table, direct_path_fit, direct_path_logits, plot_bigrams, zero_layer_study
 from models import HookedTransformer, HookedTransformerConfig
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 matplotlib.use("Agg")
 

@@ -160,7 +160,7 @@ def test_encdec_path_refusals():
 
 def test_path_expansion_refuses_a_masked_lm_head():
     from circuits import path_expansion
-    from models.encoder import EncoderConfig, HookedEncoder
+    from models.arch.encoder import EncoderConfig, HookedEncoder
 
     m = HookedEncoder(EncoderConfig(n_layers=1, d_model=16, n_ctx=8, d_vocab=20, n_heads=2, seed=0))
     with pytest.raises(ValueError, match="masked-LM head"):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from models import HookedTransformer, HookedTransformerConfig, save
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 ZOO = ROOT / "models" / "zoo"

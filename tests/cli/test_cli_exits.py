@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from models import HookedTransformer, HookedTransformerConfig, load, save
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 N_CTX = 64
@@ -153,7 +153,7 @@ def test_read_only_output_folder_exits_2(tiny, tmp_path, monkeypatch, capsys):
 
 
 def test_full_disk_during_train_exits_1_in_one_line(tmp_path, monkeypatch, capsys):
-    import models.train_state as ts
+    import models.training.state as ts
 
     monkeypatch.setattr(ts, "append_metrics", _raise(errno.ENOSPC, "metrics.jsonl"))
     r = main("train", "--config", json.dumps(TINY_TRAIN), "--out", tmp_path / "run", "--no-progress", capsys=capsys)
@@ -268,7 +268,7 @@ def test_info_with_an_empty_name_is_refused(tmp_path, monkeypatch, capsys):
 
 def test_long_ids_generate_through_the_api(tiny):
     """The API side of the window, text and ids alike: the whole prompt comes back, continued from its end."""
-    from models.generate import ContextWindowWarning
+    from models.generation.generate import ContextWindowWarning
 
     model = load(tiny)
     ids = model.to_tokens(LONG, truncate=False)

@@ -63,7 +63,7 @@ def test_eigen_attention_report_beam_and_more_refusals(tmp_path):
 @pytest.mark.slow
 def test_encoder_only_refusals(tmp_path):
     from models import save
-    from models.encoder import EncoderConfig, HookedEncoder
+    from models.arch.encoder import EncoderConfig, HookedEncoder
 
     save(HookedEncoder(EncoderConfig(n_layers=1, d_model=16, n_ctx=8, d_vocab=20, n_heads=2, seed=0)), tmp_path / "e")
     refused("generate", tmp_path / "e", "--prompt", "ab", words=("generate does not apply to encoder-only models",))

@@ -66,7 +66,7 @@ def test_bad_config_and_corpus(tmp_path, capsys):
 
 
 def test_tiny_training_run_writes_a_card(tmp_path, capsys, monkeypatch):
-    from models import allocator
+    from models.accel import allocator
 
     monkeypatch.setenv("CIRCUITS_CACHE", str(tmp_path / "cache"))
     kept = []  # the command keeps freed memory for its steps (recorded, not applied to the test process)

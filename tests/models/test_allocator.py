@@ -1,4 +1,4 @@
-"""`models.allocator.keep_freed_memory`: importing and running the toolkit does not apply it; once applied, repeated
+"""`models.accel.allocator.keep_freed_memory`: importing and running the toolkit does not apply it; once applied, repeated
 `run_with_cache` calls stop faulting pages in; its switch turns it off. The probe runs in a fresh interpreter (the
 setting is process-wide)."""
 
@@ -23,8 +23,8 @@ def faults():  # page faults of one call
         model.run_with_cache(tokens)
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 default = [faults() for _ in range(4)]
-loaded_by_toolkit = "models.allocator" in sys.modules
-from models.allocator import keep_freed_memory
+loaded_by_toolkit = "models.accel.allocator" in sys.modules
+from models.accel.allocator import keep_freed_memory
 applied = keep_freed_memory()
 for _ in range(3):
     faults()
@@ -47,7 +47,7 @@ def test_not_applied_on_import_and_stops_the_faults_once_applied():
 
 
 def test_switch_turns_it_off(monkeypatch):
-    from models.allocator import ENV, keep_freed_memory
+    from models.accel.allocator import ENV, keep_freed_memory
 
     monkeypatch.setenv(ENV, "default")
     assert keep_freed_memory() is False  # returns before touching the allocator

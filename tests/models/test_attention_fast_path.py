@@ -11,10 +11,10 @@ from helpers import randomize
 from transformer_lens.hook_points import HookPoint
 
 from models import HookedTransformer, HookedTransformerConfig, InputError
-from models.attention import causal_pattern_v, scaled_scores
-from models.hook_switches import CacheHook, only_caching
-from models.positions import ALiBiBias
-from models.score_bias import Bidirectional, Causal, Padding, combine
+from models.arch.attention import causal_pattern_v, scaled_scores
+from models.arch.hook_switches import CacheHook, only_caching
+from models.arch.positions import ALiBiBias
+from models.arch.score_bias import Bidirectional, Causal, Padding, combine
 
 ATTN = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z")
 

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 import models
 from models import CheckpointError, HookedTransformer, HookedTransformerConfig
-from models import checkpoint as ckpt
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
+from models.io import checkpoint as ckpt
 
 CONFIGS = {
     "shortformer-attn-only": dict(n_layers=2, d_model=16, n_ctx=8, d_vocab=20, n_heads=4, d_mlp=None,

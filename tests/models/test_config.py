@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from models import ConfigError, HookedTransformer, HookedTransformerConfig
-from models.config import ACT_FNS, DTYPES, NORMALIZATION_TYPES
-from models.positions import SCHEMES
-from models.score_bias import MASKS
+from models.arch.config import ACT_FNS, DTYPES, NORMALIZATION_TYPES
+from models.arch.positions import SCHEMES
+from models.arch.score_bias import MASKS
 
 BASE = dict(n_layers=1, d_model=16, n_ctx=8, d_vocab=20, n_heads=4)
 

@@ -108,7 +108,7 @@ def test_kv_cache_generation_on_cuda_matches_cache_free():
 
 
 def test_fused_adamw_on_cuda_matches_foreach():
-    from models.train import adamw
+    from models.training.loop import adamw
 
     torch.manual_seed(0)
     shapes = [(64, 32), (32,), (4, 8, 16)]

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from models.batches import Curriculum, Mixture, RepeatBatches, TextBatches, insert_repeats, step_rng
-from models.data import (
+from models.data.batches import Curriculum, Mixture, RepeatBatches, TextBatches, insert_repeats, step_rng
+from models.data.corpora import (
     CorpusError,
     build_token_corpus,
     folder_source,
@@ -12,7 +12,7 @@ from models.data import (
     stdlib_source,
     unigram_baseline_loss,
 )
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(400))
 

@@ -67,7 +67,7 @@ def test_weight_properties_have_transformer_lens_shapes():
     assert torch.equal(m.cross_W_Q[1], m.decoder[1].cross_attn.W_Q)
     for name in ("enc", "dec", "cross"):
         qk, ov = getattr(m, f"{name}_QK"), getattr(m, f"{name}_OV")
-        assert isinstance(qk, models.model.FactoredMatrix) and qk.shape == ov.shape
+        assert isinstance(qk, models.arch.model.FactoredMatrix) and qk.shape == ov.shape
         torch.testing.assert_close(ov.AB, getattr(m, f"{name}_W_V") @ getattr(m, f"{name}_W_O"))
     torch.testing.assert_close(m.cross_QK.AB, m.cross_W_Q @ m.cross_W_K.transpose(-1, -2))
 
@@ -195,7 +195,7 @@ def test_encoder_mlm_head_and_checkpoint(tmp_path):
 
 
 def test_checkpoint_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path):
-    from models.seq2seq_data import CharVocab, Seq2SeqTokenizer
+    from models.data.seq2seq import CharVocab, Seq2SeqTokenizer
 
     m = make()  # d_vocab_src 11, d_vocab_tgt 13
     m.tokenizer = Seq2SeqTokenizer(CharVocab("abcdefgh"), CharVocab("abcdefghij"))  # 11 and 13 ids: fits

@@ -14,11 +14,11 @@ import torch
 
 import models
 from models import EncoderConfig, EncoderDecoderConfig, TrainConfigError
-from models.batches import step_rng
-from models.seq2seq_data import BOS, EOS, PAD, Date, Seq2SeqBatches, is_held_out, make_task
-from models.tokenizer import load_tokenizer
-from models.train import TrainConfig, train
-from models.train_tasks import mask_tokens, sampling_probability
+from models.data.batches import step_rng
+from models.data.seq2seq import BOS, EOS, PAD, Date, Seq2SeqBatches, is_held_out, make_task
+from models.data.tokenizer import load_tokenizer
+from models.training.loop import TrainConfig, train
+from models.training.tasks import mask_tokens, sampling_probability
 
 TINY = dict(d_model=32, n_heads=2, d_vocab_src=8, d_vocab_tgt=8, n_ctx_src=4, n_ctx_tgt=6, normalization_type=None,
             use_bias=False, init_range=0.1)
@@ -154,7 +154,7 @@ def test_cli_trains_an_encoder_decoder_config(tmp_path, capsys):
 
 
 def test_zoo_enc_dec_sort_meets_its_card():
-    from models.seq2seq_data import exact_match
+    from models.data.seq2seq import exact_match
 
     model = models.load("enc-dec-sort")
     batches = Seq2SeqBatches(make_task("seq2seq:sort", 10, 8, 8), model.cfg.n_ctx_src, model.cfg.n_ctx_tgt)
@@ -167,10 +167,10 @@ def test_zoo_enc_dec_reverse_meets_its_card():
     OV circuit copies (≥ 0.9), re-measured here on sequences the card did not use."""
     from analyses.seq2seq_card import cross_alignment_scores
     from circuits.cross_attention import cross_copying_scores
-    from models.seq2seq_data import exact_match
+    from models.data.seq2seq import exact_match
 
     model = models.load("enc-dec-reverse")
-    tc = json.loads((models.checkpoint.ZOO_DIR / "enc-dec-reverse" / "train_config.json").read_text())
+    tc = json.loads((models.io.checkpoint.ZOO_DIR / "enc-dec-reverse" / "train_config.json").read_text())
     batches = Seq2SeqBatches(make_task(tc["data"], tc["task_symbols"], tc["task_min_len"], tc["task_max_len"]),
                              model.cfg.n_ctx_src, model.cfg.n_ctx_tgt)
     rows = batches.val_batch(512, seed=7)
@@ -182,7 +182,7 @@ def test_zoo_enc_dec_reverse_meets_its_card():
     assert model.to_string_tgt(model.generate(src, 9)) == ["<bos>hgfedcba<eos>", "<bos>dcbeaajj<eos>"]
     with pytest.raises(models.TokenizerError, match=r"characters \['z'\]"):
         model.to_tokens_src("abz")
-    card = json.loads((models.checkpoint.ZOO_DIR / "enc-dec-reverse" / "measured.json").read_text())
+    card = json.loads((models.io.checkpoint.ZOO_DIR / "enc-dec-reverse" / "measured.json").read_text())
     assert card["exact_match_held_out"] >= 0.99
     assert np.allclose(card["cross_copying_scores"], copying.numpy(), atol=1e-3)
 
@@ -192,7 +192,7 @@ import sys
 sys.path.insert(0, {root!r})
 from tests.models.test_encdec_train import TINY, tiny_train
 from models import EncoderDecoderConfig
-from models.train import train
+from models.training.loop import train
 train(EncoderDecoderConfig(**TINY), tiny_train({out!r}, steps=16, log_every=1, eval_every=8, lr=1e-2,
                                               sampling_schedule="linear", sampling_max=0.5))
 """
@@ -204,7 +204,7 @@ def test_two_process_gloo_seq2seq_matches_single_process(tmp_path):
     sampling included (fixed-length targets: every rank's mean is over the same number of tokens)."""
     import sys
 
-    from models.train_state import read_metrics
+    from models.training.state import read_metrics
     from tests.models.test_train_ddp import ROOT, _free_port, _run
 
     for name in ("one", "two"):

@@ -1,4 +1,4 @@
-"""`models.fused_attention`: the compiled training attention agrees with a float64 loop (values and every gradient,
+"""`models.accel.fused_attention`: the compiled training attention agrees with a float64 loop (values and every gradient,
 causal and unmasked, lengths on and off its 16-wide vectors, every `d_head` it takes, strided inputs), gives the same
 bits at any thread count, carries a model's training step to the plain path's gradients, writes the gradients of a
 split projection into one buffer, and is refused as its module says (building and loading: test_kernels.py). Skipped
@@ -9,8 +9,8 @@ import torch
 from helpers import attention_loop64, kernels_built_for
 
 from models import HookedTransformer, HookedTransformerConfig, attention, gemm
-from models import fused_attention as fa
-from models import train_attention as ta
+from models.accel import fused_attention as fa
+from models.accel import train_attention as ta
 from models.errors import ConfigError
 
 
@@ -109,7 +109,7 @@ def test_nan_spreads_to_its_rows_only(kernel):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_training_attention_takes_it_and_its_double_backward(kernel, monkeypatch, causal):
-    """`models.train_attention.attention` runs `_FusedAttention` for a `d_head` of 16 (values and the kernel's
+    """`models.accel.train_attention.attention` runs `_FusedAttention` for a `d_head` of 16 (values and the kernel's
     gradients as the float64 loop), and a double backward differentiates the explicit attention (the kernel has
     none)."""
     monkeypatch.setattr(ta, "_fused_decided", {})
@@ -208,9 +208,9 @@ def test_gradients_of_a_split_projection_share_its_layout(kernel, widths, need, 
 
 
 def test_the_split_takes_packed_gradients_whole():
-    """`models.attention._Columns`: gradients that are its column blocks in place come back as their buffer (no
+    """`models.arch.attention._Columns`: gradients that are its column blocks in place come back as their buffer (no
     copy); separate ones, and a missing one (zeros), are concatenated; its double backward is torch's."""
-    from models.attention import _Columns, _columns
+    from models.arch.attention import _Columns, _columns
 
     y = torch.randn(6, 7, dtype=torch.float64, requires_grad=True)
     seen = []

@@ -1,4 +1,4 @@
-"""`models.fused_loss`: the compiled cross-entropy agrees with float64 `F.cross_entropy` (losses and gradients, ignored
+"""`models.accel.fused_loss`: the compiled cross-entropy agrees with float64 `F.cross_entropy` (losses and gradients, ignored
 rows, vocabularies on and off its 16-wide vectors, strided rows, extreme logits), gives the same bits at any thread
 count, carries a model's loss and its gradients to the plain path's, has a double backward, raises on bad targets
 as torch does, and steps aside where it does not apply. Skipped where no C++ compiler can build it."""

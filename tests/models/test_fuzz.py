@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from models import CheckpointError, ConfigError, HookedTransformer, HookedTransformerConfig
-from models.checkpoint import read_config
+from models.io.checkpoint import read_config
 
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.floats(allow_nan=True), st.text(max_size=8),
                    st.sampled_from(["LN", "RMS", "gelu", "relu", "rotary", "alibi", "shortformer", "causal"]))

@@ -1,4 +1,4 @@
-"""`models.gemm`: the oneDNN fast path agrees with the plain `x @ W + b` (values and every kind of gradient), and the
+"""`models.accel.gemm`: the oneDNN fast path agrees with the plain `x @ W + b` (values and every kind of gradient), and the
 calls it must not take (strided weights, few rows, float64, functorch, the `plain` switch) run the plain kernel.
 Comparisons use tolerances: the kernels round differently."""
 

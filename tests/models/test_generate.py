@@ -10,8 +10,8 @@ import torch
 from helpers import randomize
 
 from models import HookedTransformer, HookedTransformerConfig
-from models.generate import filter_logits
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
+from models.generation.generate import filter_logits
 
 PROMPT = torch.tensor([[1, 4, 2], [3, 3, 0]])
 

@@ -1,4 +1,4 @@
-"""`models.kernels`: the compiled kernels are built once into the cache, atomically, loaded without a lock where
+"""`models.accel.kernels`: the compiled kernels are built once into the cache, atomically, loaded without a lock where
 they exist, and refused with a reason (no compiler, a failing one, an unusable library or cache), in which case the
 fused attention and the fused loss fall back to torch's kernels."""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import fused_attention, fused_loss, kernels
-from models import train_attention as ta
+from models.accel import fused_attention, fused_loss, kernels
+from models.accel import train_attention as ta
 
 
 def _falls_back() -> bool:
@@ -143,7 +143,7 @@ def test_a_kernel_is_decided_once_per_setting(monkeypatch):
     import threading
     import time
 
-    from models import gemm
+    from models.accel import gemm
 
     monkeypatch.setattr(kernels, "library", lambda: object())
     ran = []

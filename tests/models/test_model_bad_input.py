@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models import HookedTransformer, HookedTransformerConfig
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 
 @pytest.fixture(scope="module")

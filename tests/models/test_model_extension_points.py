@@ -1,5 +1,5 @@
-"""The extension points of the model: positional schemes (`models.positions`), attention-score biases
-(`models.score_bias`) and attention with separate query / key / value inputs.
+"""The extension points of the model: positional schemes (`models.arch.positions`), attention-score biases
+(`models.arch.score_bias`) and attention with separate query / key / value inputs.
 
 A positional scheme defined here, in a test file, must work everywhere (model, generation, path expansion, score
 decomposition, full QK circuits) without touching any other file: that is what makes a new type cost one module."""
@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 import circuits
 from models import HookedTransformer, HookedTransformerConfig
-from models.components import Attention
-from models.positions import SCHEMES, ALiBiBias, PositionalScheme, Rotary, alibi_bias, sinusoidal_table
-from models.score_bias import Bidirectional, Causal, combine
+from models.arch.components import Attention
+from models.arch.positions import SCHEMES, ALiBiBias, PositionalScheme, Rotary, alibi_bias, sinusoidal_table
+from models.arch.score_bias import Bidirectional, Causal, combine
 
 
 @pytest.fixture

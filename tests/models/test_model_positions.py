@@ -10,7 +10,7 @@ import torch
 from helpers import randomize
 
 from models import HookedTransformer, HookedTransformerConfig
-from models.positions import alibi_bias, alibi_slopes, apply_rotary, rotary_angles, sinusoidal_table
+from models.arch.positions import alibi_bias, alibi_slopes, apply_rotary, rotary_angles, sinusoidal_table
 
 
 def make(kind, n_layers=1, attention_dir="causal", norm="LN", mlp=True, **kw):

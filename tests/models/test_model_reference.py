@@ -150,7 +150,7 @@ def assert_matches_reference(model: HookedTransformer, n_pos: int = 7, seed: int
     assert fused.dtype == torch.float64
     assert rel_err(fused, expected) < RTOL, "fused path (scaled_dot_product_attention) disagrees"
     assert rel_err(explicit, expected) < RTOL, "explicit path (run_with_cache) disagrees"
-    with torch.no_grad():  # the explicit path's inference-only fast path (models.attention.Attention._explicit)
+    with torch.no_grad():  # the explicit path's inference-only fast path (models.arch.attention.Attention._explicit)
         for names_filter in (None, lambda name: name.endswith("hook_pattern")):
             fast, _ = model.run_with_cache(tokens, names_filter=names_filter)
             assert rel_err(fast, expected) < RTOL, "explicit path without autograd disagrees"

@@ -1,4 +1,4 @@
-"""bfloat16 / float16 CPU products computed in float32 and rounded once (`models.gemm.upcast_reduced`): each product
+"""bfloat16 / float16 CPU products computed in float32 and rounded once (`models.accel.gemm.upcast_reduced`): each product
 within one rounding of float64, as torch's own kernel; gradients; a whole model's forward, cache and backward against
 the same with torch's kernels; and when the path is taken."""
 

@@ -79,7 +79,7 @@ def test_bidirectional_alibi_future_keys(symmetric):
 
 
 def test_alibi_from_a_transformer_lens_config_is_not_symmetric():
-    from models.interop import config_from_transformer_lens
+    from models.io.interop import config_from_transformer_lens
 
     cfg = config_from_transformer_lens(dict(n_layers=1, d_model=8, n_ctx=4, d_head=4, n_heads=2, d_vocab=5,
                                             attn_only=True, positional_embedding_type="alibi"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import models
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from models.tokenizer import (
+from models.data.tokenizer import (
     BOS,
     BPETokenizer,
     ByteTokenizer,

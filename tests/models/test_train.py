@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from models import HookedTransformerConfig, load
-from models.checkpoint import read_safetensors
-from models.data import CorpusError
-from models.train import TrainConfig, TrainConfigError, lr_at, train
-from models.train_state import checkpoint_steps, read_metrics, resumable_checkpoints
+from models.data.corpora import CorpusError
+from models.io.checkpoint import read_safetensors
+from models.training.loop import TrainConfig, TrainConfigError, lr_at, train
+from models.training.state import checkpoint_steps, read_metrics, resumable_checkpoints
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i % 13} + {i % 7}\n\n" for i in range(600))
 
@@ -158,7 +158,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
     from tests.models.test_train import tiny_model, tiny_train
-    from models.train import train
+    from models.training.loop import train
     from pathlib import Path
     cfg = tiny_train(Path({corpus!r}), {out!r}, steps={steps}, checkpoint_every=7, log_checkpoints=0)
     train(tiny_model(), cfg, eval_fn=lambda m: (time.sleep(0.05), {{}})[1])
@@ -194,7 +194,7 @@ def test_sigkill_and_resume_equals_uninterrupted(corpus_dir, tmp_path):
 
 
 def test_synthetic_steps_curriculum(corpus_dir):
-    from models.train import build_data
+    from models.training.loop import build_data
 
     cfg = tiny_train(corpus_dir, synthetic_steps=10, repeat_fraction=0.0)
     batches, _, corpus = build_data(cfg, tiny_model())
@@ -209,8 +209,8 @@ def test_synthetic_steps_curriculum(corpus_dir):
 
 def test_sinusoidal_pos_init(corpus_dir):
     from models import HookedTransformer
-    from models.positions import sinusoidal_table
-    from models.train import init_positions
+    from models.arch.positions import sinusoidal_table
+    from models.training.loop import init_positions
 
     model = HookedTransformer(tiny_model())
     init_positions(model, "sinusoidal")
@@ -226,8 +226,8 @@ def test_sinusoidal_pos_init(corpus_dir):
 
 
 def test_repeat_until_ends_the_mixture(corpus_dir):
-    from models.batches import TextBatches
-    from models.train import build_data
+    from models.data.batches import TextBatches
+    from models.training.loop import build_data
 
     cfg = tiny_train(corpus_dir, repeat_fraction=1.0, repeat_random_fraction=1.0, repeat_fill=True, repeat_until=5)
     batches, _, corpus = build_data(cfg, tiny_model())
@@ -241,7 +241,7 @@ def test_repeat_until_ends_the_mixture(corpus_dir):
 
 def test_lr_multipliers_scale_their_parameters_only(corpus_dir):
     from models import HookedTransformer
-    from models.train import make_optimizer
+    from models.training.loop import make_optimizer
 
     cfg = tiny_train(corpus_dir, lr_multipliers={"W_pos": 0.25})
     model = HookedTransformer(tiny_model())
@@ -275,7 +275,7 @@ def _adamw_reference(params, grads, groups, steps, betas=(0.9, 0.999), eps=1e-8)
 
 @pytest.mark.parametrize("kind", ["chosen", "foreach"])
 def test_adamw_matches_a_float64_loop(kind):
-    from models.train import adamw
+    from models.training.loop import adamw
 
     gen = torch.Generator().manual_seed(0)
     params = [torch.randn(s, generator=gen).requires_grad_() for s in ((7, 5), (33,), (4, 3, 2))]
@@ -299,7 +299,7 @@ def test_adamw_matches_a_float64_loop(kind):
 
 
 def test_adamw_falls_back_where_torch_has_no_fused_kernel():
-    from models.train import adamw
+    from models.training.loop import adamw
 
     p = torch.zeros(3, dtype=torch.complex64, requires_grad=True)  # fused AdamW takes real floating tensors only
     opt = adamw([p], lr=1e-3)
@@ -307,8 +307,8 @@ def test_adamw_falls_back_where_torch_has_no_fused_kernel():
 
 
 def test_resume_keeps_this_process_optimizer_kernel():
-    from models.train import adamw
-    from models.train_state import load_optimizer, optimizer_tensors
+    from models.training.loop import adamw
+    from models.training.state import load_optimizer, optimizer_tensors
 
     p = torch.ones(4, requires_grad=True)
     old = torch.optim.AdamW([p], lr=1e-3, foreach=True)  # a checkpoint written before the trainer took fused AdamW
@@ -324,7 +324,7 @@ def test_resume_keeps_this_process_optimizer_kernel():
 
 
 def test_adamw_takes_what_torch_optimizers_take():
-    from models.train import adamw
+    from models.training.loop import adamw
 
     a, b = torch.zeros(2, requires_grad=True), torch.zeros(3, requires_grad=True)
     for params in ((p for p in (a, b)), [{"params": (p for p in (a,))}, {"params": b, "lr": 0.5}]):

@@ -1,4 +1,4 @@
-"""`models.train_attention`: the training attention on oneDNN's batched matmul agrees with a float64 loop reference
+"""`models.accel.train_attention`: the training attention on oneDNN's batched matmul agrees with a float64 loop reference
 and with `F.scaled_dot_product_attention` (values, gradients, double backward), leaves torch's matmul setting as it
 found it, carries a model's training step to the plain path's gradients, and is not taken where it must not be.
 Comparisons use tolerances: the kernels round differently."""
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from helpers import attention_loop64
 
 from models import HookedTransformer, HookedTransformerConfig, gemm
-from models import train_attention as ta
+from models.accel import train_attention as ta
 
 
 @pytest.fixture

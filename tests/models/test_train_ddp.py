@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from models import load
-from models.train_state import read_metrics
+from models.training.state import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from pathlib import Path
     from tests.models.test_train import tiny_model, tiny_train
-    from models.train import train
+    from models.training.loop import train
     cfg = tiny_train(Path({corpus!r}), {out!r}, steps=16, log_every=1, eval_every=8, checkpoint_every=8,
                      log_checkpoints=0, batch_size=8, lr=2e-2)
     train(tiny_model(), cfg)

@@ -1,4 +1,4 @@
-"""`process_weights_` (TransformerLens 2.18's weight processing, models/weight_processing.py) on float64 models with
+"""`process_weights_` (TransformerLens 2.18's weight processing, models/arch/weight_processing.py) on float64 models with
 random weights, biases and norm weights: every step keeps the outputs (log-probs; logits up to a per-position constant
 with center_unembed) and the attention patterns, processing is idempotent, `refactor_factored_attn_matrices` keeps the
 W_Q W_Kᵀ and W_V W_O products, and what TransformerLens refuses or would compute wrongly raises WeightProcessingError.
@@ -14,7 +14,7 @@ from helpers import randomize
 
 import models
 from models import HookedTransformer, HookedTransformerConfig, WeightProcessingError
-from models.weight_processing import FLAGS
+from models.arch.weight_processing import FLAGS
 
 BASE = dict(n_layers=2, d_model=12, n_heads=3, d_head=4, n_ctx=10, d_vocab=17, d_mlp=20, dtype="float64", seed=0)
 CASES = {

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import models
-from models.checkpoint import ZOO_DIR
+from models.io.checkpoint import ZOO_DIR
 
 NAMES = ["attn-only-0l", "attn-only-1l", "attn-only-2l", "gelu-2l"]
 FILES = ["config.json", "model.safetensors", "tokenizer.json", "card.md", "metrics.jsonl", "training_curve.png",
@@ -78,7 +78,7 @@ def test_copying_scores_reproduce():
 @pytest.fixture(scope="module")
 def stdlib_eval():
     """(tokenizer-specific) validation batches and seen ids, exactly as the training run built them."""
-    from models.train import TrainConfig, build_data
+    from models.training.loop import TrainConfig, build_data
 
     cache = {}
 
@@ -98,7 +98,7 @@ def stdlib_eval():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_validation_loss_in_card_reproduces(name, stdlib_eval):
-    from models.train import evaluate_loss
+    from models.training.loop import evaluate_loss
 
     model, cfg, batches, _ = stdlib_eval(name)
     val = torch.as_tensor(batches.val_batch(cfg.val_sequences))

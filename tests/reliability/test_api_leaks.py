@@ -20,7 +20,7 @@ from analyses.trigrams import skip_trigrams
 from analyses.two_layer import term_importance_by_order, virtual_head_importance
 from circuits.score_decomposition import attention_score_decomposition
 from models import CheckpointError, ConfigError, HookedTransformerConfig
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 TOKENS = torch.tensor([0, 3, 7, 11, 5, 3, 7, 11, 5, 9, 2, 4])
 

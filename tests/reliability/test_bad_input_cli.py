@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from models import HookedTransformer, HookedTransformerConfig, save
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 ANALYSIS = ["info", "report", "heads", "eigen", "compose", "paths", "trigrams", "attention", "generate"]

@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 
 import models
 from models import CheckpointError, ConfigError, HookedTransformer, HookedTransformerConfig
-from models.data import CorpusError, build_token_corpus, folder_source, resolve_source
-from models.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer, make_tokenizer
+from models.data.corpora import CorpusError, build_token_corpus, folder_source, resolve_source
+from models.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer, make_tokenizer
 
 CFG = HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=8, d_vocab=20, n_heads=2, seed=0)
 

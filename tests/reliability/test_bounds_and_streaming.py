@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from models import HookedTransformer, HookedTransformerConfig, save
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = dict(n_layers=1, d_model=16, n_ctx=16, d_vocab=259, n_heads=2, d_mlp=None, normalization_type=None,

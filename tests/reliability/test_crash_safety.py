@@ -22,15 +22,15 @@ import torch
 
 import models
 from models import HookedTransformer, HookedTransformerConfig
-from models import checkpoint as ckpt
-from models import train_state as ts
+from models.io import checkpoint as ckpt
+from models.training import state as ts
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- training killed at random moments -------------------------------------------------------------------------
 def tiny_run(out, steps=40):
-    from models.train import TrainConfig
+    from models.training.loop import TrainConfig
 
     cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_ctx=16, d_vocab=259, n_heads=2, d_mlp=None,
                                   normalization_type=None, positional_embedding_type="shortformer", use_bias=False)
@@ -44,7 +44,7 @@ TRAIN_CHILD = textwrap.dedent("""
     import sys
     sys.path.insert(0, {here!r})
     from test_crash_safety import tiny_run
-    from models.train import train
+    from models.training.loop import train
     cfg, tc = tiny_run({out!r})
     print("go", flush=True)
     train(cfg, tc, resume=True)
@@ -82,7 +82,7 @@ def _check_checkpoints_load(out: Path) -> None:
 
 @pytest.mark.slow
 def test_training_killed_at_random_moments_resumes_bitwise(tmp_path):
-    from models.train import train
+    from models.training.loop import train
 
     t0 = time.perf_counter()
     straight, _ = train(*tiny_run(tmp_path / "straight"))
@@ -113,7 +113,7 @@ BIG = dict(n_layers=1, d_model=128, n_ctx=16, d_vocab=50257, n_heads=2, d_mlp=No
 SAVE_CHILD = textwrap.dedent("""
     import torch
     from models import HookedTransformer, HookedTransformerConfig, save
-    from models import checkpoint
+    from models.io import checkpoint
     if {fallback}:
         checkpoint._exchange = lambda a, b: False  # the two-rename path of platforms without renameat2
     cfg = HookedTransformerConfig(**{big!r}, model_name="s{seed}")
@@ -194,7 +194,7 @@ def _half_then_enospc(state, filename, metadata=None):
 def test_disk_full_during_save_keeps_the_previous_model(tmp_path, monkeypatch, where):
     from pathlib import Path as P
 
-    from models.tokenizer import ByteTokenizer
+    from models.data.tokenizer import ByteTokenizer
 
     path = tmp_path / "m"
     old = _small(0)

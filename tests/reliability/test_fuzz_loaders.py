@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import models
 from models import CheckpointError, ConfigError, HookedTransformer, HookedTransformerConfig
-from models.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
+from models.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
 
 CFG = HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=8, d_vocab=20, n_heads=2, seed=0)
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -13,7 +13,7 @@ import torch
 
 from analyses import build_report
 from models import HookedTransformer, HookedTransformerConfig
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 TEXT = torch.tensor(list((Path(__file__).resolve().parents[2] / "analyses" / "scores.py").read_bytes()[:3000]))
 SECTIONS = ["overview", "copying", "attention"]

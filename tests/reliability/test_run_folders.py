@@ -25,8 +25,8 @@ TRAIN = dict(steps=8, batch_size=4, lr=3e-3, warmup_steps=2, data="synthetic:rep
 
 
 def run(out, resume=False, model=None, **train):
-    from models.train import TrainConfig
-    from models.train import train as train_fn
+    from models.training.loop import TrainConfig
+    from models.training.loop import train as train_fn
 
     cfg = TrainConfig(**dict(TRAIN, **train), out_dir=str(out))
     return train_fn(HookedTransformerConfig(**(model or MODEL)), cfg, resume=resume)
@@ -73,10 +73,10 @@ def test_second_run_on_a_locked_folder_exits_2_naming_the_holder(tmp_path):
     out = tmp_path / "run"
     run(out)
     before = snapshot(out)
-    from models.train_state import run_lock
+    from models.training.state import run_lock
 
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]);"
-                               "from pathlib import Path; from models.train_state import run_lock\n"
+                               "from pathlib import Path; from models.training.state import run_lock\n"
                                "with run_lock(Path(sys.argv[2])):\n print('locked', flush=True); time.sleep(60)",
                                str(ROOT), str(out)], stdout=subprocess.PIPE, text=True)
     try:
@@ -94,7 +94,7 @@ def test_second_run_on_a_locked_folder_exits_2_naming_the_holder(tmp_path):
 
 
 def test_two_runs_in_one_process_contend_for_the_lock(tmp_path):
-    from models.train_state import run_lock
+    from models.training.state import run_lock
 
     out = tmp_path / "run"
     errors = []
@@ -150,7 +150,7 @@ def test_resume_with_a_new_schedule_is_allowed_and_recorded(tmp_path):
 
 
 def test_torn_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capfd):
-    from models.train_state import resumable_checkpoints
+    from models.training.state import resumable_checkpoints
 
     out = tmp_path / "run"
     run(out, steps=8, keep_checkpoints=None)

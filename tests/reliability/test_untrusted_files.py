@@ -14,8 +14,8 @@ import pytest
 
 import models
 from models import HookedTransformer, HookedTransformerConfig, save
+from models.data.tokenizer import ByteTokenizer, load_tokenizer
 from models.errors import CheckpointError, TokenizerError
-from models.tokenizer import ByteTokenizer, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(n_layers=1, d_model=16, n_ctx=32, d_vocab=259, n_heads=2, d_mlp=None, normalization_type=None,
@@ -100,7 +100,7 @@ def test_fixed_table_config_far_beyond_its_weights_is_refused_before_building(tm
 
 
 def test_implied_weights_is_a_lower_bound_of_real_models():
-    from models.checkpoint import implied_weights
+    from models.io.checkpoint import implied_weights
 
     for kw in [TINY, dict(TINY, n_layers=3, d_mlp=24, attn_only=False, normalization_type="LN"),
                dict(TINY, positional_embedding_type="rotary", n_key_value_heads=1, n_heads=2),

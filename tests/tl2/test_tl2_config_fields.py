@@ -1,6 +1,6 @@
 """Every field of TransformerLens 2.18's `HookedTransformerConfig` (issue 14 bug 6: nothing ignored silently).
 
-`models.interop.config_from_transformer_lens` sorts each field into: computed the same way (`TL_SAME`,
+`models.io.interop.config_from_transformer_lens` sorts each field into: computed the same way (`TL_SAME`,
 `TL_CONVERTED`; each has a case of the legacy parity grid, `PARITY`), metadata that computes nothing (`TL_METADATA`),
 or refused with a `ConfigError` naming it when set to anything but its default (`TL_REFUSED`). The field list is
 hard-coded here (fast suite); the slow test checks it against the real class's list, written by make_references.py.
@@ -15,7 +15,7 @@ import torch
 from make_references import BASE, grid
 
 from models import ConfigError
-from models.interop import TL_CONVERTED, TL_METADATA, TL_REFUSED, TL_SAME, config_from_transformer_lens
+from models.io.interop import TL_CONVERTED, TL_METADATA, TL_REFUSED, TL_SAME, config_from_transformer_lens
 
 #: TransformerLens 2.18.0's HookedTransformerConfig fields, in its order.
 TL_FIELDS = (

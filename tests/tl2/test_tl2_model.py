@@ -12,7 +12,7 @@ import torch
 from tl2_port import tl_model
 
 from models import HookedTransformer, HookedTransformerConfig
-from models.interop import config_from_transformer_lens
+from models.io.interop import config_from_transformer_lens
 
 
 # --- tests/integration/test_attention_mask.py --------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Adaptations (tests/tl2/README.md): upstream loads solu-1l with the hub tokenizer NeelNanda/gpt-neox-tokenizer-digits
 (d_vocab 48262, n_ctx 1024) and gpt2's; the port uses the zoo model `gelu-2l` (n_ctx 128) and our byte tokenizer
-(`models.tokenizer.ByteTokenizer`: ids 0-255 are the bytes themselves, 256 `<|bos|>`, 257 `<|pad|>`,
+(`models.data.tokenizer.ByteTokenizer`: ids 0-255 are the bytes themselves, 256 `<|bos|>`, 257 `<|pad|>`,
 258 `<|endoftext|>`; 259 ids). So every expected id below is a byte value or 256, every expected token string a
 character, and upstream's multi-character single tokens (" SolidGoldMagikarp", "biomolecules", " some") become single
 characters; each such constant is marked.
@@ -15,7 +15,7 @@ import torch
 from tl2_port import text_model, tl_model
 from torch import Size, equal, tensor
 
-from models.tokenizer import ByteTokenizer
+from models.data.tokenizer import ByteTokenizer
 
 BOS = 256  # the byte tokenizer's <|bos|> (upstream's 1)
 

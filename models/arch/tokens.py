@@ -1,0 +1,120 @@
+"""Text in and out of `HookedTransformer`, with TransformerLens 2.x's names and arguments (`to_tokens`,
+`to_str_tokens`, `to_string`, `to_single_token`, `to_single_str_token`, `get_token_position`, `set_tokenizer`)."""
+
+from __future__ import annotations
+
+import torch
+
+from .padding import padding_side_of
+
+
+class TextMixin:
+    """The text methods of `HookedTransformer` (they read `self.tokenizer`, `self.cfg` and the device)."""
+
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer attached; pass token ids, or set model.tokenizer")
+        return self.tokenizer
+
+    def to_tokens(self, text, prepend_bos: bool | None = None, padding_side: str | None = None,
+                  move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
+        """Text (or a list of texts) to `[batch, pos]` int64 ids; a list is padded with the pad id (the BOS id
+        without one) on `padding_side` (default: the tokenizer's, else right). `truncate`: keep the first n_ctx ids;
+        `move_to_device`: on the model's device (else the CPU), as TransformerLens 2.x."""
+        tok = self._need_tokenizer()
+        prepend_bos = self.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
+        side = padding_side_of(self, padding_side)
+        texts = [text] if isinstance(text, str) else list(text)
+        ids = [([tok.bos_token_id] if prepend_bos else []) + tok.encode(t) for t in texts]
+        if truncate:
+            ids = [x[: self.cfg.n_ctx] for x in ids]
+        width = max(len(x) for x in ids)
+        pad = tok.pad_token_id if getattr(tok, "pad_token_id", None) is not None else tok.bos_token_id
+        out = torch.full((len(ids), width), pad, dtype=torch.long)
+        for i, x in enumerate(ids):
+            if x:
+                (out[i, : len(x)] if side == "right" else out[i, width - len(x):]).copy_(torch.tensor(x))
+        return out.to(self.W_E.device) if move_to_device else out
+
+    def set_tokenizer(self, tokenizer, default_padding_side: str = "right") -> None:
+        """Attach `tokenizer` (TransformerLens 2.x's `set_tokenizer`), one of ours (`models.data.tokenizer`: its
+        `ByteTokenizer`, `BPETokenizer` or `load_tokenizer`'s result), padding on `default_padding_side`.
+        `TokenizerError` for another kind of tokenizer or one with more ids than the model's d_vocab."""
+        from ..data.tokenizer import HFSurface
+        from ..errors import TokenizerError
+        from .padding import PADDING_SIDES
+
+        if not isinstance(tokenizer, HFSurface):
+            raise TokenizerError(f"set_tokenizer takes one of models.data.tokenizer's tokenizers (ByteTokenizer, "
+                                 f"BPETokenizer), got {type(tokenizer).__name__}")
+        if default_padding_side not in PADDING_SIDES:
+            raise TokenizerError(f"default_padding_side={default_padding_side!r} is not supported; allowed: "
+                                 f"{PADDING_SIDES}")
+        if tokenizer.vocab_size > self.cfg.d_vocab:
+            raise TokenizerError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's d_vocab is "
+                                 f"{self.cfg.d_vocab}")
+        tokenizer.padding_side = default_padding_side
+        self.tokenizer = tokenizer
+
+    def to_string(self, tokens):
+        """Token ids (`[pos]`, `[batch, pos]` or a list) to text (or a list of texts)."""
+        from .model import int_ids
+
+        tok = self._need_tokenizer()
+        t = int_ids(tokens, "to_string needs token ids:")
+        if t.ndim == 2:
+            return [tok.decode(row.tolist()) for row in t]
+        return tok.decode(t.reshape(-1).tolist())
+
+    def to_str_tokens(self, input, prepend_bos: bool | None = None, padding_side: str | None = None):
+        """The token strings of text, of ids (`[pos]`, `[1, pos]`, a list of ints), or of a list of those (then a
+        list of lists), as TransformerLens 2.x."""
+        tok = self._need_tokenizer()
+        if isinstance(input, list) and input and not isinstance(input[0], int):
+            return [self.to_str_tokens(x, prepend_bos, padding_side) for x in input]
+        if isinstance(input, str):
+            ids = self.to_tokens(input, prepend_bos, padding_side)[0]
+        else:
+            ids = torch.as_tensor(input)
+            if ids.ndim == 2 and ids.shape[0] != 1:
+                raise ValueError(f"to_str_tokens takes one sequence, got a batch of {ids.shape[0]}: pass a list")
+            ids = ids.reshape(-1)
+        return [tok.decode([int(i)]) for i in ids]
+
+    def to_single_token(self, string: str) -> int:
+        """The id of a string that is exactly one token (no BOS)."""
+        ids = self._need_tokenizer().encode(string)
+        if len(ids) != 1:
+            raise ValueError(f"{string!r} is {len(ids)} tokens, not one")
+        return ids[0]
+
+    def to_single_str_token(self, int_token: int) -> str:
+        """The string of one token id."""
+        if isinstance(int_token, torch.Tensor):
+            if int_token.numel() != 1:
+                raise ValueError(f"to_single_str_token takes one id, got {int_token.numel()}")
+            int_token = int(int_token.item())
+        return self._need_tokenizer().decode([int(int_token)])
+
+    def get_token_position(self, single_token, input, mode: str = "first", prepend_bos: bool | None = None,
+                           padding_side: str | None = None) -> int:
+        """The index of `single_token` (a string that is one token, or an id) in `input` (text, or ids `[pos]` /
+        `[1, pos]`): its first (`mode="first"`) or last (`"last"`) occurrence; `TokenNotFoundError` (a ValueError and an
+        AssertionError) if absent."""
+        if mode not in ("first", "last"):
+            raise ValueError(f"mode={mode!r} is not supported; allowed: ('first', 'last')")
+        tokens = self.to_tokens(input, prepend_bos, padding_side) if isinstance(input, str) else torch.as_tensor(input)
+        if tokens.ndim == 2:
+            if tokens.shape[0] != 1:
+                raise ValueError(f"get_token_position takes one sequence, got a batch of {tokens.shape[0]}")
+            tokens = tokens[0]
+        token = self.to_single_token(single_token) if isinstance(single_token, str) else int(single_token)
+        where = (tokens == token).nonzero()[:, 0]
+        if where.numel() == 0:
+            from ..errors import TokenNotFoundError
+
+            error = TokenNotFoundError("The token does not occur in the prompt")
+            if hasattr(error, "add_note"):  # Python ≥ 3.11 (PEP 678); the message itself is TransformerLens'
+                error.add_note(f"token {single_token!r} (id {token}) is not among the {tokens.numel()} input tokens")
+            raise error
+        return int(where[0] if mode == "first" else where[-1])

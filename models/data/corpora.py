@@ -1,0 +1,270 @@
+"""Training corpora: text sources and their tokenised, cached, memory-mapped token arrays (batches: `models.data.batches`).
+
+- Text sources: the running Python's standard library (`*.py`, the `test`/`tests` packages held out as
+  validation text), a user folder, or a list of text files (`TextSource`).
+- Token arrays: a source is tokenized once, streaming file by file, into `train.bin` / `val.bin`
+  (uint16 or uint32 ids, documents separated by EOS) under a cache folder keyed by a hash of the files'
+  contents and the tokenizer; they are read back as `np.memmap`, so a corpus larger than memory trains.
+- Tokenizers trained on a source (`get_tokenizer("bpe-N", source)`) are cached the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CorpusError
+from ..io.cache_dir import default_cache_dir
+from ..io.checkpoint import atomic_write_dir
+
+
+# --- text sources ---------------------------------------------------------------------------------
+@dataclass
+class TextSource:
+    """Files of one corpus, in a fixed order. With no `val_files`, the last `val_fraction` of the training
+    tokens is held out as validation text."""
+
+    name: str
+    train_files: list
+    val_files: list
+    val_fraction: float = 0.05
+
+    def describe(self) -> str:
+        return f"{self.name}: {len(self.train_files)} training files, {len(self.val_files)} validation files"
+
+
+def _is_test_path(rel_parts: tuple) -> bool:
+    return any(p in ("test", "tests") for p in rel_parts[:-1])
+
+
+def stdlib_source() -> TextSource:
+    """The `*.py` files of the running Python's standard library (site-packages skipped), in sorted order;
+    files under a `test` or `tests` package (`Lib/test`, `*/tests/*`) are the validation split."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if not root.is_dir():
+        raise CorpusError(f"the standard library folder {root} does not exist; pass a text folder instead")
+    found = []
+    for folder, dirs, files in os.walk(root):  # as root.rglob("*.py"), never entering installed packages
+        dirs[:] = [d for d in dirs if d not in ("site-packages", "dist-packages")]
+        found += [Path(folder, f) for f in files if f.endswith(".py")]
+    train, val = [], []
+    for p in sorted(found):
+        if p.is_file():
+            (val if _is_test_path(p.relative_to(root).parts) else train).append(p)
+    if not train:
+        raise CorpusError(f"no *.py files found under the standard library folder {root}")
+    return TextSource(f"python{sysconfig.get_python_version()}-stdlib", train, val)
+
+
+def _looks_like_text(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8192)
+    except OSError:
+        return False
+    return b"\x00" not in head
+
+
+def folder_source(spec, val_fraction: float = 0.05) -> TextSource:
+    """A folder (every non-hidden text file below it, sorted) or a list of text files. Binary files
+    (a NUL byte in the first 8 KiB) are skipped. Validation = the last `val_fraction` of the tokens."""
+    if isinstance(spec, (str, os.PathLike)):
+        root = Path(spec)
+        if root.is_file():
+            files = [root]
+        elif root.is_dir():
+            files = [p for p in sorted(root.rglob("*")) if p.is_file()
+                     and not any(part.startswith(".") for part in p.relative_to(root).parts)]
+        else:
+            raise CorpusError(f"corpus path {str(root)!r} does not exist")
+        name = root.name or str(root)
+    else:
+        files = [Path(p) for p in spec]
+        missing = [str(p) for p in files if not p.is_file()]
+        if missing:
+            raise CorpusError(f"corpus file(s) not found: {missing[:5]}")
+        name = f"{len(files)}-files"
+    files = [p for p in files if _looks_like_text(p)]
+    if not files:
+        raise CorpusError(f"corpus {str(spec)!r} has no text files (empty folder, or only binary files)")
+    if not 0 < val_fraction < 1:
+        raise CorpusError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    return TextSource(name, files, [], val_fraction)
+
+
+def resolve_source(data) -> TextSource:
+    """`"stdlib"` → `stdlib_source()`; a path or a list of paths → `folder_source`."""
+    if isinstance(data, TextSource):
+        return data
+    if data is None or (isinstance(data, str) and data == "stdlib"):
+        return stdlib_source()
+    if not isinstance(data, (str, os.PathLike, list, tuple)):
+        raise CorpusError(f"a corpus is 'stdlib', a folder or file path, or a list of paths; got {type(data).__name__}")
+    return folder_source(data)
+
+
+def read_text(path: Path) -> str:
+    return Path(path).read_text(encoding="utf-8", errors="replace")
+
+
+def iter_texts(files):
+    for p in files:
+        yield read_text(p)
+
+
+# --- token arrays on disk -------------------------------------------------------------------------
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the tokenizer's serialised form (identical tokenizers → identical fingerprints)."""
+    if hasattr(tokenizer, "tok"):
+        text = tokenizer.tok.to_str()
+    else:
+        text = json.dumps({"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size})
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _files_digest(files, h) -> None:
+    for p in files:
+        h.update(str(Path(p).name).encode() + b"\0")
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\1")
+
+
+def source_fingerprint(source: TextSource) -> str:
+    """sha256 over the file names and contents of both splits (and the held-out fraction)."""
+    h = hashlib.sha256()
+    _files_digest(source.train_files, h)
+    h.update(b"--val--")
+    _files_digest(source.val_files, h)
+    h.update(str(source.val_fraction if not source.val_files else "").encode())
+    return h.hexdigest()
+
+
+def _encode_to_file(files, tokenizer, path: Path, dtype, batch_files: int = 64) -> int:
+    """Stream-tokenize `files` into a flat binary array at `path` (EOS after each document)."""
+    eos = tokenizer.eos_token_id
+    n = 0
+    with open(path, "wb") as out:
+        for i in range(0, len(files), batch_files):
+            texts = [read_text(p) for p in files[i : i + batch_files]]
+            if hasattr(tokenizer, "tok"):
+                encoded = [e.ids for e in tokenizer.tok.encode_batch(texts, add_special_tokens=False)]
+            else:
+                encoded = [tokenizer.encode(t) for t in texts]
+            for ids in encoded:
+                if not ids:
+                    continue
+                arr = np.asarray(ids + [eos], dtype=dtype)
+                out.write(arr.tobytes())
+                n += arr.size
+    return n
+
+
+@dataclass
+class TokenCorpus:
+    """Memory-mapped token ids of a corpus: `train` and `val` are 1-D arrays (documents separated by EOS)."""
+
+    name: str
+    train: np.ndarray
+    val: np.ndarray
+    tokenizer: object
+    folder: Path | None = None
+
+    @property
+    def bos_id(self) -> int:
+        return self.tokenizer.bos_token_id
+
+    def special_ids(self) -> list[int]:
+        ids = {self.tokenizer.bos_token_id, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id}
+        return sorted(i for i in ids if i is not None)
+
+    def unigram_counts(self, split: str = "train") -> np.ndarray:
+        """Occurrences of each id in a split (streamed in 16M-token chunks), `[vocab_size]` int64."""
+        arr = self.train if split == "train" else self.val
+        counts = np.zeros(self.tokenizer.vocab_size, dtype=np.int64)
+        for i in range(0, arr.size, 1 << 24):
+            counts += np.bincount(np.asarray(arr[i : i + (1 << 24)]), minlength=counts.size)[: counts.size]
+        return counts
+
+    def seen_ids(self) -> np.ndarray:
+        """Ids that occur in the training split, specials excluded: the pool for 'random tokens'."""
+        counts = self.unigram_counts("train")
+        counts[self.special_ids()] = 0
+        return np.flatnonzero(counts).astype(np.int64)
+
+    def check(self, seq_len: int) -> None:
+        for split, arr in (("training", self.train), ("validation", self.val)):
+            if arr.size < seq_len:
+                raise CorpusError(
+                    f"corpus {self.name!r} has {arr.size} {split} tokens, fewer than one sequence of "
+                    f"{seq_len}; give more text or a shorter seq_len"
+                )
+
+
+def build_token_corpus(source, tokenizer, cache_dir=None) -> TokenCorpus:
+    """Tokenize `source` (see `resolve_source`) with `tokenizer`, cached on disk under
+    `cache_dir/corpora/<hash of contents + tokenizer>/`, and return memory-mapped arrays."""
+    source = resolve_source(source)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = hashlib.sha256((source_fingerprint(source) + tokenizer_fingerprint(tokenizer)).encode()).hexdigest()[:24]
+    folder = cache / "corpora" / key
+    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+    if not (folder / "meta.json").is_file():
+        def write(tmp: Path) -> None:
+            n_train = _encode_to_file(source.train_files, tokenizer, tmp / "train.bin", dtype)
+            n_val = _encode_to_file(source.val_files, tokenizer, tmp / "val.bin", dtype)
+            meta = {"name": source.name, "dtype": np.dtype(dtype).name, "n_train": n_train, "n_val": n_val,
+                    "val_fraction": None if source.val_files else source.val_fraction,
+                    "n_train_files": len(source.train_files), "n_val_files": len(source.val_files)}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+
+        atomic_write_dir(folder, write)
+    meta = json.loads((folder / "meta.json").read_text())
+    if meta["n_train"] == 0:
+        raise CorpusError(f"corpus {source.name!r} contains no text (0 tokens after tokenization)")
+    train = np.memmap(folder / "train.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_train"],))
+    if meta["n_val"]:
+        val = np.memmap(folder / "val.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_val"],))
+    else:  # hold out the tail of the training stream
+        cut = int(round(meta["n_train"] * (1 - meta["val_fraction"])))
+        train, val = train[:cut], train[cut:]
+    return TokenCorpus(source.name, train, val, tokenizer, folder)
+
+
+# --- baselines ------------------------------------------------------------------------------------
+def unigram_baseline_loss(corpus: TokenCorpus, smoothing: float = 1.0) -> float:
+    """Cross-entropy (nats/token) of the validation split under the training split's add-`smoothing`
+    unigram distribution (the loss of a model that ignores context)."""
+    counts = corpus.unigram_counts("train").astype(np.float64) + smoothing
+    logp = np.log(counts / counts.sum())
+    val = corpus.unigram_counts("val").astype(np.float64)
+    return float(-(val * logp).sum() / val.sum())
+
+
+def get_tokenizer(spec: str, source=None, cache_dir=None):
+    """`make_tokenizer(spec)`, with trained BPE tokenizers cached under `cache_dir/tokenizers/` by a hash of
+    the source's training files (training BPE on the stdlib takes seconds, so it is done once)."""
+    from .tokenizer import load_tokenizer, make_tokenizer
+
+    if not (isinstance(spec, str) and spec.startswith("bpe-")):
+        return make_tokenizer(spec)
+    source = resolve_source(source)
+    h = hashlib.sha256()
+    _files_digest(source.train_files, h)
+    cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "tokenizers"
+    path = cache / f"{h.hexdigest()[:24]}-{spec}.json"
+    if path.is_file():
+        return load_tokenizer(path)
+    tok = make_tokenizer(spec, iter_texts(source.train_files))
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tok.save(tmp)
+    os.replace(tmp, path)
+    return tok

@@ -1,0 +1,240 @@
+"""Synthetic sequence-to-sequence tasks for encoder–decoder models, with their character vocabularies and batches.
+
+Tasks (`TASKS`): `copy`, `reverse` and `sort` strings of `n_symbols` letters of a length drawn from
+`[min_len, max_len]`, and `date`, a character-level date-format translation ("nov 23, 2023" → "2023-11-23") whose
+source and target vocabularies differ. Every vocabulary starts with the specials PAD = 0, BOS = 1, EOS = 2 (the
+defaults of `models.EncoderDecoderConfig`).
+
+Held-out split: a pair belongs to the held-out split when the CRC-32 of its source ids is ≡ 0 mod 10
+(`is_held_out`), so training never sees a held-out source, on any machine. A batch row is `[source padded to n_src |
+BOS target EOS padded to n_tgt]` (int64, `Seq2SeqBatches`); the batch of step s is a pure function of (seed, s), as
+for text (`models.data.batches`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import TokenizerError, TrainConfigError
+from .batches import step_rng
+
+PAD, BOS, EOS = 0, 1, 2
+SPECIALS = ("<pad>", "<bos>", "<eos>")
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+HELD_OUT_MOD = 10
+
+
+class CharVocab:
+    """A character vocabulary: ids 0..2 are `SPECIALS`, then one id per symbol (a one-character string)."""
+
+    kind = "chars"
+
+    def __init__(self, symbols):
+        self.tokens = list(SPECIALS) + list(symbols)
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+        self.pad_token_id, self.bos_token_id, self.eos_token_id = PAD, BOS, EOS
+        self.vocab_size = len(self.tokens)
+
+    def encode(self, text: str) -> list[int]:
+        unknown = sorted(set(text) - set(self.tokens[len(SPECIALS):]))
+        if unknown:
+            raise TokenizerError(f"characters {unknown} are not in this vocabulary: {''.join(self.tokens[3:])!r}")
+        return [self.index[c] for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.tokens[int(i)] if int(i) < self.vocab_size else f"<{int(i)}>" for i in ids)
+
+    def id_to_token(self, i: int) -> str:
+        return self.decode([i])
+
+
+class Seq2SeqTokenizer:
+    """The source and target `CharVocab`s of a task, saved together as one tokenizer.json."""
+
+    kind = "seq2seq"
+
+    def __init__(self, source: CharVocab, target: CharVocab):
+        self.source, self.target = source, target
+
+    def to_json(self) -> str:
+        return json.dumps({"toy_circuits_tokenizer": "seq2seq", "source": self.source.tokens[len(SPECIALS):],
+                           "target": self.target.tokens[len(SPECIALS):]})
+
+    def save(self, path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Seq2SeqTokenizer:
+        return cls(CharVocab(d["source"]), CharVocab(d["target"]))
+
+
+def is_held_out(src_ids) -> bool:
+    """True when a source belongs to the held-out split: CRC-32 of its int64 ids ≡ 0 (mod 10)."""
+    return zlib.crc32(np.asarray(src_ids, dtype=np.int64).tobytes()) % HELD_OUT_MOD == 0
+
+
+class Task:
+    """A seq2seq task: `sample(rng) -> (source ids, target ids)` without specials, over `tokenizer`'s vocabularies."""
+
+    name = ""
+    max_src = max_tgt = 0
+
+    def __init__(self, n_symbols: int = 10, min_len: int = 1, max_len: int = 8):
+        if not 2 <= n_symbols <= len(LETTERS):
+            raise TrainConfigError(f"task_symbols must be in 2..{len(LETTERS)}, got {n_symbols}")
+        if not 1 <= min_len <= max_len:
+            raise TrainConfigError(f"need 1 <= task_min_len <= task_max_len, got {min_len}, {max_len}")
+        self.n_symbols, self.min_len, self.max_len = n_symbols, min_len, max_len
+        vocab = CharVocab(LETTERS[:n_symbols])
+        self.tokenizer = Seq2SeqTokenizer(vocab, vocab)
+        self.max_src, self.max_tgt = max_len, max_len
+
+    def source(self, rng: np.random.Generator) -> np.ndarray:
+        n = int(rng.integers(self.min_len, self.max_len + 1))
+        return rng.integers(len(SPECIALS), len(SPECIALS) + self.n_symbols, n)
+
+    def target(self, src: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def alignment(self, src: np.ndarray) -> np.ndarray | None:
+        """`[len(target), len(src)]` bool: True where target token j may come from source position i (the same symbol
+        at the place the task moves it to), or None when the target is not a rearrangement of the source."""
+        return None
+
+    def sample(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        src = self.source(rng)
+        return src, self.target(src)
+
+
+class Copy(Task):
+    """The target is the source."""
+
+    name = "copy"
+
+    def target(self, src):
+        return src
+
+    def alignment(self, src):
+        return np.eye(len(src), dtype=bool)
+
+
+class Reverse(Task):
+    """The target is the source reversed: target position j aligns with source position L − 1 − j."""
+
+    name = "reverse"
+
+    def target(self, src):
+        return src[::-1]
+
+    def alignment(self, src):  # the anti-diagonal
+        return np.eye(len(src), dtype=bool)[::-1].copy()
+
+
+class Sort(Task):
+    """The target is the source's symbols in alphabetical order."""
+
+    name = "sort"
+
+    def target(self, src):
+        return np.sort(src)
+
+    def alignment(self, src):  # any source position holding the symbol (repeated symbols are interchangeable)
+        return np.sort(src)[:, None] == src[None, :]
+
+
+class Date(Task):
+    """Date-format translation: "mon d, yyyy" (e.g. "nov 3, 2023") → ISO 8601 "yyyy-mm-dd", dates 1950–2049."""
+
+    name = "date"
+    FIRST = datetime.date(1950, 1, 1).toordinal()
+    DAYS = datetime.date(2050, 1, 1).toordinal() - FIRST
+
+    def __init__(self, n_symbols: int = 10, min_len: int = 1, max_len: int = 8):
+        src_chars = sorted(set("0123456789 ,") | set("".join(MONTHS)))
+        self.tokenizer = Seq2SeqTokenizer(CharVocab(src_chars), CharVocab("0123456789-"))
+        self.max_src, self.max_tgt = len("sep 30, 2023"), len("2023-09-30")
+
+    @staticmethod
+    def formats(day: datetime.date) -> tuple[str, str]:
+        return f"{MONTHS[day.month - 1]} {day.day}, {day.year}", day.isoformat()
+
+    def sample(self, rng):
+        day = datetime.date.fromordinal(self.FIRST + int(rng.integers(0, self.DAYS)))
+        src, tgt = self.formats(day)
+        return (np.asarray(self.tokenizer.source.encode(src), dtype=np.int64),
+                np.asarray(self.tokenizer.target.encode(tgt), dtype=np.int64))
+
+
+TASKS: dict[str, type[Task]] = {t.name: t for t in (Copy, Reverse, Sort, Date)}
+
+
+def make_task(spec: str, n_symbols: int = 10, min_len: int = 1, max_len: int = 8) -> Task:
+    """The task of a data spec `"seq2seq:NAME"` (NAME in `TASKS`)."""
+    name = spec.split(":", 1)[1] if spec.startswith("seq2seq:") else spec
+    if name not in TASKS:
+        raise TrainConfigError(f"unknown seq2seq task {name!r}; tasks: {', '.join('seq2seq:' + t for t in TASKS)}")
+    return TASKS[name](n_symbols, min_len, max_len)
+
+
+class Seq2SeqBatches:
+    """Rows `[source, PAD… | BOS, target, EOS, PAD…]` of width `n_src + n_tgt` (see the module docstring)."""
+
+    def __init__(self, task: Task, n_src: int, n_tgt: int):
+        if task.max_src > n_src or task.max_tgt + 2 > n_tgt:
+            raise TrainConfigError(f"task {task.name!r} needs n_ctx_src >= {task.max_src} and n_ctx_tgt >= "
+                                   f"{task.max_tgt + 2} (BOS and EOS), the model has {n_src} and {n_tgt}")
+        self.task, self.n_src, self.n_tgt = task, n_src, n_tgt
+
+    def _rows(self, rng: np.random.Generator, n: int, held_out: bool) -> np.ndarray:
+        out = np.full((n, self.n_src + self.n_tgt), PAD, dtype=np.int64)
+        i = 0
+        while i < n:
+            src, tgt = self.task.sample(rng)
+            if is_held_out(src) != held_out:
+                continue
+            out[i, : len(src)] = src
+            out[i, self.n_src : self.n_src + len(tgt) + 2] = np.concatenate([[BOS], tgt, [EOS]])
+            i += 1
+        return out
+
+    def batch(self, seed: int, step: int, batch_size: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
+        """Rows `rank*B/W .. (rank+1)*B/W` of the global training batch of `step`."""
+        rows = self._rows(step_rng(seed, step), batch_size, held_out=False)
+        per = batch_size // world_size
+        return rows[rank * per : (rank + 1) * per]
+
+    def val_batch(self, n: int, seed: int = 0) -> np.ndarray:
+        """`n` fixed rows of the held-out split."""
+        return self._rows(step_rng(seed, -1 % (1 << 32), stream=1), n, held_out=True)
+
+    def split(self, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(src, tgt, src_mask, tgt_mask)` of rows (a target's mask keeps BOS, the symbols and EOS)."""
+        rows = torch.as_tensor(rows)
+        src, tgt = rows[:, : self.n_src], rows[:, self.n_src :]
+        tgt_mask = torch.ones_like(tgt, dtype=torch.bool)
+        tgt_mask[:, 1:] = tgt[:, 1:] != PAD
+        return src, tgt, src != PAD, tgt_mask
+
+
+@torch.no_grad()
+def exact_match(model, batches: Seq2SeqBatches, rows, chunk: int = 256) -> float:
+    """Fraction of `rows` whose greedy decoding (`model.generate`) equals the target up to and including EOS."""
+    was = model.training
+    model.eval()
+    hits = 0
+    for i in range(0, len(rows), chunk):
+        src, tgt, src_mask, _ = batches.split(rows[i : i + chunk])
+        src, tgt, src_mask = src.to(model.device), tgt.to(model.device), src_mask.to(model.device)
+        out = model.generate(src, batches.n_tgt - 1, src_mask=src_mask)
+        width = min(out.shape[1], tgt.shape[1])
+        same = (out[:, :width] == tgt[:, :width]) | (tgt[:, :width] == PAD)
+        hits += int((same.all(-1) & (out[:, :width] == EOS).any(-1)).sum())
+    model.train(was)
+    return hits / len(rows)

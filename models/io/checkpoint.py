@@ -1,0 +1,399 @@
+"""Checkpoints as data: `config.json` + `model.safetensors` (+ `tokenizer.json`), written atomically; the model zoo.
+
+The safetensors keys are TransformerLens' former `HookedTransformer` state-dict keys (`embed.W_E`,
+`blocks.0.attn.W_Q [n_heads, d_model, d_head]`, ...), so one loader serves our folders and legacy
+TransformerLens state dicts (`models.io.interop`). Nothing here unpickles.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..arch.config import HookedTransformerConfig, dtype_name
+from ..arch.model import HookedTransformer
+from ..errors import CheckpointError, ConfigError
+from .safe_read import JSON_LIMIT, open_regular, read_text
+from .size_checks import check_size, implied_weights  # noqa: F401  (re-exported: loaders and tests use them)
+
+ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+
+
+def zoo_names() -> list[str]:
+    """The shipped models' names (folders of `models/zoo` with a config.json), sorted."""
+    if not ZOO_DIR.is_dir():
+        return []
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / CONFIG_FILE).is_file())
+
+
+def zoo_cards() -> list[dict]:
+    """One entry per shipped model: name, the card's first line, architecture, validation loss and folder."""
+    out = []
+    for name in zoo_names():
+        d = ZOO_DIR / name
+        cfg = json.loads((d / CONFIG_FILE).read_text())
+        summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
+        about = ""
+        if (d / "card.md").is_file():
+            lines = [ln.strip() for ln in (d / "card.md").read_text().splitlines()]
+            about = next((ln for ln in lines if ln and not ln.startswith("#")), "")
+        kind = cfg.get("model_type", "decoder")
+        if kind == "encoder_decoder":  # n_layers "encoder+decoder"; context and vocabulary of the target
+            layers, n_ctx, d_vocab = f"{cfg['n_encoder_layers']}+{cfg['n_decoder_layers']}", cfg["n_ctx_tgt"], \
+                cfg["d_vocab_tgt"]
+        else:
+            layers, n_ctx, d_vocab = cfg["n_layers"], cfg["n_ctx"], cfg["d_vocab"]
+        out.append({"name": name, "about": about, "model_type": kind, "n_layers": layers, "n_heads": cfg["n_heads"],
+                    "d_model": cfg["d_model"], "n_ctx": n_ctx, "d_vocab": d_vocab,
+                    "attn_only": cfg.get("attn_only", cfg.get("d_mlp") is None),
+                    "positions": cfg["positional_embedding_type"],
+                    "val_loss": summary.get("final_val_loss"), "path": str(d)})
+    return out
+
+
+# --- writing ----------------------------------------------------------------------------------------
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_RENAMEAT2 = None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the paths `a` and `b` in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`); False where the
+    platform or file system cannot (then the caller falls back to two renames)."""
+    global _RENAMEAT2
+    if not sys.platform.startswith("linux"):
+        return False
+    if _RENAMEAT2 is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            _RENAMEAT2 = fn
+        except (OSError, AttributeError):  # a libc without renameat2 (glibc < 2.28, musl)
+            _RENAMEAT2 = False
+    if _RENAMEAT2 is False:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if _RENAMEAT2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _recover(path: Path) -> None:
+    """Where only the two-rename fallback of `atomic_write_dir` runs, a crash between its renames leaves `path`
+    missing and the previous folder at `.{name}.old-PID`: put that back."""
+    if path.exists() or path.is_symlink() or not path.parent.is_dir():
+        return
+    prefix = f".{path.name}.old-"
+    olds = [p for p in path.parent.iterdir() if p.name.startswith(prefix) and p.is_dir()]
+    if olds:
+        os.replace(max(olds, key=lambda p: p.stat().st_mtime), path)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_dir(path, write_contents) -> Path:
+    """Create folder `path` atomically: `write_contents(tmp_dir)` fills a temporary sibling folder, whose
+    files are fsynced, then it takes `path`'s place in one atomic swap (`renameat2(RENAME_EXCHANGE)` on Linux;
+    elsewhere two renames, and a crash between them is repaired by the next save or load). A crash or error at
+    any point leaves either the previous folder or the new one, never a half-written one; what a crash can leave
+    behind are hidden `.{name}.tmp-*` siblings, which nothing loads.
+    Folders and files get the modes the umask gives (0755 / 0644 under umask 022)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _recover(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    old = None
+    try:
+        write_contents(tmp)
+        mask = _umask()
+        for f in [tmp, *tmp.rglob("*")]:  # the modes a plain mkdir / open gives (mkdtemp makes 0700, some writers 0600)
+            if f.is_symlink():
+                continue
+            os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
+            if f.is_file():
+                with open(f, "rb+") as fh:
+                    os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        if path.exists() and _exchange(tmp, path):
+            old = tmp  # the swap put the previous folder at tmp
+        else:
+            if path.exists():
+                old = path.parent / f".{path.name}.old-{os.getpid()}"
+                os.replace(path, old)
+            os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        if old is not tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if old is not None and not path.exists():
+                os.replace(old, path)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def save(model: HookedTransformer, path, extra_files: dict | None = None) -> Path:
+    """Write `model` to folder `path` (config.json, model.safetensors, tokenizer.json if attached, and any
+    `extra_files` {name: str | bytes}) atomically."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+
+    def write(tmp: Path) -> None:
+        (tmp / CONFIG_FILE).write_text(model.cfg.to_json())
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "layout": "transformer_lens"})
+        if model.tokenizer is not None and hasattr(model.tokenizer, "save"):
+            model.tokenizer.save(tmp / TOKENIZER_FILE)
+        for name, content in (extra_files or {}).items():
+            target = tmp / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            (target.write_bytes if isinstance(content, bytes) else target.write_text)(content)
+
+    return atomic_write_dir(path, write)
+
+
+# --- reading ----------------------------------------------------------------------------------------
+def resolve(path_or_name) -> Path:
+    """A saved-model folder for a zoo name or a path; raises `CheckpointError` listing the zoo names."""
+    if not isinstance(path_or_name, (str, os.PathLike)):
+        raise TypeError(f"a model is named by a zoo name or a folder path, got {type(path_or_name).__name__}")
+    if not str(path_or_name).strip():  # Path("") is the current folder: never what an empty name meant
+        raise CheckpointError(f"empty model name {str(path_or_name)!r}; give a zoo name or a folder path "
+                              f"(zoo models: {', '.join(zoo_names()) or '(none)'})")
+    p = Path(path_or_name)
+    _recover(p)
+    if p.is_dir():
+        return p
+    if isinstance(path_or_name, str) and (ZOO_DIR / path_or_name / CONFIG_FILE).is_file():
+        return ZOO_DIR / path_or_name
+    if p.exists():
+        raise CheckpointError(
+            f"{p} is a file, not a model folder; a legacy TransformerLens state dict loads with "
+            "models.from_transformer_lens_state_dict(path, cfg) (CLI: MODEL --config CONFIG.json)"
+        )
+    raise CheckpointError(
+        f"unknown model {str(path_or_name)!r}: not a folder and not a zoo name; zoo models: "
+        f"{', '.join(zoo_names()) or '(none)'}"
+    )
+
+
+def model_types() -> dict:
+    """`model_type` in config.json → (config class, model class); a config without the field is a decoder-only
+    `HookedTransformerConfig` (every folder written before the field existed)."""
+    from ..arch.encoder import EncoderConfig, HookedEncoder
+    from ..arch.encoder_decoder import HookedEncoderDecoder
+    from ..arch.encoder_decoder_config import EncoderDecoderConfig
+
+    return {"decoder": (HookedTransformerConfig, HookedTransformer),
+            EncoderDecoderConfig.model_type: (EncoderDecoderConfig, HookedEncoderDecoder),
+            EncoderConfig.model_type: (EncoderConfig, HookedEncoder)}
+
+
+def model_class(cfg) -> type:
+    """The model class of a config object (`HookedTransformer`, `HookedEncoderDecoder`, `HookedEncoder`)."""
+    for cfg_cls, cls in model_types().values():
+        if type(cfg) is cfg_cls:
+            return cls
+    raise ConfigError(f"{type(cfg).__name__} is not a model config; allowed: "
+                      f"{', '.join(c.__name__ for c, _ in model_types().values())}")
+
+
+def config_from_json(text: str):
+    """The config object of a config.json's text, by its `model_type` (`model_types`), read as
+    `HookedTransformerConfig.from_json` reads it (duplicated keys refused, a stored `device` ignored)."""
+    from ..arch.encoder_decoder_config import config_json_dict
+
+    return config_from_dict(config_json_dict(text))
+
+
+def config_from_dict(d: dict):
+    """The config object of a config dict, by its `model_type` (`model_types`)."""
+    kind = d.get("model_type", "decoder") if isinstance(d, dict) else "decoder"
+    types = model_types()
+    if kind not in types:
+        raise ConfigError(f"model_type={kind!r} is not supported; allowed: {', '.join(map(repr, types))}")
+    return types[kind][0].from_dict(d)
+
+
+def read_config(path):
+    path = Path(path)
+    try:
+        text = read_text(path, JSON_LIMIT, CheckpointError, "the config")
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing ({CONFIG_FILE} is required in a model folder)") from None
+    try:
+        return config_from_json(text)
+    except (ConfigError, TypeError) as e:
+        raise CheckpointError(f"{path}: invalid config: {e}") from None
+
+
+WEIGHTS_LIMIT = 1 << 40  # 1 TiB: a bound on a weight file's size, not a memory budget (it is memory-mapped)
+
+
+def safetensors_numel(path) -> int:
+    """The number of weights a safetensors file holds, from its header's tensor table (nothing else read); checks
+    that `path` is a regular file first."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing or not a file")
+    try:
+        with open_regular(path, WEIGHTS_LIMIT, CheckpointError, "the weight file") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < n <= 100 * 2**20:
+                raise CheckpointError(f"{path}: not a readable safetensors file (header length {n})")
+            table = json.loads(f.read(n))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing or not a file") from None
+    except (OSError, ValueError, RecursionError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    total = 0
+    for k, v in (table.items() if isinstance(table, dict) else ()):
+        shape = v.get("shape") if isinstance(v, dict) and k != "__metadata__" else None
+        if isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
+            total += math.prod(shape)
+    return total
+
+
+def read_safetensors(path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    safetensors_numel(path)  # a regular file with a readable header, or a CheckpointError naming it
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error type for truncated/corrupt headers
+        raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+
+
+def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransformer:
+    """Load a model folder or a zoo model by name (`models.load("attn-only-2l")`), offline. `device` (default the
+    CPU, whatever device the model was trained on) and `dtype` (a `torch.dtype` or its name, e.g. "float16") are
+    checked before anything is read: `ConfigError` names an unknown or absent device or an unsupported dtype.
+    `processing`: TransformerLens 2.18's `fold_ln=`, `center_writing_weights=`, … (`models.arch.weight_processing`)."""
+    dtype = None if dtype is None else getattr(torch, dtype_name(dtype))
+    device = None if device is None else available_device(device)
+    folder = resolve(path_or_name)
+    cfg = read_config(folder / CONFIG_FILE)
+    if device is not None:
+        cfg.device = device
+    check_size(cfg, safetensors_numel(folder / WEIGHTS_FILE), str(folder / CONFIG_FILE))
+    state = read_safetensors(folder / WEIGHTS_FILE)
+    model = model_class(cfg)(cfg)
+    load_state_dict(model, state, source=str(folder / WEIGHTS_FILE))
+    if os.path.lexists(folder / TOKENIZER_FILE) and not (folder / TOKENIZER_FILE).is_file():
+        raise CheckpointError(f"{folder / TOKENIZER_FILE}: not a file (a folder or a dangling link)")
+    if (folder / TOKENIZER_FILE).is_file():
+        from ..data.tokenizer import load_tokenizer
+
+        model.tokenizer = load_tokenizer(folder / TOKENIZER_FILE)
+        for what, tok, d_vocab in _vocabularies(model.tokenizer, cfg):
+            if tok.vocab_size > d_vocab:
+                raise CheckpointError(f"{folder / TOKENIZER_FILE}: {what}tokenizer has {tok.vocab_size} ids but the "
+                                      f"model's d_vocab{'_' + what.strip() if what else ''} is {d_vocab}")
+    if dtype is not None:
+        model.to(dtype)
+        model.cfg.dtype = dtype
+    if processing:
+        from ..arch.weight_processing import process_loaded
+
+        process_loaded(model, processing)
+    return model.eval()  # as TransformerLens' from_pretrained (transformer_lens.patching refuses training mode)
+
+
+def _vocabularies(tokenizer, cfg) -> list[tuple]:
+    """`(label, tokenizer, d_vocab)` pairs to check: the source and target tokenizers of an encoder–decoder model,
+    the one tokenizer otherwise."""
+    if hasattr(cfg, "d_vocab_src"):
+        if not hasattr(tokenizer, "source"):
+            raise CheckpointError(f"an encoder–decoder model needs a source and a target tokenizer, got "
+                                  f"{type(tokenizer).__name__}")
+        return [("src ", tokenizer.source, cfg.d_vocab_src), ("tgt ", tokenizer.target, cfg.d_vocab_tgt)]
+    return [("", tokenizer, cfg.d_vocab)]
+
+
+def available_device(device) -> str:
+    """`device` (a name such as "cpu", "cuda:1", "mps", or a `torch.device`) as a string, checked to exist here;
+    `ConfigError` otherwise."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError(f"device={device!r} is not available here ({torch.cuda.device_count()} CUDA GPU(s)); "
+                          "use 'cpu'")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ConfigError(f"device={device!r} is not available here (no MPS); use 'cpu'")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"device={device!r} is not supported; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+    return str(dev)
+
+
+def load_state_dict(model: HookedTransformer, state: dict, source: str = "state dict") -> None:
+    """Copy `state` (TransformerLens layout) into `model`, checking every name and shape first."""
+    expected = model.state_dict()
+    bad_keys = [k for k in state if not isinstance(k, str)]
+    if bad_keys:
+        raise CheckpointError(f"{source}: tensor names must be strings, got {bad_keys[:4]!r}")
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing:
+        raise CheckpointError(f"{source}: missing tensor(s) {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    if unexpected:
+        raise CheckpointError(
+            f"{source}: unexpected tensor(s) {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} "
+            "(does the config match the checkpoint?)"
+        )
+    for name, target in expected.items():
+        t = state[name]
+        if not isinstance(t, torch.Tensor):
+            raise CheckpointError(f"{source}: {name} is a {type(t).__name__}, not a tensor")
+        if tuple(t.shape) != tuple(target.shape):
+            raise CheckpointError(
+                f"{source}: tensor {name} has shape {tuple(t.shape)}, the config expects {tuple(target.shape)}"
+            )
+        if not t.dtype.is_floating_point:
+            raise CheckpointError(f"{source}: tensor {name} has dtype {t.dtype}, expected a float tensor")
+        if t.device.type == "meta":
+            raise CheckpointError(f"{source}: tensor {name} is on the meta device (it holds no data)")
+    buffers = {n for n, _ in model.named_buffers()}
+    for name in sorted(buffers & set(expected)):
+        if bool(state[name].ne(0).any()):
+            raise CheckpointError(
+                f"{source}: tensor {name} is non-zero but the config has use_bias=False; set use_bias=True"
+            )
+    with torch.no_grad():
+        for name, target in expected.items():
+            target.copy_(state[name].to(target.dtype))
