@@ -91,8 +91,7 @@ class HookSwitches:
 
 
 class CacheHook:
-    """A forward hook of `run_with_cache`: it stores what its hook point sees in `cache` and changes nothing, so a
-    layer may rely on the tensor keeping its values (`only_caching`). `save` is TransformerLens' save hook, used when
+    """A forward hook of `run_with_cache`: it stores what its hook point sees in `cache` and changes nothing. `save` is TransformerLens' save hook, used when
     `run_with_cache` moves, slices or un-batches what it stores; without one the tensor is stored as TransformerLens
     stores it then (`tensor.detach()`, a view of the same values)."""
 
@@ -106,9 +105,3 @@ class CacheHook:
             return self.save(tensor, hook=hook)
         self.cache[hook.name] = tensor.detach()
         return None
-
-
-def only_caching(point) -> bool:
-    """Every hook on the TransformerLens `HookPoint` `point` is a forward `CacheHook` (vacuously true without hooks):
-    what passes through keeps its values."""
-    return not point.bwd_hooks and all(isinstance(getattr(h, "user_hook", None), CacheHook) for h in point.fwd_hooks)

@@ -21,8 +21,8 @@ from .hook_switches import HookSwitches
 from .inputs import check_tokens
 from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
-from .tokens import TextMixin
-from .watch import watching
+from .tokens import TextMixin, int_ids  # noqa: F401  (int_ids: re-exported)
+from .watch import hooked_path, watching
 from .weight_processing import ProcessWeights
 
 IGNORE = -100  # F.cross_entropy's ignore_index
@@ -231,7 +231,8 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
 
     def run_with_cache(self, *args, return_cache_object: bool = True, **kwargs):
         """`HookedRootModule.run_with_cache`, returning a TransformerLens `ActivationCache`."""
-        out, cache = super().run_with_cache(*args, **kwargs)
+        with hooked_path():
+            out, cache = super().run_with_cache(*args, **kwargs)
         if return_cache_object:
             cache = ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
             # shortformer: hook_pos_embed is cached but never enters the residual stream, so
@@ -342,21 +343,6 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
     @property
     def device(self) -> torch.device:
         return self.W_E.device
-
-
-def int_ids(ids, what: str) -> torch.Tensor:
-    """`ids` (a tensor, numpy array, list, tuple or range of integers) as an int64 tensor. `TypeError` starting with
-    `what` for anything else: a set, dict or generator has no order to reproduce, None is no ids, and float ids
-    would be truncated silently."""
-    if not (isinstance(ids, (torch.Tensor, list, tuple, range)) or hasattr(ids, "__array__")):
-        raise TypeError(f"{what} a tensor, numpy array, list, tuple or range of integer ids, got {type(ids).__name__}")
-    try:
-        t = torch.as_tensor(ids)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise TypeError(f"{what} integer ids ({e})") from None
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{what} integer ids, got dtype {t.dtype}")
-    return t.long()
 
 
 def lm_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, per_token: bool = False,

@@ -40,13 +40,13 @@ class TextMixin:
         """Attach `tokenizer` (TransformerLens 2.x's `set_tokenizer`), one of ours (`models.data.tokenizer`: its
         `ByteTokenizer`, `BPETokenizer` or `load_tokenizer`'s result), padding on `default_padding_side`.
         `TokenizerError` for another kind of tokenizer or one with more ids than the model's d_vocab."""
-        from ..data.tokenizer import HFSurface
         from ..errors import TokenizerError
         from .padding import PADDING_SIDES
 
-        if not isinstance(tokenizer, HFSurface):
-            raise TokenizerError(f"set_tokenizer takes one of models.data.tokenizer's tokenizers (ByteTokenizer, "
-                                 f"BPETokenizer), got {type(tokenizer).__name__}")
+        if not all(callable(getattr(tokenizer, name, None)) for name in ("encode", "decode")) or \
+                not isinstance(getattr(tokenizer, "vocab_size", None), int):
+            raise TokenizerError(f"set_tokenizer takes a tokenizer with encode, decode and vocab_size (one of "
+                                 f"models.data.tokenizer's: ByteTokenizer, BPETokenizer), got {type(tokenizer).__name__}")
         if default_padding_side not in PADDING_SIDES:
             raise TokenizerError(f"default_padding_side={default_padding_side!r} is not supported; allowed: "
                                  f"{PADDING_SIDES}")
@@ -58,8 +58,6 @@ class TextMixin:
 
     def to_string(self, tokens):
         """Token ids (`[pos]`, `[batch, pos]` or a list) to text (or a list of texts)."""
-        from .model import int_ids
-
         tok = self._need_tokenizer()
         t = int_ids(tokens, "to_string needs token ids:")
         if t.ndim == 2:
@@ -118,3 +116,18 @@ class TextMixin:
                 error.add_note(f"token {single_token!r} (id {token}) is not among the {tokens.numel()} input tokens")
             raise error
         return int(where[0] if mode == "first" else where[-1])
+
+
+def int_ids(ids, what: str) -> torch.Tensor:
+    """`ids` (a tensor, numpy array, list, tuple or range of integers) as an int64 tensor. `TypeError` starting with
+    `what` for anything else: a set, dict or generator has no order to reproduce, None is no ids, and float ids
+    would be truncated silently."""
+    if not (isinstance(ids, (torch.Tensor, list, tuple, range)) or hasattr(ids, "__array__")):
+        raise TypeError(f"{what} a tensor, numpy array, list, tuple or range of integer ids, got {type(ids).__name__}")
+    try:
+        t = torch.as_tensor(ids)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"{what} integer ids ({e})") from None
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{what} integer ids, got dtype {t.dtype}")
+    return t.long()

@@ -11,8 +11,9 @@ hook point with the values `run_with_cache` records, when any of these holds:
 - a global module hook (`torch.nn.modules.module.register_module_forward_hook` and its siblings);
 - a module whose `forward` was replaced on the instance (tracing tools such as nnsight install their controller so).
 
-The decision is taken once per forward pass for the whole model (`watching`), so every layer takes the same path and
-a cache filtered to a few names (`run_with_cache(names_filter=...)`) holds bitwise the values of the full cache. A
+The decision is taken once per forward pass for the whole model (`watching`), so every layer takes the same path, and
+`run_with_cache` always takes the hooked path (`hooked_path`), so a cache filtered to a few names (or to none) holds
+bitwise the values, and returns the logits, of the full cache. A
 layer called on its own, outside a model's forward, decides from its own sub-modules (`explicit`).
 """
 
@@ -48,8 +49,20 @@ def watched(root: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def watching(root: nn.Module):
-    """Decide once for `root`'s forward pass whether its layers run their hooked path (`explicit` inside reads it)."""
-    token = _decision.set(watched(root))
+    """Decide once for `root`'s forward pass whether its layers run their hooked path (`explicit` inside reads it);
+    inside `hooked_path` (or another watched forward) the answer is yes."""
+    token = _decision.set(_decision.get() is True or watched(root))
+    try:
+        yield
+    finally:
+        _decision.reset(token)
+
+
+@contextlib.contextmanager
+def hooked_path():
+    """Every forward inside runs its hooked path, watched or not: `run_with_cache` records the same values (and
+    returns the same logits) whichever names it is asked for, none included."""
+    token = _decision.set(True)
     try:
         yield
     finally:

@@ -292,8 +292,7 @@ class ProcessWeights:
         `models.from_transformer_lens_state_dict` reads it), then `process_weights_` with these flags. A model built
         with LNPre / RMSPre norms (as `from_pretrained` prepares one) takes a state dict that still has its norm
         weights when `fold_ln` is set. Returns the model."""
-        from ..io.checkpoint import load_state_dict
-        from ..io.interop import tl_state_to_ours
+        from .state_dict import load_state_dict, tl_state_to_ours
 
         kind = self.cfg.normalization_type
         if fold_ln and kind in ("LNPre", "RMSPre") and any(k.endswith(".ln1.w") or k == "ln_final.w"

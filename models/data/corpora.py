@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorpusError
+from ..io.atomic import atomic_write_dir
 from ..io.cache_dir import default_cache_dir
-from ..io.checkpoint import atomic_write_dir
 
 
 # --- text sources ---------------------------------------------------------------------------------

@@ -14,65 +14,22 @@ for text (`models.data.batches`).
 from __future__ import annotations
 
 import datetime
-import json
 import zlib
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..errors import TokenizerError, TrainConfigError
+from ..errors import TrainConfigError
 from .batches import step_rng
+from .tokenizer import CHAR_BOS as BOS
+from .tokenizer import CHAR_EOS as EOS
+from .tokenizer import CHAR_PAD as PAD
+from .tokenizer import CHAR_SPECIALS as SPECIALS
+from .tokenizer import CharVocab, Seq2SeqTokenizer  # noqa: F401  (re-exported)
 
-PAD, BOS, EOS = 0, 1, 2
-SPECIALS = ("<pad>", "<bos>", "<eos>")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 HELD_OUT_MOD = 10
-
-
-class CharVocab:
-    """A character vocabulary: ids 0..2 are `SPECIALS`, then one id per symbol (a one-character string)."""
-
-    kind = "chars"
-
-    def __init__(self, symbols):
-        self.tokens = list(SPECIALS) + list(symbols)
-        self.index = {t: i for i, t in enumerate(self.tokens)}
-        self.pad_token_id, self.bos_token_id, self.eos_token_id = PAD, BOS, EOS
-        self.vocab_size = len(self.tokens)
-
-    def encode(self, text: str) -> list[int]:
-        unknown = sorted(set(text) - set(self.tokens[len(SPECIALS):]))
-        if unknown:
-            raise TokenizerError(f"characters {unknown} are not in this vocabulary: {''.join(self.tokens[3:])!r}")
-        return [self.index[c] for c in text]
-
-    def decode(self, ids) -> str:
-        return "".join(self.tokens[int(i)] if int(i) < self.vocab_size else f"<{int(i)}>" for i in ids)
-
-    def id_to_token(self, i: int) -> str:
-        return self.decode([i])
-
-
-class Seq2SeqTokenizer:
-    """The source and target `CharVocab`s of a task, saved together as one tokenizer.json."""
-
-    kind = "seq2seq"
-
-    def __init__(self, source: CharVocab, target: CharVocab):
-        self.source, self.target = source, target
-
-    def to_json(self) -> str:
-        return json.dumps({"toy_circuits_tokenizer": "seq2seq", "source": self.source.tokens[len(SPECIALS):],
-                           "target": self.target.tokens[len(SPECIALS):]})
-
-    def save(self, path) -> None:
-        Path(path).write_text(self.to_json())
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Seq2SeqTokenizer:
-        return cls(CharVocab(d["source"]), CharVocab(d["target"]))
 
 
 def is_held_out(src_ids) -> bool:

@@ -212,7 +212,6 @@ def load_tokenizer(path):
     if isinstance(data, dict) and data.get("toy_circuits_tokenizer") == "bytes":
         return ByteTokenizer()
     if isinstance(data, dict) and data.get("toy_circuits_tokenizer") == "seq2seq":
-        from .seq2seq import Seq2SeqTokenizer
 
         try:
             return Seq2SeqTokenizer.from_dict(data)
@@ -224,3 +223,52 @@ def load_tokenizer(path):
         return BPETokenizer(Tokenizer.from_str(text))
     except Exception as e:
         raise TokenizerError(f"{path}: not a valid tokenizer ({e})") from None
+
+
+# --- the seq2seq tasks' character vocabularies -------------------------------------------------------------------
+CHAR_PAD, CHAR_BOS, CHAR_EOS = 0, 1, 2
+CHAR_SPECIALS = ("<pad>", "<bos>", "<eos>")
+
+
+class CharVocab:
+    """A character vocabulary: ids 0..2 are `CHAR_SPECIALS`, then one id per symbol (a one-character string)."""
+
+    kind = "chars"
+
+    def __init__(self, symbols):
+        self.tokens = list(CHAR_SPECIALS) + list(symbols)
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+        self.pad_token_id, self.bos_token_id, self.eos_token_id = CHAR_PAD, CHAR_BOS, CHAR_EOS
+        self.vocab_size = len(self.tokens)
+
+    def encode(self, text: str) -> list[int]:
+        unknown = sorted(set(text) - set(self.tokens[len(CHAR_SPECIALS):]))
+        if unknown:
+            raise TokenizerError(f"characters {unknown} are not in this vocabulary: {''.join(self.tokens[3:])!r}")
+        return [self.index[c] for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.tokens[int(i)] if int(i) < self.vocab_size else f"<{int(i)}>" for i in ids)
+
+    def id_to_token(self, i: int) -> str:
+        return self.decode([i])
+
+
+class Seq2SeqTokenizer:
+    """The source and target `CharVocab`s of a task, saved together as one tokenizer.json."""
+
+    kind = "seq2seq"
+
+    def __init__(self, source: CharVocab, target: CharVocab):
+        self.source, self.target = source, target
+
+    def to_json(self) -> str:
+        return json.dumps({"toy_circuits_tokenizer": "seq2seq", "source": self.source.tokens[len(CHAR_SPECIALS):],
+                           "target": self.target.tokens[len(CHAR_SPECIALS):]})
+
+    def save(self, path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Seq2SeqTokenizer:
+        return cls(CharVocab(d["source"]), CharVocab(d["target"]))

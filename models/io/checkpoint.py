@@ -7,21 +7,19 @@ TransformerLens state dicts (`models.io.interop`). Nothing here unpickles.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import math
 import os
-import shutil
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-from ..arch.config import HookedTransformerConfig, dtype_name
+from ..arch.config import dtype_name
 from ..arch.model import HookedTransformer
+from ..arch.registry import config_from_dict, config_from_json, model_class, model_types  # noqa: F401  (re-exported)
+from ..arch.state_dict import load_state_dict  # noqa: F401  (re-exported)
 from ..errors import CheckpointError, ConfigError
+from .atomic import _recover, atomic_write_dir  # noqa: F401  (atomic_write_dir: re-exported)
 from .safe_read import JSON_LIMIT, open_regular, read_text
 from .size_checks import check_size, implied_weights  # noqa: F401  (re-exported: loaders and tests use them)
 
@@ -59,107 +57,6 @@ def zoo_cards() -> list[dict]:
                     "positions": cfg["positional_embedding_type"],
                     "val_loss": summary.get("final_val_loss"), "path": str(d)})
     return out
-
-
-# --- writing ----------------------------------------------------------------------------------------
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-_RENAMEAT2 = None
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap the paths `a` and `b` in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`); False where the
-    platform or file system cannot (then the caller falls back to two renames)."""
-    global _RENAMEAT2
-    if not sys.platform.startswith("linux"):
-        return False
-    if _RENAMEAT2 is None:
-        try:
-            fn = ctypes.CDLL(None, use_errno=True).renameat2
-            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-            fn.restype = ctypes.c_int
-            _RENAMEAT2 = fn
-        except (OSError, AttributeError):  # a libc without renameat2 (glibc < 2.28, musl)
-            _RENAMEAT2 = False
-    if _RENAMEAT2 is False:
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if _RENAMEAT2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
-def _recover(path: Path) -> None:
-    """Where only the two-rename fallback of `atomic_write_dir` runs, a crash between its renames leaves `path`
-    missing and the previous folder at `.{name}.old-PID`: put that back."""
-    if path.exists() or path.is_symlink() or not path.parent.is_dir():
-        return
-    prefix = f".{path.name}.old-"
-    olds = [p for p in path.parent.iterdir() if p.name.startswith(prefix) and p.is_dir()]
-    if olds:
-        os.replace(max(olds, key=lambda p: p.stat().st_mtime), path)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_dir(path, write_contents) -> Path:
-    """Create folder `path` atomically: `write_contents(tmp_dir)` fills a temporary sibling folder, whose
-    files are fsynced, then it takes `path`'s place in one atomic swap (`renameat2(RENAME_EXCHANGE)` on Linux;
-    elsewhere two renames, and a crash between them is repaired by the next save or load). A crash or error at
-    any point leaves either the previous folder or the new one, never a half-written one; what a crash can leave
-    behind are hidden `.{name}.tmp-*` siblings, which nothing loads.
-    Folders and files get the modes the umask gives (0755 / 0644 under umask 022)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _recover(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    old = None
-    try:
-        write_contents(tmp)
-        mask = _umask()
-        for f in [tmp, *tmp.rglob("*")]:  # the modes a plain mkdir / open gives (mkdtemp makes 0700, some writers 0600)
-            if f.is_symlink():
-                continue
-            os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
-            if f.is_file():
-                with open(f, "rb+") as fh:
-                    os.fsync(fh.fileno())
-        _fsync_dir(tmp)
-        if path.exists() and _exchange(tmp, path):
-            old = tmp  # the swap put the previous folder at tmp
-        else:
-            if path.exists():
-                old = path.parent / f".{path.name}.old-{os.getpid()}"
-                os.replace(path, old)
-            os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        if old is not tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if old is not None and not path.exists():
-                os.replace(old, path)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return path
 
 
 def save(model: HookedTransformer, path, extra_files: dict | None = None) -> Path:
@@ -205,44 +102,6 @@ def resolve(path_or_name) -> Path:
         f"unknown model {str(path_or_name)!r}: not a folder and not a zoo name; zoo models: "
         f"{', '.join(zoo_names()) or '(none)'}"
     )
-
-
-def model_types() -> dict:
-    """`model_type` in config.json → (config class, model class); a config without the field is a decoder-only
-    `HookedTransformerConfig` (every folder written before the field existed)."""
-    from ..arch.encoder import EncoderConfig, HookedEncoder
-    from ..arch.encoder_decoder import HookedEncoderDecoder
-    from ..arch.encoder_decoder_config import EncoderDecoderConfig
-
-    return {"decoder": (HookedTransformerConfig, HookedTransformer),
-            EncoderDecoderConfig.model_type: (EncoderDecoderConfig, HookedEncoderDecoder),
-            EncoderConfig.model_type: (EncoderConfig, HookedEncoder)}
-
-
-def model_class(cfg) -> type:
-    """The model class of a config object (`HookedTransformer`, `HookedEncoderDecoder`, `HookedEncoder`)."""
-    for cfg_cls, cls in model_types().values():
-        if type(cfg) is cfg_cls:
-            return cls
-    raise ConfigError(f"{type(cfg).__name__} is not a model config; allowed: "
-                      f"{', '.join(c.__name__ for c, _ in model_types().values())}")
-
-
-def config_from_json(text: str):
-    """The config object of a config.json's text, by its `model_type` (`model_types`), read as
-    `HookedTransformerConfig.from_json` reads it (duplicated keys refused, a stored `device` ignored)."""
-    from ..arch.encoder_decoder_config import config_json_dict
-
-    return config_from_dict(config_json_dict(text))
-
-
-def config_from_dict(d: dict):
-    """The config object of a config dict, by its `model_type` (`model_types`)."""
-    kind = d.get("model_type", "decoder") if isinstance(d, dict) else "decoder"
-    types = model_types()
-    if kind not in types:
-        raise ConfigError(f"model_type={kind!r} is not supported; allowed: {', '.join(map(repr, types))}")
-    return types[kind][0].from_dict(d)
 
 
 def read_config(path):
@@ -361,39 +220,3 @@ def available_device(device) -> str:
     return str(dev)
 
 
-def load_state_dict(model: HookedTransformer, state: dict, source: str = "state dict") -> None:
-    """Copy `state` (TransformerLens layout) into `model`, checking every name and shape first."""
-    expected = model.state_dict()
-    bad_keys = [k for k in state if not isinstance(k, str)]
-    if bad_keys:
-        raise CheckpointError(f"{source}: tensor names must be strings, got {bad_keys[:4]!r}")
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing:
-        raise CheckpointError(f"{source}: missing tensor(s) {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    if unexpected:
-        raise CheckpointError(
-            f"{source}: unexpected tensor(s) {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} "
-            "(does the config match the checkpoint?)"
-        )
-    for name, target in expected.items():
-        t = state[name]
-        if not isinstance(t, torch.Tensor):
-            raise CheckpointError(f"{source}: {name} is a {type(t).__name__}, not a tensor")
-        if tuple(t.shape) != tuple(target.shape):
-            raise CheckpointError(
-                f"{source}: tensor {name} has shape {tuple(t.shape)}, the config expects {tuple(target.shape)}"
-            )
-        if not t.dtype.is_floating_point:
-            raise CheckpointError(f"{source}: tensor {name} has dtype {t.dtype}, expected a float tensor")
-        if t.device.type == "meta":
-            raise CheckpointError(f"{source}: tensor {name} is on the meta device (it holds no data)")
-    buffers = {n for n, _ in model.named_buffers()}
-    for name in sorted(buffers & set(expected)):
-        if bool(state[name].ne(0).any()):
-            raise CheckpointError(
-                f"{source}: tensor {name} is non-zero but the config has use_bias=False; set use_bias=True"
-            )
-    with torch.no_grad():
-        for name, target in expected.items():
-            target.copy_(state[name].to(target.dtype))

@@ -36,9 +36,10 @@ import torch
 
 from ..arch.config import HookedTransformerConfig
 from ..arch.model import HookedTransformer
+from ..arch.state_dict import load_state_dict, tl_state_to_ours  # noqa: F401  (tl_state_to_ours: re-exported)
 from ..arch.weight_processing import process_loaded
 from ..errors import CheckpointError, ConfigError, UnsupportedByTransformerLens
-from .checkpoint import check_size, load_state_dict, read_safetensors
+from .checkpoint import check_size, read_safetensors
 
 
 def _half_to_adjacent(rotary_dim: int, d_head: int) -> torch.Tensor:
@@ -114,7 +115,6 @@ def to_transformer_lens(model):
 
 
 # --- legacy TransformerLens state dicts in --------------------------------------------------------------
-_DROPPED_SUFFIXES = (".mask", ".IGNORE", ".rotary_sin", ".rotary_cos")
 
 #: Every field of TransformerLens 2.18's `HookedTransformerConfig`, by how `config_from_transformer_lens` treats it
 #: (tests/models/test_interop_config.py checks the union against the real class). Same meaning, same name here:
@@ -241,23 +241,3 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg, **processing) -> H
     return process_loaded(model, processing)
 
 
-def tl_state_to_ours(state: dict, expected: dict, source: str = "state dict") -> dict:
-    """A TransformerLens 2.x state dict renamed to ours (`attn._W_K` → `attn.W_K`, …), without the buffers it
-    recomputes and the unused W_pos of models without a positional table; absent zero biases and unit norm weights
-    (LNPre checkpoints, bias-free ones) filled in, as its `fill_missing_keys` fills them from a fresh model."""
-    fixed = {}
-    bad_keys = [k for k in state if not isinstance(k, str)]
-    if bad_keys:
-        raise CheckpointError(f"{source}: tensor names must be strings, got {bad_keys[:4]!r}")
-    for k, v in state.items():
-        if k.endswith(_DROPPED_SUFFIXES) or (k == "pos_embed.W_pos" and "pos_embed.W_pos" not in expected):
-            continue  # buffers TransformerLens recomputes; the W_pos TL 2.x keeps, unused, in ALiBi models
-        k = k.replace("attn._W_K", "attn.W_K").replace("attn._W_V", "attn.W_V")
-        k = k.replace("attn._b_K", "attn.b_K").replace("attn._b_V", "attn.b_V")
-        fixed[k] = v
-    for name, target in expected.items():
-        if name not in fixed and (name.endswith((".b", ".b_U", ".b_O", ".b_Q", ".b_K", ".b_V", ".b_in", ".b_out"))):
-            fixed[name] = torch.zeros_like(target)
-        elif name not in fixed and name.endswith(".w"):
-            fixed[name] = torch.ones_like(target)
-    return fixed
