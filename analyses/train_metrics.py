@@ -258,7 +258,7 @@ def mixture_line(cfg) -> str:
 
 
 def make_report_fn(name: str, about: str, command: str, cfg, corpus, val, seen, notes: str = ""):
-    """`report_fn(model, summary, metrics) -> {"card.md": ..., "training_curve.png": ...}` for `models.training.loop`."""
+    """`report_fn(model, summary, metrics) -> {"card.md": ..., "training_curve.png": ...}` for the training loop."""
 
     def report_fn(model, summary, metrics) -> dict:
         import json

@@ -8,8 +8,7 @@ biases, float32 (plain tensors behind the `circuits` interface). Three tasks:
 1. copying scores of all 24 heads (`circuits.copying_scores`: one `W_U @ W_E` pass over the vocabulary, then
    d_head × d_head eigenproblems) vs TransformerLens' `(W_E @ OV @ W_U).eigenvalues` per head vs the dense
    eigendecomposition of one 50257² matrix (infeasible: estimated from timed n = 1000, 2000 and n³ scaling).
-   Floor: one `torch.matmul(W_U, W_E)` (torch's default kernel, MKL here), timed alternately with ours; the same
-   product on oneDNN (`models.accel.gemm`, what ours uses where it is faster) is printed beside it.
+   Floor: one `torch.matmul(W_U, W_E)` (torch's default kernel), timed alternately with ours.
 2. all three composition-score tensors (Q, K, V; `circuits.composition_scores`) vs TransformerLens'
    `utilities.composition_scores` on the stacked `FactoredMatrix`es (what `TransformerBridge.all_composition_scores`
    calls) vs the dense definition (form every d_model × d_model W_OV, W_QK and the l1 < l2 products).
@@ -18,7 +17,7 @@ biases, float32 (plain tensors behind the `circuits` interface). Three tasks:
    `FactoredMatrix.AB` is that matrix). The dense matrix needs 10.1 GB; it is estimated from 2048 of its rows.
    Floor: 2·d_vocab²·d_head FLOPs at the matmul rate measured beside it.
 
-Each case runs in a fresh subprocess (which calls `models.accel.allocator.keep_freed_memory()` first); "peak extra" is
+Each case runs in a fresh subprocess on the plain default path; "peak extra" is
 the peak RSS (`ru_maxrss`) during the task minus the RSS before it (the weights and imports excluded). Times are the
 best of `--repeats` runs after a warm-up (single runs for the slow routes). The floors are timed in the same process
 as ours, so that load from other processes hits both alike: task 1's `W_U @ W_E` alternately with ours; task 3's
@@ -102,20 +101,10 @@ def _interleaved(fns, repeats: int) -> list[float]:
 
 def case_copy_ours(w, repeats):
     import circuits
-    from models.accel import gemm
 
-    out = {"mean_score": float(circuits.copying_scores(w).mean()), "kernel": gemm.kernel()}  # warm-up
-    with gemm.use("onednn"):
-        onednn = gemm.kernel() == "onednn"  # capable here (the measurement aside)
-
-    def onednn_floor():
-        with gemm.use("onednn"):
-            gemm.matmul(w.W_U, w.W_E)
-
-    fns = [lambda: circuits.copying_scores(w), lambda: torch.matmul(w.W_U, w.W_E)] + [onednn_floor] * onednn
-    times = _interleaved(fns, max(repeats, 5))
-    out["time_s"], out["floor_s"] = times[:2]
-    out["floor_onednn_s"] = times[2] if onednn else None
+    out = {"mean_score": float(circuits.copying_scores(w).mean())}  # warm-up
+    times = _interleaved([lambda: circuits.copying_scores(w), lambda: torch.matmul(w.W_U, w.W_E)], max(repeats, 5))
+    out["time_s"], out["floor_s"] = times
     return out
 
 
@@ -223,9 +212,6 @@ CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case
 
 
 def worker(name: str, threads: int, repeats: int) -> None:
-    from models.accel.allocator import keep_freed_memory
-
-    keep_freed_memory()  # every route alike (TOY_CIRCUITS_MALLOC=default for glibc's defaults)
     torch.set_num_threads(threads)
     import transformer_lens.utilities  # noqa: F401  (imports are not part of any timing or memory)
 
@@ -306,9 +292,6 @@ def main() -> None:
         print(f"{task:<30}{route:<47}{when:>10}{ratio:>10.3g}{mem:>15}")
     print(f"× ref: (1) vs one W_U @ W_E timed alternately with ours in its process ({copy_floor:.3f} s); (2) vs "
           f"the 0.1 s target; (3) vs 2·d_vocab²·d_head FLOPs at the matmul rate ({diag_floor:.2f} s)")
-    if r["copy_ours"]["floor_onednn_s"]:
-        print(f"(1) the same W_U @ W_E on oneDNN: {r['copy_ours']['floor_onednn_s']:.3f} s; ours ran on "
-              f"{r['copy_ours']['kernel']}")
     print(f"(2) ours in CPU time (time.process_time, best of {args.repeats}): {r['comp_ours']['cpu_s']:.3f} s")
     print(f"top-1 / top-5 of head L1H3 (random weights): {r['diag_ours']['top1']:.5f} / {r['diag_ours']['top5']:.5f}")
     for k, (v, lim) in targets.items():

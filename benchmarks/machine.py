@@ -1,6 +1,6 @@
 """What every benchmark prints about the machine: the CPU model and its AVX-512 flags, the load average, and the GEMM
-floor (a 2048³ float32 product) on torch's default kernel and on oneDNN (`models.accel.gemm`), so each row can be read
-against the fastest product this machine offers."""
+floor (a 2048³ float32 product on torch's kernel), so each row can be read against the fastest dense product this
+machine offers through torch."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import statistics
 import time
 
 import torch
-
-from models.accel import gemm
 
 
 def cpu() -> dict:
@@ -30,29 +28,22 @@ def cpu() -> dict:
         pass
     return {"model": model, "avx512": flags, "cpu_count": os.cpu_count(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "gemm_kernel": gemm.kernel(), "python": platform.python_version(), "platform": platform.platform()}
+            "python": platform.python_version(), "platform": platform.platform()}
 
 
 def gemm_floor(repeats: int = 5, n: int = 2048) -> dict:
-    """GFLOP/s of an n³ float32 product on torch's default kernel ("plain") and on oneDNN where it is available:
-    `{"wall": {kind: rate}, "cpu": {kind: rate}}`, from the median wall time and the median CPU time
-    (`time.process_time`) of `repeats` runs, the kinds alternated."""
+    """GFLOP/s of an n³ float32 product on torch's kernel: `{"wall": {"plain": rate}, "cpu": {"plain": rate}}`, from
+    the median wall time and the median CPU time (`time.process_time`) of `repeats` runs."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    kinds = ["plain"]
-    with gemm.use("onednn"):
-        if gemm.kernel() == "onednn":
-            kinds.append("onednn")
-    times = {k: [] for k in kinds}
+    times = []
     for i in range(repeats + 1):
-        for k in kinds:
-            with gemm.use(k):
-                w0, c0 = time.perf_counter(), time.process_time()
-                gemm.matmul(x, y)
-                if i:
-                    times[k].append((time.perf_counter() - w0, time.process_time() - c0))
-    rate = lambda k, j: 2 * n**3 / statistics.median(t[j] for t in times[k]) / 1e9
-    return {"wall": {k: rate(k, 0) for k in kinds}, "cpu": {k: rate(k, 1) for k in kinds}}
+        w0, c0 = time.perf_counter(), time.process_time()
+        torch.mm(x, y)
+        if i:
+            times.append((time.perf_counter() - w0, time.process_time() - c0))
+    rate = lambda j: 2 * n**3 / statistics.median(t[j] for t in times) / 1e9
+    return {"wall": {"plain": rate(0)}, "cpu": {"plain": rate(1)}}
 
 
 def best_floor(*floors: dict) -> dict:
@@ -64,6 +55,6 @@ def header(info: dict, floor: dict, load: tuple) -> str:
     """One line naming the machine, the load and the floors (a `best_floor` result)."""
     fl = "; ".join(f"{k} {floor['wall'][k]:.0f} wall, {floor['cpu'][k]:.0f} CPU" for k in floor["wall"])
     return (f"CPU {info['model']} ({info['cpu_count']} CPUs; {' '.join(info['avx512']) or 'no AVX-512'}), torch "
-            f"{info['torch']}, {info['torch_threads']} threads, GEMM kernel {info['gemm_kernel']}; 1-min load "
+            f"{info['torch']}, {info['torch_threads']} threads; 1-min load "
             f"average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after (shared machine); GEMM floor 2048³ "
             f"float32 GFLOP/s (median; by wall and by CPU time): {fl}")

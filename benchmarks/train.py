@@ -1,6 +1,6 @@
 """Training speed: tokens/s of the attn-only-2l zoo configuration, ours vs TransformerLens 4.x, CPU, one process.
 
-    python benchmarks/train.py [--json] [--threads 2] [--steps 12] [--attention-ab]
+    python benchmarks/train.py [--json] [--threads 2] [--steps 12] [--compile] [--accel [PIECES]]
 
 Ours: `HookedTransformer` with the `attn-only-2l` preset config (shortformer positions, no LayerNorm, no
 biases; its sizes are printed with the table). TransformerLens cannot build shortformer
@@ -16,18 +16,14 @@ Steps alternate between the two models, so load from other processes hits both a
 median over `--steps` timed steps after warm-up.
 
 Achieved FLOP/s counts 3 × the dense forward FLOPs (forward + backward) of `benchmarks/forward.model_flops`,
-against the GEMM floor (a 2048³ float32 product, `machine.gemm_floor`) on the fastest kernel torch offers here
-(oneDNN where `models.accel.gemm` has it), timed before and after, by wall time and by CPU time, each row's rate
-against the floor on the same clock. Wall and CPU time (`time.process_time`) are both
-reported (forward.py explains why); the process calls `models.accel.allocator.keep_freed_memory()` first
-(`TOY_CIRCUITS_MALLOC=default` to skip it).
+against the GEMM floor (a 2048³ float32 product on torch's kernel, `machine.gemm_floor`), timed before and after, by
+wall time and by CPU time, each row's rate against the floor on the same clock. Wall and CPU time
+(`time.process_time`) are both reported (forward.py explains why). Our side runs the plain default path;
+`--accel [PIECES]` switches on `models.accel`'s opt-in pieces first (`benchmarks/accel.py` measures each alone).
 
-`--ab` (or `--attention-ab`) adds rows of our step against the same step without one of its own kernels, each pair
-alternated step by step: its training attention (`models.accel.train_attention`: the fused kernel of
-`models.accel.fused_attention`, else oneDNN's batched matmul, where this CPU passes their probes) against the batched
-products (the fused kernel off) and against torch's flash kernel (both off); the fused cross-entropy
-(`models.accel.fused_loss`) against `F.cross_entropy` (`TOY_CIRCUITS_FUSED_LOSS=off`); and q, k, v's gradients written
-into one buffer laid out as the projection's output against separate ones that its split's backward concatenates.
+`--compile` adds a row of our plain step against the same step with the model's forward and loss under
+`torch.compile` (inductor, default mode; its compile time excluded and printed), alternated step by step: the bar
+every opt-in speed piece must beat to stay in `models.accel`.
 """
 
 from __future__ import annotations
@@ -48,9 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forward import measure_pair, model_flops  # noqa: E402
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
-from models import HookedTransformer, fused_loss, gemm, lm_cross_entropy, to_transformer_lens, train_attention  # noqa: E402
-from models.accel import fused_attention as fa  # noqa: E402
-from models.accel.allocator import keep_freed_memory  # noqa: E402
+from models import HookedTransformer, accel, lm_cross_entropy, to_transformer_lens  # noqa: E402
 from models.training.loop import adamw  # noqa: E402
 from models.training.presets import get_preset  # noqa: E402
 
@@ -75,62 +69,29 @@ def make_step(model, tokens: torch.Tensor, loss_kind: str = "own", autocast: str
     return step
 
 
-def without(step, batched: bool):
-    """`step` with the fused attention off (`batched`: the batched oneDNN products run, where chosen) or with torch's
-    flash kernel (both off): the module's decisions set to no while it runs."""
-    def run() -> float:
-        fused, decided = train_attention._fused, dict(train_attention._decided)
-        train_attention._fused = lambda q, bias: False
-        if not batched:
-            train_attention._decided.update(dict.fromkeys(gemm.KERNELS, False))
-        try:
-            return step()
-        finally:
-            train_attention._fused = fused
-            train_attention._decided.clear()
-            train_attention._decided.update(decided)
-    return run
+def compile_ab(model, tokens: torch.Tensor, steps: int, warmup: int) -> dict:
+    """Median ms per step of `model`'s plain step against the same with its forward and loss under `torch.compile`
+    (`--compile`), alternated; the compile time (the first compiled step) is measured apart."""
+    import time
 
+    compiled = torch.compile(lambda t: model(t, return_type="loss"))
+    plain_step = make_step(model, tokens)
+    opt2 = adamw(model.parameters(), lr=1e-3)
 
-def without_fused_loss(step):
-    """`step` with `F.cross_entropy` instead of the fused loss."""
-    def run() -> float:
-        os.environ[fused_loss.ENV] = "off"
-        try:
-            return step()
-        finally:
-            del os.environ[fused_loss.ENV]
-    return run
+    def compiled_step() -> float:
+        loss = compiled(tokens)
+        opt2.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt2.step()
+        return float(loss)
 
-
-def without_packed_gradients(step):
-    """`step` with q, k, v's gradients in separate tensors (the projection's split concatenates them)."""
-    def run() -> float:
-        packed = fa._gradients
-        fa._gradients = fa.contiguous_gradients
-        try:
-            return step()
-        finally:
-            fa._gradients = packed
-    return run
-
-
-def kernels_ab(model, tokens: torch.Tensor, steps: int, warmup: int) -> dict:
-    """Median ms per step of `model`'s step against the same without one of its kernels (`--ab`), each pair
-    alternated."""
-    if os.environ.get(fused_loss.ENV):
-        raise SystemExit(f"--ab sets {fused_loss.ENV} itself; unset it")
-    step = make_step(model, tokens)
-    step()  # the first call decides which attention and loss apply here
-    rows = {"fused_attention": train_attention._fused_decided.get((fa._setting(), gemm._requested()), False),
-            "onednn_attention": train_attention._decide(), "fused_loss": fused_loss.why_not() == ""}
-    others = (("batched", without(step, True)), ("flash", without(step, False)),
-              ("cross_entropy", without_fused_loss(step)), ("concatenated", without_packed_gradients(step)))
-    for other, plain in others:
-        t = measure_pair(step, plain, steps, warmup)
-        rows[other] = {"ours_ms": t["ours_wall"] * 1e3, "other_ms": t["tl_wall"] * 1e3,
-                       "ours_cpu_ms": t["ours_cpu"] * 1e3, "other_cpu_ms": t["tl_cpu"] * 1e3}
-    return rows
+    t0 = time.perf_counter()
+    compiled_step()
+    compile_s = time.perf_counter() - t0
+    t = measure_pair(plain_step, compiled_step, steps, warmup)
+    return {"plain_ms": t["ours_wall"] * 1e3, "compiled_ms": t["tl_wall"] * 1e3, "plain_cpu_ms": t["ours_cpu"] * 1e3,
+            "compiled_cpu_ms": t["tl_cpu"] * 1e3, "compile_s": compile_s}
 
 
 def contenders(model_cfg, device: str = "cpu") -> tuple:
@@ -142,19 +103,19 @@ def contenders(model_cfg, device: str = "cpu") -> tuple:
     return ours, to_transformer_lens(standard.to(device)).train()
 
 
-def run(steps: int, warmup: int = 3, ab: bool = False) -> dict:
+def run(steps: int, warmup: int = 3, compile_ab_too: bool = False, pieces: tuple = ()) -> dict:
     warnings.filterwarnings("ignore")
     model_cfg, train_cfg, _ = get_preset("attn-only-2l")
     model_cfg = model_cfg.replace(seed=0)
     B, T = train_cfg.batch_size, model_cfg.n_ctx
     tokens = torch.randint(0, model_cfg.d_vocab, (B, T), generator=torch.Generator().manual_seed(0))
     ours, theirs = contenders(model_cfg)
-    malloc = keep_freed_memory()
+    enabled = accel.enable(*pieces) if pieces else {}
     load_before = os.getloadavg()
     floor_before = gemm_floor()
     times = {mode: measure_pair(make_step(ours, tokens, mode), make_step(theirs, tokens, mode), steps, warmup)
              for mode in ("own", "shared")}
-    ab_row = kernels_ab(ours, tokens, steps, warmup) if ab else None
+    ab_row = compile_ab(ours, tokens, steps, warmup) if compile_ab_too else None
     floor_after = gemm_floor()
     flops = 3 * model_flops(model_cfg, B, T)
     floor = best_floor(floor_before, floor_after)
@@ -166,7 +127,7 @@ def run(steps: int, warmup: int = 3, ab: bool = False) -> dict:
                                    "gflops": flops / own[f"{key}_wall"] / 1e9,
                                    "cpu_gflops": flops / own[f"{key}_cpu"] / 1e9}
     return {
-        "machine": cpu(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "keep_freed_memory": malloc,
+        "machine": cpu(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "accel": enabled,
         "config": {"batch": B, "seq_len": T, "n_layers": model_cfg.n_layers, "n_heads": model_cfg.n_heads,
                    "d_model": model_cfg.d_model, "d_vocab": model_cfg.d_vocab},
         "steps": steps,
@@ -182,7 +143,7 @@ def run(steps: int, warmup: int = 3, ab: bool = False) -> dict:
         "gemm_floor_gflops": floor,
         "ours_fraction_of_floor": flops / own["ours_wall"] / 1e9 / wall_floor,
         "ours_cpu_fraction_of_floor": flops / own["ours_cpu"] / 1e9 / cpu_floor,
-        "kernels_ab": ab_row,
+        "compile_ab": ab_row,
     }
 
 
@@ -191,7 +152,7 @@ def table(out: dict) -> str:
     floor = out["gemm_floor_gflops"]
     lines = [
         header(out["machine"], floor, out["loadavg_before"]),
-        f"glibc keeps freed memory: {out['keep_freed_memory']}; batch {c['batch']} × {c['seq_len']} tokens, "
+        f"opt-in pieces (models.accel): {out['accel'] or 'none'}; batch {c['batch']} × {c['seq_len']} tokens, "
         f"{c['n_layers']}L × {c['n_heads']}H, d_model {c['d_model']}, d_vocab {c['d_vocab']}; one training step = "
         f"{out['train_step_gflop']:.1f} GFLOP (3 × dense forward); median of {out['steps']} steps",
         "",
@@ -211,17 +172,12 @@ def table(out: dict) -> str:
               f"with one shared loss (models.lm_cross_entropy on either model's logits): {sh['ours_step_ms']:.0f} vs "
               f"{sh['transformer_lens_step_ms']:.0f} ms / step, {sh['ratio_tokens_per_s']:.2f}× "
               f"({sh['ratio_tokens_per_cpu_s']:.2f}× per CPU second)"]
-    ab = out.get("kernels_ab")
+    ab = out.get("compile_ab")
     if ab:
-        lines.append(f"our step's attention here: fused {ab['fused_attention']}, else batched oneDNN products "
-                     f"{ab['onednn_attention']}; fused loss {ab['fused_loss']}")
-        for other, name in (("batched", "the batched products (fused off)"), ("flash", "torch's flash attention"),
-                            ("cross_entropy", "F.cross_entropy (fused loss off)"),
-                            ("concatenated", "q, k, v's gradients concatenated")):
-            r = ab[other]
-            lines.append(f"our step vs the same with {name}: {r['ours_ms']:.1f} vs {r['other_ms']:.1f} ms / step, "
-                         f"{r['ours_cpu_ms']:.1f} vs {r['other_cpu_ms']:.1f} CPU ms "
-                         f"({r['other_cpu_ms'] / r['ours_cpu_ms']:.2f}×)")
+        lines.append(f"our plain step vs the same under torch.compile: {ab['plain_ms']:.1f} vs "
+                     f"{ab['compiled_ms']:.1f} ms / step ({ab['plain_ms'] / ab['compiled_ms']:.2f}× from compiling), "
+                     f"{ab['plain_cpu_ms']:.1f} vs {ab['compiled_cpu_ms']:.1f} CPU ms; compile time "
+                     f"{ab['compile_s']:.0f} s")
     return "\n".join(lines)
 
 
@@ -230,12 +186,12 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--ab", "--attention-ab", action="store_true", dest="ab",
-                    help="also time our step against the same without its fused attention, fused loss or packed "
-                         "q/k/v gradients")
+    ap.add_argument("--compile", action="store_true", help="also time our step against the same under torch.compile")
+    ap.add_argument("--accel", nargs="?", const="all", default="", metavar="PIECES",
+                    help="switch on models.accel's opt-in pieces first (all, or a comma-separated list)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    out = run(args.steps, ab=args.ab)
+    out = run(args.steps, compile_ab_too=args.compile, pieces=accel.requested(args.accel))
     print(json.dumps(out, indent=2) if args.json else table(out))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformer_lens import FactoredMatrix
 
-from models.accel.gemm import matmul
+from models.arch.products import matmul
 
 from .checks import analysis_dtype, check_finite, check_matrix, check_model, check_model_finite
 from .interface import serial_ops, warn_if_unfolded
@@ -90,7 +90,7 @@ def copying_scores(model) -> torch.Tensor:
     a single pass over d_vocab), then per head the d_head × d_head matrix `W_O^h M W_V^h`, whose eigenvalues
     are the non-zero eigenvalues of the full OV circuit (`AB` vs `BA` with `A = W_E W_V`, `B = W_O W_U`),
     batched over all heads. The two products over d_vocab and d_model run in the model's dtype (for float32,
-    relative error ~1e-6; float16/bfloat16 models are read in float32), the first on `models.accel.gemm`'s kernel;
+    relative error ~1e-6; float16/bfloat16 models are read in float32, `models.arch.products.matmul`);
     `W_O M` times `W_V` and the eigenproblems run in float64.
     A 0-layer model gives an empty `[0, n_heads]`; NaN/inf weights raise `NonFiniteError`."""
     check_model(model, "copying_scores")

@@ -32,16 +32,3 @@ def tiny_cfg():
 @pytest.fixture
 def tiny_model(tiny_cfg):
     return HookedTransformer(tiny_cfg)
-
-
-@pytest.fixture
-def fresh_kernels(monkeypatch, tmp_path):
-    """A process that has not loaded the compiled kernels (`models.accel.kernels`) nor decided on them yet, with its cache
-    in `tmp_path`."""
-    from models.accel import fused_loss, kernels, train_attention
-
-    monkeypatch.setattr(kernels, "_state", {})
-    monkeypatch.setattr(train_attention, "_fused_decided", {})
-    monkeypatch.setattr(fused_loss, "_decided", {})
-    monkeypatch.setenv("CIRCUITS_CACHE", str(tmp_path))
-    return tmp_path

@@ -78,25 +78,6 @@ def checked_report(monkeypatch, model, out, **kw) -> tuple[dict, object]:
     return found, r
 
 
-def attention_loop64(q, k, v, bias, causal, scale):
-    """softmax(q kᵀ · scale + bias) v one (sequence, head) at a time in float64, `q, k, v [batch, pos, head, d_head]`
-    (z in the same layout; differentiable): the training attentions' independent reference."""
-    q, k, v = (t.double() for t in (q, k, v))
-    B, T, H, _ = q.shape
-    rows = []
-    for b in range(B):
-        heads = []
-        for h in range(H):
-            s = q[b, :, h] @ k[b, :, h].T * scale
-            if bias is not None:
-                s = s + (bias if bias.dim() == 2 else bias[h]).double()
-            if causal:
-                s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-            heads.append(s.softmax(-1) @ v[b, :, h])
-        rows.append(torch.stack(heads, 1))
-    return torch.stack(rows)
-
-
 def cpu_has(flag: str) -> bool:
     """This (Linux) CPU lists `flag` among its features in /proc/cpuinfo (e.g. "avx2")."""
     try:
@@ -104,22 +85,3 @@ def cpu_has(flag: str) -> bool:
     except OSError:
         return False
     return any(flag in line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags"))
-
-
-def kernels_built_for(target: str, monkeypatch) -> None:
-    """`models.accel.kernels` rebuilt for `-march=target` (an x86-64 level) in a fresh cache (use with the `fresh_kernels`
-    fixture); skips where this is not an x86-64 machine with a compiler, the CPU cannot run the level, or the build
-    fails."""
-    import platform
-
-    import pytest
-
-    from models.accel import kernels
-
-    if platform.machine() != "x86_64" or kernels._compiler() is None:
-        pytest.skip("an x86-64 compiler is needed")
-    if target == "x86-64-v3" and not cpu_has("avx2"):
-        pytest.skip("this CPU has no AVX2")
-    monkeypatch.setattr(kernels, "TARGETS", ((f"-march={target}",),))
-    if kernels.library() is None:
-        pytest.skip(kernels.why_not())

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import argparse
 
-from .common import Command, UsageError, add_common, check_memory, emit, read_json_object, resolve_device
+from .common import (
+    Command,
+    UsageError,
+    add_accel,
+    add_common,
+    apply_accel,
+    check_memory,
+    emit,
+    read_json_object,
+    resolve_device,
+)
 
 
 # --- train --------------------------------------------------------------------------------------------
@@ -37,6 +47,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-scores", action="store_true", help="skip the checkpoint head scores")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    add_accel(p)
 
 
 def train_settings(args) -> tuple:
@@ -93,7 +104,6 @@ def _check_train_memory(model_cfg, cfg) -> None:
 def run_train(args) -> int:
     import shlex
 
-    from models.accel import allocator
     from models.arch.config import HookedTransformerConfig
     from models.training.loop import train
 
@@ -115,12 +125,12 @@ def run_train(args) -> int:
         if not args.no_scores and type(model_cfg) is HookedTransformerConfig:  # scores of next-token predictors
             eval_fn = make_eval_fn(tok, val, seen, periods=(50, 100))
         report_fn = make_report_fn(name, about, command, cfg, corpus, val, seen)
-    allocator.keep_freed_memory()  # a program of ours: each step's activations reuse the freed heap instead of
-    # being faulted in again page by page (README, "Benchmarks"; TOY_CIRCUITS_MALLOC=default: glibc's settings)
+    accel = apply_accel(args)  # opt-in speed pieces; none changes a number, so a resumed run may differ in them
     model, summary = train(model_cfg, cfg, eval_fn=eval_fn, report_fn=report_fn, resume=args.resume, tokenizer=tok)
     em = f", held-out exact match {summary['final_exact_match']:.2%}" if "final_exact_match" in summary else ""
-    emit(args, dict(summary, out=args.out), f"trained {args.preset or 'model'}: {summary['steps']} steps, "
-         f"{summary['tokens_seen']} tokens, {summary['wall_time']:.0f} s, final validation loss "
+    emit(args, dict(summary, out=args.out, accel=list(accel)),
+         f"trained {args.preset or 'model'}: {summary['steps']} steps, {summary['tokens_seen']} tokens, "
+         f"{summary['wall_time']:.0f} s, final validation loss "
          f"{summary.get('final_val_loss', float('nan')):.4f}{em} → {args.out}")
     return 0
 

@@ -34,7 +34,7 @@ def _readable(model):
     from circuits.interface import norms_are_trivial
 
     m = model if norms_are_trivial(model) else fold_layer_norm(model)
-    if any(bool(b.attn.b_V.any()) for b in m.blocks):  # TransformerLens' fold_value_biases (models.arch.weight_processing)
+    if any(bool(b.attn.b_V.any()) for b in m.blocks):  # TransformerLens' fold_value_biases (arch.weight_processing)
         m = copy.deepcopy(m) if m is model else m
         m.process_weights_(fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=True)
     return m.eval()

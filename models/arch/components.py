@@ -69,8 +69,8 @@ class PosEmbed(nn.Module):
 class Norm(nn.Module):
     """Pre-norm (Xiong et al. 2020): LayerNorm ("LN", Ba et al. 2016), RMSNorm ("RMS", Zhang & Sennrich 2019), their
     parameter-free forms "LNPre" / "RMSPre" (TransformerLens' LayerNormPre / RMSNormPre: the norm left once its weight
-    and bias are folded into the weights that read it, `models.arch.weight_processing`) or none (the identity, with no hook
-    points, as TransformerLens' `nn.Identity`).
+    and bias are folded into the weights that read it, `models.arch.weight_processing`) or none (the identity, with no
+    hook points, as TransformerLens' `nn.Identity`).
 
     LN: x ← x − mean(x); scale = √(mean(x²) + ε); out = x / scale · w + b (TransformerLens' formula), hooked at
     `hook_scale` and `hook_normalized` (the output). RMS skips the centring and the bias and hooks `hook_normalized`

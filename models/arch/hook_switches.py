@@ -91,9 +91,9 @@ class HookSwitches:
 
 
 class CacheHook:
-    """A forward hook of `run_with_cache`: it stores what its hook point sees in `cache` and changes nothing. `save` is TransformerLens' save hook, used when
-    `run_with_cache` moves, slices or un-batches what it stores; without one the tensor is stored as TransformerLens
-    stores it then (`tensor.detach()`, a view of the same values)."""
+    """A forward hook of `run_with_cache`: it stores what its hook point sees in `cache` and changes nothing. `save`
+    is TransformerLens' save hook, used when `run_with_cache` moves, slices or un-batches what it stores; without one
+    the tensor is stored as TransformerLens stores it then (`tensor.detach()`, a view of the same values)."""
 
     __slots__ = ("cache", "save")
 

@@ -46,7 +46,8 @@ class TextMixin:
         if not all(callable(getattr(tokenizer, name, None)) for name in ("encode", "decode")) or \
                 not isinstance(getattr(tokenizer, "vocab_size", None), int):
             raise TokenizerError(f"set_tokenizer takes a tokenizer with encode, decode and vocab_size (one of "
-                                 f"models.data.tokenizer's: ByteTokenizer, BPETokenizer), got {type(tokenizer).__name__}")
+                                 f"models.data.tokenizer's: ByteTokenizer, BPETokenizer), got "
+                                 f"{type(tokenizer).__name__}")
         if default_padding_side not in PADDING_SIDES:
             raise TokenizerError(f"default_padding_side={default_padding_side!r} is not supported; allowed: "
                                  f"{PADDING_SIDES}")

@@ -2,9 +2,9 @@
 resumed from a checkpoint sees exactly the data an uninterrupted run sees; data-parallel ranks take contiguous
 slices of the same global batch.
 
-- `TextBatches`: `[BOS] + window` of a tokenised corpus (`models.data.corpora`), with an optional `Mixture`: a fraction of
-  the sequences carry a repeated segment of random length at random offsets (the period and the offset both vary:
-  a fixed period teaches a positional shortcut instead of induction);
+- `TextBatches`: `[BOS] + window` of a tokenised corpus (`models.data.corpora`), with an optional `Mixture`: a
+  fraction of the sequences carry a repeated segment of random length at random offsets (the period and the offset
+  both vary: a fixed period teaches a positional shortcut instead of induction);
 - `RepeatBatches`: the synthetic task `[BOS] + R + R + ...` of random tokens;
 - `Curriculum`: one source for the first steps, another after.
 """

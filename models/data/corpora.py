@@ -1,4 +1,5 @@
-"""Training corpora: text sources and their tokenised, cached, memory-mapped token arrays (batches: `models.data.batches`).
+"""Training corpora: text sources and their tokenised, cached, memory-mapped token arrays (batches:
+`models.data.batches`).
 
 - Text sources: the running Python's standard library (`*.py`, the `test`/`tests` packages held out as
   validation text), a user folder, or a list of text files (`TextSource`).

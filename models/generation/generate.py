@@ -120,9 +120,10 @@ def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p
     `max_new_tokens` tokens, TransformerLens 2.x's `generate`. Greedy when `do_sample=False` or `temperature=0`;
     sampling is seeded by `seed` with its own generator (the global RNG is untouched). With `stop_at_eos` a sequence
     that produced `eos_token_id` (default: the tokenizer's) continues with it, and generation stops once every
-    sequence has. `use_past_kv_cache` runs each step on the new token only (`models.generation.kv_cache`); it falls back to the
-    full forward when the sequence would outgrow a learned positional table (the cache-free path then keeps the last
-    n_ctx positions). `return_type`: `"input"` (text for text, ids for ids, embeddings for embeddings), `"str"` (text
+    sequence has. `use_past_kv_cache` runs each step on the new token only (`models.generation.kv_cache`); it falls
+    back to the full forward when the sequence would outgrow a learned positional table (the cache-free path then
+    keeps the last n_ctx positions). `return_type`: `"input"` (text for text, ids for ids, embeddings for embeddings),
+    `"str"` (text
     without the BOS), `"tokens"` `[batch, pos + new]` (from embeddings: the new tokens only, as TransformerLens) or
     `"embeds"` `[batch, pos + new, d_model]` (the input's embeddings, then `model.embed` of each new token).
     `freq_penalty` needs ids or text (embeddings have no ids to count)."""

@@ -1,7 +1,8 @@
 """Decoding for `HookedEncoderDecoder`: greedy, top-k (Fan et al. 2018), top-p (nucleus, Holtzman et al. 2019)
 sampling and beam search (`models.generation.beam`), with the encoder run once and the decoder's self-attention keys
-and values cached (`models.generation.kv_cache`), so each step runs the decoder on the newest token only. Cross-attention projects the fixed memory
-again at each step (a `[src_pos, d_model]` matmul per layer). Hooks fire on every step, as in the forward pass."""
+and values cached (`models.generation.kv_cache`), so each step runs the decoder on the newest token only.
+Cross-attention projects the fixed memory again at each step (a `[src_pos, d_model]` matmul per layer). Hooks fire on
+every step, as in the forward pass."""
 
 from __future__ import annotations
 

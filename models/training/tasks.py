@@ -1,5 +1,5 @@
-"""What one training step computes for each kind of model: the training loop (`models.training.loop`) is the same for all,
-and asks its task for the loss of a batch, the validation loss and the checkpoint metrics.
+"""What one training step computes for each kind of model: the training loop (`models.training.loop`) is the same for
+all, and asks its task for the loss of a batch, the validation loss and the checkpoint metrics.
 
 - `LanguageModelling` (`HookedTransformer`): next-token cross-entropy of `[BOS] + text` rows.
 - `Seq2Seq` (`HookedEncoderDecoder`): next-token cross-entropy of the target given the source, padding left out,

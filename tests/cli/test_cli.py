@@ -12,7 +12,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -93,30 +92,31 @@ def models_dir(tmp_path_factory):
 
 
 # --- help ---------------------------------------------------------------------------------------------
-def _min_time(args, n=3) -> float:
-    best = float("inf")
-    for _ in range(n):
-        t0 = time.perf_counter()
-        r = circuits(*args, timeout=60)
-        best = min(best, time.perf_counter() - t0)
-        assert r.returncode == 0, r.stderr
-    return best
-
-
-def test_help_lists_every_subcommand_fast():
+def test_help_lists_every_subcommand():
     out = circuits("--help").stdout
     for c in SUBCOMMANDS:
         assert f"    {c}" in out, c
-    assert _min_time(["--help"]) < 0.5
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
-def test_subcommand_help_is_fast(command):
-    r = circuits(command, "--help")
-    assert r.returncode == 0 and f"usage: circuits {command}" in r.stdout
+def test_subcommand_help(command, capsys):
+    from analyses.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([command, "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and f"usage: circuits {command}" in out
     for opt in ("--json", "--device", "--seed"):
-        assert opt in r.stdout, (command, opt)
-    assert _min_time([command, "--help"]) < 0.5, command
+        assert opt in out, (command, opt)
+
+
+def test_every_help_page_imports_no_torch():
+    """What keeps `--help` fast: the parser and every command's help are built without importing torch."""
+    code = ("import sys; from analyses.cli import build_parser, COMMAND_MODULES; p = build_parser(); p.format_help(); "
+            "[a.choices[c].format_help() for a in p._subparsers._group_actions for c in a.choices]; "
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "False", r.stderr
 
 
 def test_cli_module_does_not_import_torch():

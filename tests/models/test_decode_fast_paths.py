@@ -5,7 +5,7 @@
   is the reference, operation by operation, frozen and unfrozen, with assigned tensors and under autograd;
 - a one-query causal step attends to every key without a mask (`Causal.keep`);
 - an all-ones attention mask reads the positional rows directly instead of gathering them by cumulative count;
-- below 32 rows `models.accel.gemm.affine` adds a zero bias instead of testing it, and the attention projects per head;
+- `models.arch.products.affine` skips a zero bias, and below 32 rows the attention projects per head;
 and the cached generation with hooks attached (also attached mid-generation) against the cache-free one."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from helpers import byte_model as make
 
 from models import HookedTransformerKeyValueCache
-from models.accel.gemm import affine
+from models.arch.products import affine
 from models.arch.score_bias import Causal
 from models.generation.kv_cache import HookedTransformerKeyValueCacheEntry
 

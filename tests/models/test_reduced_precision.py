@@ -1,6 +1,6 @@
-"""bfloat16 / float16 CPU products computed in float32 and rounded once (`models.accel.gemm.upcast_reduced`): each product
-within one rounding of float64, as torch's own kernel; gradients; a whole model's forward, cache and backward against
-the same with torch's kernels; and when the path is taken."""
+"""bfloat16 / float16 CPU products computed in float32 and rounded once (`models.arch.products`): each product within
+one rounding of float64, as torch's own kernel; gradients; a whole model's forward, cache and backward against the
+same with torch's kernels; and the rule that decides (dtypes, device and autocast only)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 from helpers import in_dtype
 
-from models import HookedTransformer, HookedTransformerConfig, gemm
+from models import HookedTransformer, HookedTransformerConfig
+from models.arch import products as gemm
 
 REDUCED = [torch.bfloat16, torch.float16]
 HALF_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}  # relative rounding error bound of one rounding
@@ -16,12 +17,12 @@ HALF_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}  # relative roundi
 
 @pytest.fixture
 def upcast(monkeypatch):
-    """Returns a setter: `upcast(True)` makes every reduced-precision CPU product run in float32, `upcast(False)`
-    keeps torch's kernels (no probe either way)."""
-    monkeypatch.delenv(gemm.ENV, raising=False)
+    """Returns a setter: `upcast(True)` keeps the rule (reduced-precision CPU products in float32), `upcast(False)`
+    sends them to torch's own kernels."""
+    real = gemm.in_float32
 
     def set_to(on: bool) -> None:
-        monkeypatch.setattr(gemm, "_upcast_decided", {("auto", d): on for d in REDUCED})
+        monkeypatch.setattr(gemm, "in_float32", real if on else (lambda *tensors: False))
     return set_to
 
 
@@ -154,29 +155,11 @@ def test_no_reduced_precision_product_runs_where_float32_is_chosen(upcast, hooks
     assert seen[False] and not seen[True], seen  # torch's kernels were called before, none now
 
 
-def test_when_the_float32_path_is_taken(monkeypatch):
-    monkeypatch.delenv(gemm.ENV, raising=False)
-    monkeypatch.setattr(gemm, "_upcast_decided", {})
-    verdicts = iter([False, True])
-    monkeypatch.setattr(gemm, "beats_per_core", lambda plain, fast, repeats: next(verdicts))
-    assert gemm.upcast_reduced(torch.bfloat16) is False  # slower: torch's kernel stays
-    assert gemm.upcast_reduced(torch.bfloat16) is False  # decided once
-    assert gemm.upcast_reduced(torch.float16) is True  # faster and as exact
+def test_when_the_float32_path_is_taken():
+    """By dtype, device and autocast alone: the same call takes the same path in every process."""
     x = torch.ones(4, 4, dtype=torch.float16)
-    assert gemm.in_float32(x) and not gemm.in_float32(x.bfloat16()) and not gemm.in_float32(x.float())
+    assert gemm.in_float32(x) and gemm.in_float32(x.bfloat16()) and not gemm.in_float32(x.float())
+    assert not gemm.in_float32(x.double())
     assert gemm.in_float32(x, x, None) and not gemm.in_float32(x, x.float())  # one reduced dtype, absent ones skipped
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not gemm.in_float32(x)  # autocast chooses its own precision
-    monkeypatch.setattr(gemm, "_upcast_probe", lambda dtype: pytest.fail("probed under the plain setting"))
-    with gemm.use("plain"):
-        assert gemm.upcast_reduced(torch.float16) is False
-        assert not gemm.in_float32(x)
-
-
-def test_probe_refuses_an_inexact_float32_path(monkeypatch):
-    """The probe's exactness half: a float32 way that rounds worse than torch's kernel is refused however fast."""
-    monkeypatch.setattr(gemm, "beats_per_core", lambda plain, fast, repeats: True)
-    assert gemm._upcast_probe(torch.bfloat16) is True
-    real = torch.Tensor.float
-    monkeypatch.setattr(torch.Tensor, "float", lambda t: real(t) * (1 + 2.0**-6))  # a 1.6 % error on each input
-    assert gemm._upcast_probe(torch.bfloat16) is False

@@ -1,7 +1,8 @@
-"""`process_weights_` (TransformerLens 2.18's weight processing, models/arch/weight_processing.py) on float64 models with
-random weights, biases and norm weights: every step keeps the outputs (log-probs; logits up to a per-position constant
-with center_unembed) and the attention patterns, processing is idempotent, `refactor_factored_attn_matrices` keeps the
-W_Q W_Kᵀ and W_V W_O products, and what TransformerLens refuses or would compute wrongly raises WeightProcessingError.
+"""`process_weights_` (TransformerLens 2.18's weight processing, models/arch/weight_processing.py) on float64 models
+with random weights, biases and norm weights: every step keeps the outputs (log-probs; logits up to a per-position
+constant with center_unembed) and the attention patterns, processing is idempotent, `refactor_factored_attn_matrices`
+keeps the W_Q W_Kᵀ and W_V W_O products, and what TransformerLens refuses or would compute wrongly raises
+WeightProcessingError.
 Parity of the processed weights with the real TransformerLens 2.18: tests/tl2/test_legacy_processing.py (slow)."""
 
 from __future__ import annotations

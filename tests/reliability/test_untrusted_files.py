@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -45,11 +45,10 @@ def _swap(path: Path, kind: str) -> None:
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
 @pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "model.safetensors"])
 def test_special_files_in_a_model_folder_are_refused_at_once(folder, name, kind):
+    """Refused before reading: a read of a FIFO with no writer, or of /dev/zero, would never return."""
     _swap(folder / name, kind)
-    t = time.perf_counter()
     with pytest.raises(CheckpointError if name != "tokenizer.json" else (CheckpointError, TokenizerError)):
         models.load(folder)
-    assert time.perf_counter() - t < 5
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
@@ -75,15 +74,29 @@ def test_cli_config_json_fifo_or_dev_zero_exits_2(folder, tmp_path, kind):
     assert not (tmp_path / "run").exists()
 
 
+@contextlib.contextmanager
+def _nothing_built():
+    """Fails if a model or a positional table is built inside: the refusal must come from the config alone."""
+    from models.arch.positions import PositionalScheme
+
+    built = []
+    real_init, real_table = HookedTransformer.__init__, PositionalScheme.fixed_table
+    HookedTransformer.__init__ = lambda self, *a, **k: (built.append("model"), real_init(self, *a, **k))[1]
+    PositionalScheme.fixed_table = lambda self, *a, **k: (built.append("table"), real_table(self, *a, **k))[1]
+    try:
+        yield
+    finally:
+        HookedTransformer.__init__, PositionalScheme.fixed_table = real_init, real_table
+    assert built == []
+
+
 @pytest.mark.parametrize("field,value", [("n_ctx", 10**8), ("n_layers", 20_000), ("d_vocab", 10**9)])
 def test_config_implying_more_weights_than_the_file_is_refused_before_building(folder, field, value):
     d = json.loads((folder / "config.json").read_text())
     d[field] = value
     (folder / "config.json").write_text(json.dumps(d))
-    t = time.perf_counter()
-    with pytest.raises(CheckpointError, match="describes at least"):
-        models.load(folder)
-    assert time.perf_counter() - t < 2  # before: n_layers 20 000 built for ~29 s, n_ctx 1e8 allocated 6.4 GB
+    with _nothing_built(), pytest.raises(CheckpointError, match="describes at least"):
+        models.load(folder)  # before: n_layers 20 000 built for ~29 s, n_ctx 1e8 allocated 6.4 GB
 
 
 def test_fixed_table_config_far_beyond_its_weights_is_refused_before_building(tmp_path):
@@ -93,10 +106,8 @@ def test_fixed_table_config_far_beyond_its_weights_is_refused_before_building(tm
     d = json.loads((tmp_path / "m" / "config.json").read_text())
     d["n_ctx"] = 10**8
     (tmp_path / "m" / "config.json").write_text(json.dumps(d))
-    t = time.perf_counter()
-    with pytest.raises(CheckpointError, match="fixed positional table"):
+    with _nothing_built(), pytest.raises(CheckpointError, match="fixed positional table"):
         models.load(tmp_path / "m")
-    assert time.perf_counter() - t < 2
 
 
 def test_implied_weights_is_a_lower_bound_of_real_models():

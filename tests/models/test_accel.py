@@ -1,6 +1,6 @@
-"""`models.accel.allocator.keep_freed_memory`: importing and running the toolkit does not apply it; once applied, repeated
-`run_with_cache` calls stop faulting pages in; its switch turns it off. The probe runs in a fresh interpreter (the
-setting is process-wide)."""
+"""`models.accel`, the opt-in speed pieces: importing and running the toolkit switches none on; `enable` and
+`TOY_CIRCUITS_ACCEL` do, and refuse unknown names; the `malloc` piece (`keep_freed_memory`) once applied stops repeated
+`run_with_cache` calls faulting pages in. The probe runs in a fresh interpreter (the setting is process-wide)."""
 
 import json
 import os
@@ -23,9 +23,9 @@ def faults():  # page faults of one call
         model.run_with_cache(tokens)
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 default = [faults() for _ in range(4)]
-loaded_by_toolkit = "models.accel.allocator" in sys.modules
-from models.accel.allocator import keep_freed_memory
-applied = keep_freed_memory()
+loaded_by_toolkit = any(m.startswith("models.accel") for m in sys.modules)
+from models import accel
+applied = accel.enable("malloc")["malloc"]
 for _ in range(3):
     faults()
 print(json.dumps({"loaded_by_toolkit": loaded_by_toolkit, "applied": applied, "default": default,
@@ -46,8 +46,30 @@ def test_not_applied_on_import_and_stops_the_faults_once_applied():
     assert got["after"] < 500, got
 
 
-def test_switch_turns_it_off(monkeypatch):
-    from models.accel.allocator import ENV, keep_freed_memory
+def test_pieces_are_named_and_checked(monkeypatch):
+    from models import ConfigError, accel
 
-    monkeypatch.setenv(ENV, "default")
-    assert keep_freed_memory() is False  # returns before touching the allocator
+    monkeypatch.delenv(accel.ENV, raising=False)
+    assert accel.requested() == ()
+    assert accel.requested("all") == accel.PIECES == ("malloc",)
+    assert accel.requested(" malloc, malloc ") == ("malloc",)
+    monkeypatch.setenv(accel.ENV, "malloc")
+    assert accel.requested() == ("malloc",)
+    with pytest.raises(ConfigError, match="unknown piece.*allowed: malloc"):
+        accel.requested("fused-loss")
+
+
+def test_cli_accel_flag_switches_the_pieces_on(monkeypatch):
+    from analyses.cli.common import apply_accel
+    from models import accel
+
+    monkeypatch.delenv(accel.ENV, raising=False)
+    calls = []
+    monkeypatch.setattr(accel, "enable", lambda *pieces: calls.append(pieces) or {})
+
+    class Args:
+        accel = None
+
+    assert apply_accel(Args()) == () and calls == []
+    Args.accel = "all"
+    assert apply_accel(Args()) == ("malloc",) and calls == [("malloc",)]
