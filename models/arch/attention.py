@@ -29,14 +29,6 @@ __all__ = ["Attention", "attend", "linear", "score_scale", "soft_cap"]
 DECODE_ROWS = 32
 
 
-def hooked(*points: HookPoint) -> bool:
-    """True when any of the hook points has a TransformerLens forward or backward hook attached."""
-    for p in points:  # a loop, not any(generator): called a dozen times per decoding step
-        if p.fwd_hooks or p.bwd_hooks:
-            return True
-    return False
-
-
 def param_or_buffer(module: nn.Module, name: str, tensor: torch.Tensor, trainable: bool) -> None:
     if trainable:
         module.register_parameter(name, nn.Parameter(tensor))

@@ -14,7 +14,7 @@ from torch import nn
 from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from .attention import hooked, soft_cap
+from .attention import soft_cap
 from .components import BlockInputs, Embed, PosEmbed, TransformerBlock, Unembed, final_norm
 from .config import HookedTransformerConfig
 from .hook_switches import HookSwitches
@@ -22,7 +22,7 @@ from .inputs import check_tokens
 from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
 from .tokens import TextMixin, int_ids  # noqa: F401  (int_ids: re-exported)
-from .watch import hooked_path, watching
+from .watch import explicit, hooked_path, watching
 from .weight_processing import ProcessWeights
 
 IGNORE = -100  # F.cross_entropy's ignore_index
@@ -186,7 +186,7 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
             return (resid, pos_qk) if return_shortformer_pos_embed else resid
         # PosEmbed reads only the [batch, pos] shape of its first argument
         rows = self.pos_embed(embed[..., 0], pos_offset, attention_mask)
-        if hooked(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: hooks get a copy
+        if explicit(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: watchers get a copy
             rows = rows.clone()
         pos = self.hook_pos_embed(rows)  # [batch, pos, d_model]
         if positions.adds_to == "residual":

@@ -252,3 +252,14 @@ def test_dense_is_built_once_per_shape_and_masks_future():
 
 def test_hook_point_is_still_transformer_lens_own():
     assert isinstance(make("attn-only").blocks[0].attn.hook_pattern, HookPoint)
+
+
+def test_an_in_place_edit_through_a_pytorch_hook_leaves_the_weights_alone():
+    """The positional rows are a view of W_pos; a plain PyTorch hook that edits its input in place gets a copy."""
+    model = make("attn-only")
+    before = model.W_pos.detach().clone()
+    handle = model.hook_pos_embed.register_forward_hook(lambda m, i, out: out.mul_(0))
+    with torch.no_grad():
+        model(tokens(model))
+    handle.remove()
+    assert torch.equal(model.W_pos, before)
