@@ -85,3 +85,39 @@ def cpu_has(flag: str) -> bool:
     except OSError:
         return False
     return any(flag in line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags"))
+
+
+def pairwise(*axes: list) -> list[tuple]:
+    """A covering array of strength 2: rows (one value per axis) such that every pair of values of every two axes
+    appears in some row. For axes whose effects are independent this keeps each interaction of two settings under
+    test at a fraction of the full product (7 × 3 × 2 × 2 = 84 rows → 21). Deterministic: greedy over the product of
+    the two largest axes, then one row per pair still uncovered."""
+    import itertools
+
+    if len(axes) < 3:
+        return list(itertools.product(*axes))
+    uncovered = {((i, a), (j, b)) for i, j in itertools.combinations(range(len(axes)), 2)
+                 for a in range(len(axes[i])) for b in range(len(axes[j]))}
+
+    def new_pairs(row: dict, k: int, v: int) -> int:
+        return sum(((min(m, k), row[m] if m < k else v), (max(m, k), v if m < k else row[m])) in uncovered
+                   for m in row)
+
+    def cover(row: dict) -> None:
+        for (i, a), (j, b) in itertools.combinations(sorted(row.items()), 2):
+            uncovered.discard(((i, a), (j, b)))
+
+    order = sorted(range(len(axes)), key=lambda i: -len(axes[i]))
+    rows = []
+    for a, b in itertools.product(range(len(axes[order[0]])), range(len(axes[order[1]]))):
+        row = {order[0]: a, order[1]: b}
+        for k in order[2:]:
+            row[k] = max(range(len(axes[k])), key=lambda v: new_pairs(row, k, v))
+        cover(row)
+        rows.append(row)
+    while uncovered:
+        (i, a), (j, b) = min(uncovered)
+        row = {k: 0 for k in range(len(axes))} | {i: a, j: b}
+        cover(row)
+        rows.append(row)
+    return [tuple(axes[i][row[i]] for i in range(len(axes))) for row in rows]

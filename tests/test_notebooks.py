@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # the notebooks
+
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 180  # each notebook runs in under 3 minutes on a CPU (measured at build time)
 

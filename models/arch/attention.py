@@ -20,7 +20,7 @@ from .config import HookedTransformerConfig
 from .positions import Rotation
 from .products import affine, linear, rounded_product
 from .score_bias import ScoreBias
-from .watch import explicit
+from .watch import hooked_path
 
 __all__ = ["Attention", "attend", "linear", "score_scale", "soft_cap"]
 
@@ -126,15 +126,16 @@ class Attention(nn.Module):
         return self.cfg.n_heads if self.cfg.ungroup_grouped_query_attention else self.cfg.n_key_value_heads
 
     def forward(self, x_q: torch.Tensor, x_k: torch.Tensor, x_v: torch.Tensor, score_bias: ScoreBias,
-                rotation: Rotation | None = None, cache=None) -> torch.Tensor:
+                rotation: Rotation | None = None, cache=None, hooked: bool | None = None) -> torch.Tensor:
         """Queries read `x_q [batch, pos, d_model]`, keys and values `x_k`, `x_v [batch, key, d_model]`; pass the same
         tensor for inputs that are the same (self-attention: all three, one fused product; Shortformer: queries and
         keys). Per-head inputs `[batch, pos, heads, d_model]` (TransformerLens' split QKV input) are read head by
         head. `score_bias` is added to the scores (`models.arch.score_bias`); `rotation` rotates queries and keys.
         `cache` (incremental decoding, `models.generation.kv_cache.KeyValueCacheEntry`): `cache.append(k, v)`
         returns the keys and values of the earlier positions followed by these, before rotation (as TransformerLens
-        caches), which the queries, the last positions, then attend to."""
-        cfg, hooks_on = self.cfg, explicit(self)
+        caches), which the queries, the last positions, then attend to. `hooked`: the model's decision to run the
+        hooked path (`models.arch.watch`; None: decide from this layer's own watchers)."""
+        cfg, hooks_on = self.cfg, hooked_path(hooked, self)
         B, P, H, Hkv, dh = x_q.shape[0], x_q.shape[1], cfg.n_heads, self.kv_heads(), cfg.d_head
         q, k, v = self._qkv(x_q, x_k, x_v, decoding=cache is not None)  # [batch, pos | key, head | kv_head, d_head]
         q, k, v = (_own(point, t, hooks_on) for point, t in ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))

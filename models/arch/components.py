@@ -21,7 +21,7 @@ from .config import HookedTransformerConfig
 from .positions import Rotation
 from .products import linear
 from .score_bias import ScoreBias
-from .watch import explicit
+from .watch import hooked_path
 
 __all__ = ["Attention", "BlockInputs", "Embed", "MLP", "Norm", "PosEmbed", "TransformerBlock", "Unembed"]
 
@@ -93,11 +93,11 @@ class Norm(nn.Module):
         if self.kind == "LN":
             self.b = nn.Parameter(torch.zeros(d, dtype=cfg.torch_dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hooked: bool | None = None) -> torch.Tensor:
         if self.kind is None:
             return x
         w, b = getattr(self, "w", None), getattr(self, "b", None)
-        if not explicit(self):
+        if not hooked_path(hooked, self):
             if self.centre:
                 return F.layer_norm(x, x.shape[-1:], w, b, self.eps)
             return F.rms_norm(x, x.shape[-1:], w, self.eps)
@@ -171,17 +171,17 @@ class MLP(nn.Module):
             self.ln = Norm(cfg, cfg.d_mlp, kind="LNPre" if cfg.normalization_type in ("LNPre", "RMSPre") else "LN")
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hooked: bool | None = None) -> torch.Tensor:
         if self.gated:
             act = self.act(self.hook_pre(x @ self.W_gate))
             if hasattr(self, "ln"):  # TransformerLens 2.18's gated SoLU-LN reads neither W_in nor b_in
-                post = self.ln(self.hook_mid(act))
+                post = self.ln(self.hook_mid(act), hooked)
             else:
                 post = act * self.hook_pre_linear(x @ self.W_in) + self.b_in
         else:
             post = self.act(self.hook_pre(linear(x, self.W_in, self.b_in)))
             if hasattr(self, "ln"):
-                post = self.ln(self.hook_mid(post))
+                post = self.ln(self.hook_mid(post), hooked)
         return linear(self.hook_post(post), self.W_out, self.b_out)
 
 
@@ -192,27 +192,30 @@ class BlockInputs:
     `score_bias`: added to every head's attention scores: the attention mask and a positional bias such as ALiBi
     (`models.arch.score_bias`). `pos_qk`: positions added to the query and key inputs only, `[batch, pos, d_model]`
     (Shortformer), or None. `rotation`: rotates queries and keys by position (RoPE), or None. `cache`: the block's
-    key/value cache entry when decoding step by step, or None."""
+    key/value cache entry when decoding step by step, or None. `hooked`: whether the layers run their hooked path."""
 
     score_bias: ScoreBias
     pos_qk: torch.Tensor | None = None
     rotation: Rotation | None = None
-    cache: object | None = None  # this block's `models.generation.kv_cache.KeyValueCacheEntry`, or None
+    cache: object | None = None  # this block's `models.generation.kv_cache.HookedTransformerKeyValueCacheEntry`
+    hooked: bool | None = None  # the model's decision: every hook point runs (`models.arch.watch`); None: each decides
 
 
-def norm_inputs(norm: Norm, resid: torch.Tensor, pos_qk: torch.Tensor | None, position: str) -> tuple:
+def norm_inputs(norm: Norm, resid: torch.Tensor, pos_qk: torch.Tensor | None, position: str,
+                hooked: bool | None = None) -> tuple:
     """`(x_qk, x)`: what a sublayer's queries/keys and its values read. Pre-norm (Xiong et al. 2020): `norm(resid)`;
     post-norm (Vaswani et al. 2017): `resid` itself. With `pos_qk` (Shortformer) the query/key input is that plus the
     positions, added after the norm as TransformerLens does; otherwise `x_qk is x` (one fused projection)."""
-    x = norm(resid) if position == "pre" else resid
+    x = norm(resid, hooked) if position == "pre" else resid
     return (x if pos_qk is None else x + pos_qk), x
 
 
-def add_output(norm: Norm, resid: torch.Tensor, out: torch.Tensor, position: str, hook_out: HookPoint) -> torch.Tensor:
+def add_output(norm: Norm, resid: torch.Tensor, out: torch.Tensor, position: str, hook_out: HookPoint,
+               hooked: bool | None = None) -> torch.Tensor:
     """The residual addition of a sublayer's output `out` (seen by `hook_out`): `resid + out` (pre-norm) or
     `norm(resid + out)` (post-norm, Vaswani et al. 2017, §3.1: LayerNorm(x + Sublayer(x)))."""
     out = hook_out(out)
-    return resid + out if position == "pre" else norm(resid + out)
+    return resid + out if position == "pre" else norm(resid + out, hooked)
 
 
 class TransformerBlock(nn.Module):
@@ -254,7 +257,8 @@ class TransformerBlock(nn.Module):
     def forward(self, resid: torch.Tensor, side: BlockInputs) -> torch.Tensor:
         cfg = self.cfg
         position = cfg.normalization_position
-        ln1 = self.ln1 if position == "pre" else _identity
+        hooked = side.hooked
+        ln1 = (lambda x: self.ln1(x, hooked)) if position == "pre" else _identity
         resid = self.hook_resid_pre(resid)
         pos = side.pos_qk
         if cfg.use_split_qkv_input or cfg.use_attn_in:  # per-head inputs [batch, pos, head, d_model]
@@ -269,20 +273,22 @@ class TransformerBlock(nn.Module):
             if pos is not None:
                 x_q, x_k = x_q + pos, (x_q + pos if x_k is x_q else x_k + pos)
         else:
-            x_q, x_v = norm_inputs(self.ln1, resid, side.pos_qk, position)
+            x_q, x_v = norm_inputs(self.ln1, resid, side.pos_qk, position, hooked)
             x_k = x_q
-        attn_out = self.attn(x_q, x_k, x_v, side.score_bias, side.rotation, side.cache)
+        attn_out = self.attn(x_q, x_k, x_v, side.score_bias, side.rotation, side.cache, hooked)
         if cfg.parallel_attn_mlp:  # pre-norm only (the config refuses "post" with it)
             attn_out = self.hook_attn_out(attn_out)
             mlp_in = self.hook_mlp_in(resid.clone()) if cfg.use_hook_mlp_in else resid
-            return self.hook_resid_post(resid + attn_out + self.hook_mlp_out(self.mlp(self.ln2(mlp_in))))
-        resid = add_output(self.ln1, resid, attn_out, position, self.hook_attn_out)
+            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(mlp_in, hooked), hooked))
+            return self.hook_resid_post(resid + attn_out + mlp_out)
+        resid = add_output(self.ln1, resid, attn_out, position, self.hook_attn_out, hooked)
         if cfg.attn_only:
             return self.hook_resid_post(resid)
         resid = self.hook_resid_mid(resid)
         mlp_in = self.hook_mlp_in(resid.clone()) if cfg.use_hook_mlp_in else resid
-        x, _ = norm_inputs(self.ln2, mlp_in, None, position)
-        return self.hook_resid_post(add_output(self.ln2, resid, self.mlp(x), position, self.hook_mlp_out))
+        x, _ = norm_inputs(self.ln2, mlp_in, None, position, hooked)
+        mlp_out = self.mlp(x, hooked)
+        return self.hook_resid_post(add_output(self.ln2, resid, mlp_out, position, self.hook_mlp_out, hooked))
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:

@@ -66,8 +66,8 @@ class MLMHead(nn.Module):
         self.ln = Norm(cfg)
         self.hook_pre, self.hook_post = HookPoint(), HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ln(self.hook_post(self.act(self.hook_pre(linear(x, self.W, self.b)))))
+    def forward(self, x: torch.Tensor, hooked: bool | None = None) -> torch.Tensor:
+        return self.ln(self.hook_post(self.act(self.hook_pre(linear(x, self.W, self.b)))), hooked)
 
 
 class HookedEncoder(HookedTransformer):
@@ -86,8 +86,8 @@ class HookedEncoder(HookedTransformer):
         self.to(cfg.device)
         self.setup()
 
-    def head(self, resid: torch.Tensor) -> torch.Tensor:
-        return self.unembed(self.mlm_head(self.ln_final(resid)))
+    def head(self, resid: torch.Tensor, hooked: bool | None = None) -> torch.Tensor:
+        return self.unembed(self.mlm_head(self.ln_final(resid, hooked), hooked))
 
     def forward(self, tokens, return_type: str | None = "logits", labels=None):
         if return_type not in RETURN_TYPES:

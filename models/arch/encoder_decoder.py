@@ -37,7 +37,7 @@ from .encoder_decoder_config import EncoderDecoderConfig
 from .inputs import check_mask, check_tokens
 from .model import RETURN_TYPES, init_weights, lm_cross_entropy
 from .score_bias import Bidirectional, Causal, KeyPadding, combine
-from .watch import hooked_path, watching
+from .watch import watched
 
 
 class DecoderBlock(nn.Module):
@@ -62,18 +62,18 @@ class DecoderBlock(nn.Module):
         cross-attention's score bias (source padding) and the queries' positions (`pos_qk`, Shortformer);
         `memory [batch, src_pos, d_model]` the values' input, `memory_k` the keys' (memory, plus source positions
         under Shortformer); `cache`: the self-attention's key/value cache entry when decoding step by step."""
-        pos = self.cfg.normalization_position
+        pos, hooked = self.cfg.normalization_position, side.hooked
         resid = self.hook_resid_pre(resid)
-        x_qk, x = norm_inputs(self.ln1, resid, side.pos_qk, pos)
-        out = self.attn(x_qk, x_qk, x, side.score_bias, side.rotation, cache)
-        resid = self.hook_resid_mid(add_output(self.ln1, resid, out, pos, self.hook_attn_out))
-        x_q, _ = norm_inputs(self.ln2, resid, cross.pos_qk, pos)
-        out = self.cross_attn(x_q, memory_k, memory, cross.score_bias)
-        resid = self.hook_resid_mid_cross(add_output(self.ln2, resid, out, pos, self.hook_cross_attn_out))
+        x_qk, x = norm_inputs(self.ln1, resid, side.pos_qk, pos, hooked)
+        out = self.attn(x_qk, x_qk, x, side.score_bias, side.rotation, cache, hooked)
+        resid = self.hook_resid_mid(add_output(self.ln1, resid, out, pos, self.hook_attn_out, hooked))
+        x_q, _ = norm_inputs(self.ln2, resid, cross.pos_qk, pos, hooked)
+        out = self.cross_attn(x_q, memory_k, memory, cross.score_bias, hooked=hooked)
+        resid = self.hook_resid_mid_cross(add_output(self.ln2, resid, out, pos, self.hook_cross_attn_out, hooked))
         if self.cfg.attn_only:
             return self.hook_resid_post(resid)
-        x, _ = norm_inputs(self.ln3, resid, None, pos)
-        return self.hook_resid_post(add_output(self.ln3, resid, self.mlp(x), pos, self.hook_mlp_out))
+        x, _ = norm_inputs(self.ln3, resid, None, pos, hooked)
+        return self.hook_resid_post(add_output(self.ln3, resid, self.mlp(x, hooked), pos, self.hook_mlp_out, hooked))
 
 
 class TiedUnembed(nn.Module):
@@ -105,6 +105,8 @@ class HookedEncoderDecoder(HookedRootModule):
     the right) keep attention off padded positions. Weight properties are stacked over layers in TransformerLens'
     layout: `enc_W_Q [n_encoder_layers, n_heads, d_model, d_head]`, `dec_W_*` (decoder self-attention), `cross_W_*`.
     """
+
+    _in_run_with_cache = False  # set while `run_with_cache` runs: the hooked path (`models.arch.watch`)
 
     def __init__(self, cfg: EncoderDecoderConfig | dict, tokenizer=None):
         super().__init__()
@@ -187,43 +189,40 @@ class HookedEncoderDecoder(HookedRootModule):
         return resid, pos
 
     def _encode(self, src: torch.Tensor, src_mask: torch.Tensor | None) -> torch.Tensor:
-        with watching(self):
-            return self._encode_watched(src, src_mask)
-
-    def _encode_watched(self, src: torch.Tensor, src_mask: torch.Tensor | None) -> torch.Tensor:
+        hooked = self._in_run_with_cache or watched(self)  # the hooked path or the fast one (models.arch.watch)
         scheme = self.enc_cfg.positions
         resid, pos_qk = self._embed("src", src)
         bias = combine(KeyPadding(src_mask) if src_mask is not None else None, scheme.score_bias())
-        side = BlockInputs(bias, pos_qk, scheme.rotation(src.shape[1], resid.dtype, resid.device))
+        side = BlockInputs(bias, pos_qk, scheme.rotation(src.shape[1], resid.dtype, resid.device), hooked=hooked)
         for block in self.encoder:
             resid = block(resid, side)
-        return self.encoder_ln_final(resid)  # [batch, src_pos, d_model]
+        return self.encoder_ln_final(resid, hooked)  # [batch, src_pos, d_model]
 
     def _decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask, tgt_mask, cache=None,
                 offset: int = 0) -> torch.Tensor:
         """Decoder logits for target tokens at positions `offset ..` (the earlier ones in `cache`, a
         `models.generation.kv_cache.HookedTransformerKeyValueCache` of the self-attention)."""
-        with watching(self):
-            return self._decode_watched(tgt, memory, src_mask, tgt_mask, cache, offset)
-
-    def _decode_watched(self, tgt, memory, src_mask, tgt_mask, cache, offset) -> torch.Tensor:
+        hooked = self._in_run_with_cache or watched(self)
         scheme = self.dec_cfg.positions
         resid, pos_qk = self._embed("tgt", tgt, offset)
         n_keys = offset + tgt.shape[1]
         bias = combine(Causal(), KeyPadding(tgt_mask) if tgt_mask is not None else None, scheme.score_bias())
-        side = BlockInputs(bias, pos_qk, scheme.rotation(n_keys, resid.dtype, resid.device))
-        cross = BlockInputs(KeyPadding(src_mask) if src_mask is not None else Bidirectional(), pos_qk)
+        side = BlockInputs(bias, pos_qk, scheme.rotation(n_keys, resid.dtype, resid.device), hooked=hooked)
+        cross = BlockInputs(KeyPadding(src_mask) if src_mask is not None else Bidirectional(), pos_qk, hooked=hooked)
         memory_k = memory
         if pos_qk is not None:  # Shortformer: the keys of cross-attention carry the source positions
             memory_k = memory + self._positions("src", memory.shape[1], memory.shape[0])
         for layer, block in enumerate(self.decoder):
             resid = block(resid, side, cross, memory, memory_k, None if cache is None else cache[layer])
-        return self.unembed(self.decoder_ln_final(resid))  # [batch, tgt_pos, d_vocab_tgt]
+        return self.unembed(self.decoder_ln_final(resid, hooked))  # [batch, tgt_pos, d_vocab_tgt]
 
     def run_with_cache(self, *args, return_cache_object: bool = True, **kwargs):
         """`HookedRootModule.run_with_cache`, returning a TransformerLens `ActivationCache`."""
-        with hooked_path():
+        self._in_run_with_cache = True  # the hooked path whatever names are cached (models.arch.watch)
+        try:
             out, cache = super().run_with_cache(*args, **kwargs)
+        finally:
+            self._in_run_with_cache = False
         if return_cache_object:
             cache = ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
         return out, cache

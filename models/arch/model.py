@@ -22,7 +22,7 @@ from .inputs import check_tokens
 from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
 from .tokens import TextMixin, int_ids  # noqa: F401  (int_ids: re-exported)
-from .watch import explicit, hooked_path, watching
+from .watch import watched
 from .weight_processing import ProcessWeights
 
 IGNORE = -100  # F.cross_entropy's ignore_index
@@ -60,6 +60,8 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
     layout (`W_Q [n_layers, n_heads, d_model, d_head]`, `W_O [n_layers, n_heads, d_head, d_model]`); with
     grouped-query attention `W_K, W_V, b_K, b_V` are expanded to `n_heads`.
     """
+
+    _in_run_with_cache = False  # set while `run_with_cache` runs: the hooked path (`hooked_path`)
 
     def __init__(self, cfg: HookedTransformerConfig | dict, tokenizer=None):
         super().__init__()
@@ -101,12 +103,7 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
         `HookedTransformerKeyValueCache`; the input is the positions after those it holds."""
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type={return_type!r} is not supported; allowed: {RETURN_TYPES}")
-        with watching(self):  # one decision for every layer: hooked path or fast path (models.arch.watch)
-            return self._forward(input, return_type, loss_per_token, prepend_bos, padding_side, start_at_layer,
-                                 tokens, shortformer_pos_embed, attention_mask, stop_at_layer, past_kv_cache)
-
-    def _forward(self, input, return_type, loss_per_token, prepend_bos, padding_side, start_at_layer, tokens,
-                 shortformer_pos_embed, attention_mask, stop_at_layer, past_kv_cache):
+        hooked = self.hooked_path()  # one decision for every layer: hooked path or fast path (models.arch.watch)
         if input is None and start_at_layer is None:
             input, tokens = tokens, None  # forward(tokens=...) as before
         if start_at_layer is None:
@@ -122,13 +119,13 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
             n_past = attention_mask.shape[1] - resid.shape[1]
         else:
             n_past = past_kv_cache.n_past if past_kv_cache is not None else 0
-        side = self._block_inputs(resid, pos_qk, attention_mask, n_past)
+        side = self._block_inputs(resid, pos_qk, attention_mask, n_past, hooked)
         for i in range(self.cfg.n_layers)[slice(start_at_layer, stop_at_layer)]:
             entry = None if past_kv_cache is None else past_kv_cache[i]
             resid = self.blocks[i](resid, side if entry is None else replace(side, cache=entry))
         if stop_at_layer is not None:
             return resid
-        logits = self.head(resid)  # [batch, pos, d_vocab_out], soft-capped with output_logits_soft_cap
+        logits = self.head(resid, hooked)  # [batch, pos, d_vocab_out], soft-capped with output_logits_soft_cap
         if return_type == "logits":
             return logits
         if return_type is None:
@@ -139,10 +136,15 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
         loss = lm_cross_entropy(logits, tokens, per_token=loss_per_token, attention_mask=mask)
         return loss if return_type == "loss" else (logits, loss)
 
-    def head(self, resid: torch.Tensor) -> torch.Tensor:
+    def head(self, resid: torch.Tensor, hooked: bool | None = None) -> torch.Tensor:
         """Logits `[batch, pos, d_vocab_out]` from the last residual stream: `unembed(ln_final(resid))`, soft-capped
         with `cfg.output_logits_soft_cap` (`soft_cap`)."""
-        return soft_cap(self.unembed(self.ln_final(resid)), self.cfg.output_logits_soft_cap)
+        return soft_cap(self.unembed(self.ln_final(resid, hooked)), self.cfg.output_logits_soft_cap)
+
+    def hooked_path(self) -> bool:
+        """Whether this forward pass runs the hooked path: inside `run_with_cache`, or when anything watches the model
+        (`models.arch.watch.watched`)."""
+        return self._in_run_with_cache or watched(self)
 
     def input_to_embed(self, input, prepend_bos: bool | None = None, padding_side: str | None = None,
                        attention_mask: torch.Tensor | None = None, past_kv_cache=None):
@@ -186,7 +188,7 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
             return (resid, pos_qk) if return_shortformer_pos_embed else resid
         # PosEmbed reads only the [batch, pos] shape of its first argument
         rows = self.pos_embed(embed[..., 0], pos_offset, attention_mask)
-        if explicit(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: watchers get a copy
+        if watched(self.hook_pos_embed) and rows._base is not None:  # a view of W_pos: watchers get a copy
             rows = rows.clone()
         pos = self.hook_pos_embed(rows)  # [batch, pos, d_model]
         if positions.adds_to == "residual":
@@ -195,15 +197,16 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
             pos_qk = pos
         return (resid, pos_qk) if return_shortformer_pos_embed else resid
 
-    def _block_inputs(self, resid: torch.Tensor, pos_qk, attention_mask, n_past: int) -> BlockInputs:
+    def _block_inputs(self, resid: torch.Tensor, pos_qk, attention_mask, n_past: int,
+                      hooked: bool | None = None) -> BlockInputs:
         """What every block reads besides the residual stream: the score bias (attention mask, positional bias,
-        padding), the Shortformer positions and the rotation of `n_past + pos` positions."""
+        padding), the Shortformer positions, the rotation of `n_past + pos` positions and the path decision."""
         from .score_bias import Padding
 
         padding = Padding(attention_mask) if attention_mask is not None and not bool(attention_mask.all()) else None
         positions = self.cfg.positions
         return BlockInputs(combine(attention_mask_of(self.cfg), positions.score_bias(), padding), pos_qk,
-                           positions.rotation(n_past + resid.shape[1], resid.dtype, resid.device))
+                           positions.rotation(n_past + resid.shape[1], resid.dtype, resid.device), hooked=hooked)
 
     def validate_tokens(self, tokens, check_length: bool = True) -> torch.Tensor:
         """Coerce input to an int64 `[batch, pos]` tensor on the model's device, or raise `ValueError` (`InputError`
@@ -231,8 +234,11 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
 
     def run_with_cache(self, *args, return_cache_object: bool = True, **kwargs):
         """`HookedRootModule.run_with_cache`, returning a TransformerLens `ActivationCache`."""
-        with hooked_path():
+        self._in_run_with_cache = True  # the hooked path whatever names are cached (models.arch.watch)
+        try:
             out, cache = super().run_with_cache(*args, **kwargs)
+        finally:
+            self._in_run_with_cache = False
         if return_cache_object:
             cache = ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
             # shortformer: hook_pos_embed is cached but never enters the residual stream, so

@@ -37,11 +37,12 @@ def rounded_product(fn, *tensors: torch.Tensor | None) -> torch.Tensor:
 def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """`x @ W + b` for a 2-D `x [rows, d_in]`, `W [d_in, d_out]`, `b [d_out]`, as one `addmm`. A CPU bias that is
     zero and needs no gradient (the buffers of `use_bias=False`) is skipped (the test reads the values, so a bias
-    written later, e.g. by `circuits.fold_layer_norm`, still counts); on a GPU the test would synchronise, so the
-    add stays."""
+    written later, e.g. by `circuits.fold_layer_norm`, still counts); on a GPU the test would synchronise, and inside
+    `torch.compile` break the graph, so the add stays there."""
     if in_float32(x, W, b):
         return affine(b.float(), x.float(), W.float()).to(x.dtype)
-    if not b.requires_grad and b.device.type == "cpu" and not b.any():
+    if (not b.requires_grad and b.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not b.any()):
         return x @ W
     return torch.addmm(b, x, W)
 

@@ -11,23 +11,20 @@ hook point with the values `run_with_cache` records, when any of these holds:
 - a global module hook (`torch.nn.modules.module.register_module_forward_hook` and its siblings);
 - a module whose `forward` was replaced on the instance (tracing tools such as nnsight install their controller so).
 
-The decision is taken once per forward pass for the whole model (`watching`), so every layer takes the same path, and
-`run_with_cache` always takes the hooked path (`hooked_path`), so a cache filtered to a few names (or to none) holds
-bitwise the values, and returns the logits, of the full cache. A
-layer called on its own, outside a model's forward, decides from its own sub-modules (`explicit`).
+The decision is taken once per forward pass for the whole model and handed to every layer with its inputs
+(`BlockInputs.hooked`, the `hooked=` argument of the layers), so every layer takes the same path; `run_with_cache`
+always takes the hooked path, so a cache filtered to a few names (or to none) holds bitwise the values, and returns
+the logits, of the full cache. A layer called on its own decides from its own sub-modules (`hooked_path`). The
+decision is plain Python over module attributes, no global or context-local state, so `torch.compile` traces it.
 """
 
 from __future__ import annotations
-
-import contextlib
-from contextvars import ContextVar
 
 from torch import nn
 from torch.nn.modules import module as _module
 
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks")
-_decision: ContextVar[bool | None] = ContextVar("toy_circuits_watched", default=None)
 
 
 def _global_hooks() -> bool:
@@ -47,30 +44,7 @@ def watched(root: nn.Module) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def watching(root: nn.Module):
-    """Decide once for `root`'s forward pass whether its layers run their hooked path (`explicit` inside reads it);
-    inside `hooked_path` (or another watched forward) the answer is yes."""
-    token = _decision.set(_decision.get() is True or watched(root))
-    try:
-        yield
-    finally:
-        _decision.reset(token)
-
-
-@contextlib.contextmanager
-def hooked_path():
-    """Every forward inside runs its hooked path, watched or not: `run_with_cache` records the same values (and
-    returns the same logits) whichever names it is asked for, none included."""
-    token = _decision.set(True)
-    try:
-        yield
-    finally:
-        _decision.reset(token)
-
-
-def explicit(layer: nn.Module) -> bool:
-    """Whether `layer` runs its fully hooked path: the decision of the enclosing model's forward (`watching`), or,
-    called outside one, whether anything watches `layer` itself."""
-    decided = _decision.get()
+def hooked_path(decided: bool | None, layer: nn.Module) -> bool:
+    """Whether `layer` runs its fully hooked path: `decided` (the enclosing model's decision for this forward pass,
+    passed down with the layer's inputs), or, for a layer called on its own (None), whether anything watches it."""
     return watched(layer) if decided is None else decided

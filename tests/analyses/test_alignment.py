@@ -89,6 +89,7 @@ def test_bad_input_named():
         cross_copying_heads(HookedEncoderDecoder(cfg))
 
 
+@pytest.mark.e2e
 def test_encdec_report_on_the_hand_built_model(tmp_path, monkeypatch):
     m = build_reversal_model(d_vocab=8, length=5)
     m.cfg.extra = {"task": "seq2seq:reverse", "task_symbols": 5, "task_min_len": 5, "task_max_len": 5}

@@ -18,6 +18,8 @@ from models.data.tokenizer import ByteTokenizer
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+pytestmark = pytest.mark.e2e  # every figure of a report, drawn and checked
+
 TEXT = torch.tensor(list((Path(__file__).resolve().parents[2] / "analyses" / "scores.py").read_bytes()[:6000]))
 
 

@@ -15,6 +15,8 @@ import torch
 from analyses import build_report
 from circuits.testing import build_induction_model
 
+pytestmark = pytest.mark.e2e  # the HTML report, in a browser
+
 CHROMIUM = os.environ.get("TOY_CIRCUITS_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 #: Flags for a root, headless, offline run (see the machine notes): no sandbox, no GPU, no background traffic.
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

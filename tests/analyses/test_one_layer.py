@@ -175,4 +175,5 @@ def test_joint_ablation_per_position_matches_the_head_term():
     one = ablated_position_losses(m, tokens, [(0, 1)])[1]
     assert float(one.mean() - clean.mean()) == pytest.approx(float(head_ablation_losses(m, tokens).delta[0, 1]),
                                                              abs=1e-5)
+    m.set_use_attn_result(False)  # as when `clean` was computed (with it, the hooked path sums per-head results)
     assert torch.equal(ablated_position_losses(m, tokens, [])[1], clean)

@@ -13,6 +13,8 @@ from circuits.testing import build_induction_model
 from models import HookedTransformer, HookedTransformerConfig
 from models.data.tokenizer import ByteTokenizer
 
+pytestmark = pytest.mark.e2e  # whole reports
+
 TEXT = torch.tensor(list((Path(__file__).resolve().parents[2] / "analyses" / "scores.py").read_bytes()[:6000]))
 
 

@@ -13,8 +13,9 @@ from analyses import report_run
 from analyses.report import SECOND_PROCESS, SECTIONS, build_report
 from analyses.report_run import Progress, run_sections
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2,
-                                reason="the forked child runs on Linux with two CPUs or more")
+pytestmark = [pytest.mark.e2e,  # whole reports over two processes
+              pytest.mark.skipif(sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2,
+                                reason="the forked child runs on Linux with two CPUs or more")]
 DISK = (errno.ENOSPC,)
 
 

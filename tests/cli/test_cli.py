@@ -20,6 +20,8 @@ import torch
 from models import HookedTransformer, HookedTransformerConfig, save
 from models.data.tokenizer import ByteTokenizer
 
+pytestmark = pytest.mark.e2e  # the command line end to end, mostly in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 ZOO = ROOT / "models" / "zoo"
 TEXT = ROOT / "analyses" / "scores.py"  # natural-ish text for the scores that need it (bytes tokenizer)

@@ -22,6 +22,8 @@ import torch
 from models import HookedTransformer, HookedTransformerConfig, load, save
 from models.data.tokenizer import ByteTokenizer
 
+pytestmark = pytest.mark.e2e  # exit codes and signals of the command line in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 N_CTX = 64
 LONG = "".join(chr(97 + (i * 7) % 26) for i in range(150))  # 151 tokens with BOS, n_ctx 64

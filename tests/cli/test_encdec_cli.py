@@ -9,7 +9,8 @@ import pytest
 from test_cli import ZOO, circuits, ok
 
 M = "enc-dec-reverse"
-pytestmark = pytest.mark.skipif(not (ZOO / M / "model.safetensors").is_file(), reason=f"zoo model {M} not present")
+pytestmark = [pytest.mark.e2e,  # the command line on the encoder-decoder zoo model
+              pytest.mark.skipif(not (ZOO / M / "model.safetensors").is_file(), reason=f"zoo model {M} not present")]
 
 
 def refused(*args, words: tuple[str, ...]) -> str:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.e2e  # `circuits patch` end to end
+
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN, CORRUPT = "x = foo(a, b)\ny = foo(a,", "x = foo(a, c)\ny = foo(a,"  # attn-only-2l: same token count
 

@@ -8,6 +8,8 @@ import pytest
 
 from analyses.cli import main
 
+pytestmark = pytest.mark.e2e  # `circuits train` end to end
+
 TEXT = "".join(f"def g{i}(y):\n    return y - {i % 11}\n\n" for i in range(400))
 
 

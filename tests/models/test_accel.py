@@ -33,6 +33,7 @@ print(json.dumps({"loaded_by_toolkit": loaded_by_toolkit, "applied": applied, "d
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
 def test_not_applied_on_import_and_stops_the_faults_once_applied():
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True,

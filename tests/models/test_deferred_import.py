@@ -14,6 +14,8 @@ import pytest
 
 from models.deferred_import import leading_imports
 
+pytestmark = pytest.mark.e2e  # fresh interpreters importing the toolkit
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("transformers", "datasets", "pandas")
 

@@ -5,12 +5,11 @@ activations, the sinusoidal table and the RoPE matrices come from `test_model_re
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
 import torch
-from helpers import randomize
+from helpers import pairwise, randomize
 from test_model_reference import ref_act, ref_norm, ref_rotation, ref_sinusoidal
 
 from models import EncoderDecoderConfig, HookedEncoderDecoder, HookedTransformer, HookedTransformerConfig
@@ -131,7 +130,8 @@ def inputs(model, seed=0):
     return src, tgt, src_mask, tgt_mask
 
 
-GRID = list(itertools.product(POS, ["LN", "RMS", None], ["pre", "post"], [True, False]))
+# every pair of settings of two axes in some row (the axes act on separate parts of the model)
+GRID = pairwise(POS, ["LN", "RMS", None], ["pre", "post"], [True, False])
 
 
 @pytest.mark.parametrize("pos,norm,position,mlp", GRID)

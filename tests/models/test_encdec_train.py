@@ -140,6 +140,7 @@ def test_encoder_trains_on_masked_language_modelling(tmp_path):
         train(cfg.replace(mask_token_id=5), tc)
 
 
+@pytest.mark.e2e
 def test_cli_trains_an_encoder_decoder_config(tmp_path, capsys):
     from analyses.cli import main
 

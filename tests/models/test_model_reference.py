@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from helpers import randomize
+from helpers import pairwise, randomize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -160,7 +160,8 @@ def assert_matches_reference(model: HookedTransformer, n_pos: int = 7, seed: int
 
 
 # --- tests -------------------------------------------------------------------------------------------
-GRID = list(itertools.product(POS_TYPES, [None, "LN", "RMS"], [False, True], ["causal", "bidirectional"]))
+# every pair of settings of two axes in some row (the axes act on separate parts of the model)
+GRID = pairwise(POS_TYPES, [None, "LN", "RMS"], [False, True], ["causal", "bidirectional"])
 
 
 @pytest.mark.parametrize("pos,norm,mlp,attention_dir", GRID)

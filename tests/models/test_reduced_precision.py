@@ -9,7 +9,7 @@ import torch
 from helpers import in_dtype
 
 from models import HookedTransformer, HookedTransformerConfig
-from models.arch import products as gemm
+from models.arch import products
 
 REDUCED = [torch.bfloat16, torch.float16]
 HALF_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}  # relative rounding error bound of one rounding
@@ -19,10 +19,10 @@ HALF_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}  # relative roundi
 def upcast(monkeypatch):
     """Returns a setter: `upcast(True)` keeps the rule (reduced-precision CPU products in float32), `upcast(False)`
     sends them to torch's own kernels."""
-    real = gemm.in_float32
+    real = products.in_float32
 
     def set_to(on: bool) -> None:
-        monkeypatch.setattr(gemm, "in_float32", real if on else (lambda *tensors: False))
+        monkeypatch.setattr(products, "in_float32", real if on else (lambda *tensors: False))
     return set_to
 
 
@@ -47,10 +47,10 @@ def test_affine_and_matmul_round_once(upcast, dtype, on):
     x, W, b = _data(dtype)
     xd, Wd, bd = x.double(), W.double(), b.double()
     terms = xd.abs() @ Wd.abs()
-    got = gemm.affine(b, x, W)
+    got = products.affine(b, x, W)
     assert got.dtype == dtype
     _within_one_rounding(got, xd @ Wd + bd, terms + bd.abs(), dtype)
-    got = gemm.matmul(x, W)
+    got = products.matmul(x, W)
     assert got.dtype == dtype
     _within_one_rounding(got, xd @ Wd, terms, dtype)
 
@@ -60,7 +60,7 @@ def test_float32_path_gradients(upcast, dtype):
     upcast(True)
     x, W, b = _data(dtype, grad=True)
     g = torch.randn(40, 24, generator=torch.Generator().manual_seed(1)).to(dtype)
-    gemm.affine(b, x, W).backward(g)
+    products.affine(b, x, W).backward(g)
     gd = g.double()
     assert x.grad.dtype == W.grad.dtype == b.grad.dtype == dtype
     _within_one_rounding(x.grad, gd @ W.double().t(), gd.abs() @ W.double().abs().t(), dtype)
@@ -158,8 +158,9 @@ def test_no_reduced_precision_product_runs_where_float32_is_chosen(upcast, hooks
 def test_when_the_float32_path_is_taken():
     """By dtype, device and autocast alone: the same call takes the same path in every process."""
     x = torch.ones(4, 4, dtype=torch.float16)
-    assert gemm.in_float32(x) and gemm.in_float32(x.bfloat16()) and not gemm.in_float32(x.float())
-    assert not gemm.in_float32(x.double())
-    assert gemm.in_float32(x, x, None) and not gemm.in_float32(x, x.float())  # one reduced dtype, absent ones skipped
+    assert products.in_float32(x) and products.in_float32(x.bfloat16()) and not products.in_float32(x.float())
+    assert not products.in_float32(x.double())
+    assert products.in_float32(x, x, None)  # absent operands skipped
+    assert not products.in_float32(x, x.float())  # one reduced dtype
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not gemm.in_float32(x)  # autocast chooses its own precision
+        assert not products.in_float32(x)  # autocast chooses its own precision

@@ -163,6 +163,7 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_sigkill_and_resume_equals_uninterrupted(corpus_dir, tmp_path):
     steps = 40
     straight, _ = train(tiny_model(), tiny_train(corpus_dir, tmp_path / "a", steps=steps, checkpoint_every=7,

@@ -14,7 +14,7 @@ from transformer_lens.hook_points import HookPoint
 from models import HookedTransformer, HookedTransformerConfig
 from models.arch.positions import ALiBiBias
 from models.arch.score_bias import Bidirectional, Causal, Padding, combine
-from models.arch.watch import explicit, watched
+from models.arch.watch import hooked_path, watched
 
 CONFIGS = {
     "attn-only": dict(d_mlp=None, normalization_type=None),
@@ -95,9 +95,10 @@ def test_nothing_watching_takes_the_fast_path():
     """Without any hook no hook point of the attention pattern fires (the SDPA kernel forms none) and `watched` is
     False; one TransformerLens hook and it is True; removed, False again."""
     model = make("gelu-ln")
-    assert not watched(model) and not explicit(model.blocks[0].attn)
+    assert not watched(model) and not hooked_path(None, model.blocks[0].attn)
     model.blocks[0].hook_resid_pre.add_hook(lambda t, hook: None)
-    assert watched(model) and explicit(model.blocks[0]) and not explicit(model.blocks[1].ln1)  # a layer alone: its own
+    assert watched(model) and hooked_path(None, model.blocks[0])
+    assert not hooked_path(None, model.blocks[1].ln1)  # a layer called alone decides from its own watchers
     model.reset_hooks()
     assert not watched(model)
 
@@ -263,3 +264,18 @@ def test_an_in_place_edit_through_a_pytorch_hook_leaves_the_weights_alone():
         model(tokens(model))
     handle.remove()
     assert torch.equal(model.W_pos, before)
+
+
+@pytest.mark.slow  # compiling takes ~15 s
+def test_torch_compile_traces_the_decision_without_a_graph_break():
+    """The decision is plain Python over module attributes: a compiled loss is one graph and equals the eager one."""
+    from torch._dynamo import explain  # torch's own tool for counting graph breaks; test-only
+
+    model = make("gelu-ln")
+    toks = tokens(model)
+    report = explain(lambda t: model(t, return_type="loss"))(toks)
+    assert report.graph_break_count == 0, report.break_reasons
+    with torch.no_grad():
+        eager = model(toks, return_type="loss")
+        compiled = torch.compile(lambda t: model(t, return_type="loss"))(toks)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)

@@ -60,7 +60,15 @@ def _allowed(name: str, flags: dict) -> bool:
     return not (refactor and (rotary or gqa)) and not fold_pre
 
 
-@pytest.mark.parametrize("name, recipe", [(n, r) for n in CASES for r in RECIPES if _allowed(n, RECIPES[r])])
+def _grid() -> list[tuple[str, str]]:
+    """Every case with no flag and with every flag, and each single flag on at least five cases (rotated)."""
+    singles = list(ONE_FLAG)
+    rows = [(n, r) for i, n in enumerate(CASES)
+            for r in ("default", "all", singles[i % len(singles)], singles[(i + 2) % len(singles)])]
+    return [(n, r) for n, r in dict.fromkeys(rows) if _allowed(n, RECIPES[r])]
+
+
+@pytest.mark.parametrize("name, recipe", _grid())
 def test_processing_keeps_outputs(name, recipe):  # the refused combinations: test_refusals
     flags = RECIPES[recipe]
     model = make(**CASES[name])

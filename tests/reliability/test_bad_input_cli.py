@@ -70,8 +70,7 @@ def fill(args, d):
     return [str(a).format(d=d) for a in args]
 
 
-@pytest.mark.parametrize("command", ANALYSIS)
-@pytest.mark.parametrize("model,extra,match", [
+BAD_MODELS = [
     ("no-such-model", [], "unknown model 'no-such-model'"),
     ("{d}/missing.pth", [], "no such file"),
     ("{d}/small.pth", [], "pass --config"),
@@ -83,7 +82,12 @@ def fill(args, d):
     ("{d}/small.pth", ["--config", "{d}/small.json", "--tokenizer", "{d}/bytes.json"],
      "has 259 ids but the model's d_vocab is 50"),
     ("{d}/tiny", ["--device", "tpu"], "device"),
-])
+]
+
+
+# every bad model through two commands, every command at least twice: one loader serves all of them
+@pytest.mark.parametrize("command,model,extra,match", [
+    (ANALYSIS[(i + k) % len(ANALYSIS)], *case) for i, case in enumerate(BAD_MODELS) for k in (0, len(ANALYSIS) // 2)])
 def test_bad_models(d, command, model, extra, match):
     argv = [command, model, *extra, *REQUIRED.get(command, [])]
     assert_usage_error(fill(argv, d), match)
@@ -149,6 +153,7 @@ def test_nothing_written_by_failed_commands(d):
     assert sorted(p.name for p in d.iterdir()) == before
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("argv,match", [
     (["eigen", "{d}/nan", "--json"], "non-finite"),
     (["trigrams", "{d}/tiny", "--head", "x"], "expected LAYER.HEAD"),

@@ -14,6 +14,8 @@ import pytest
 from models import HookedTransformer, HookedTransformerConfig, save
 from models.data.tokenizer import ByteTokenizer
 
+pytestmark = pytest.mark.e2e  # memory bounds of commands in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = dict(n_layers=1, d_model=16, n_ctx=16, d_vocab=259, n_heads=2, d_mlp=None, normalization_type=None,
              positional_embedding_type="rotary", use_bias=False)

@@ -22,7 +22,7 @@ import torch
 
 import models
 from models import HookedTransformer, HookedTransformerConfig
-from models.io import checkpoint as ckpt
+from models.io import atomic
 from models.training import state as ts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,9 +113,9 @@ BIG = dict(n_layers=1, d_model=128, n_ctx=16, d_vocab=50257, n_heads=2, d_mlp=No
 SAVE_CHILD = textwrap.dedent("""
     import torch
     from models import HookedTransformer, HookedTransformerConfig, save
-    from models.io import checkpoint
+    from models.io import atomic
     if {fallback}:
-        checkpoint._exchange = lambda a, b: False  # the two-rename path of platforms without renameat2
+        atomic._exchange = lambda a, b: False  # the two-rename path of platforms without renameat2
     cfg = HookedTransformerConfig(**{big!r}, model_name="s{seed}")
     m = HookedTransformer(cfg)
     with torch.no_grad():
@@ -244,7 +244,7 @@ def test_atomic_exchange_is_used_here(tmp_path):
     a.mkdir()
     b.mkdir()
     (a / "x").write_text("a")
-    ok = ckpt._exchange(a, b)
+    ok = atomic._exchange(a, b)
     if not sys.platform.startswith("linux"):
         pytest.skip("no renameat2 here")
     assert ok and (b / "x").read_text() == "a" and not (a / "x").exists()

@@ -15,6 +15,8 @@ from analyses import build_report
 from models import HookedTransformer, HookedTransformerConfig
 from models.data.tokenizer import ByteTokenizer
 
+pytestmark = pytest.mark.e2e  # whole reports written to a full disk
+
 TEXT = torch.tensor(list((Path(__file__).resolve().parents[2] / "analyses" / "scores.py").read_bytes()[:3000]))
 SECTIONS = ["overview", "copying", "attention"]
 

@@ -16,6 +16,8 @@ import models
 from models import HookedTransformerConfig
 from models.errors import TrainConfigError
 
+pytestmark = pytest.mark.e2e  # run folders through the command line in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = dict(n_layers=1, d_model=16, n_ctx=16, d_vocab=259, n_heads=2, d_mlp=None, normalization_type=None,
              positional_embedding_type="shortformer", use_bias=False)

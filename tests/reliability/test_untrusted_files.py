@@ -60,6 +60,7 @@ def test_tokenizer_and_trainer_state_reads_are_bounded(tmp_path, kind):
         load_tokenizer(p)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
 def test_cli_config_json_fifo_or_dev_zero_exits_2(folder, tmp_path, kind):
     _swap(folder / "config.json", kind)
