@@ -54,9 +54,9 @@ def serial_ops():
 
     For sequences of small or medium ops (d_head-sized factorisations, batched small eigenproblems, the tiles
     of `diagonal_rank_stats`' worker threads): each op gains little from intra-op threads, and each parallel
-    region is a barrier that waits for a descheduled thread whenever another process holds a core (timings in
-    benchmarks/README_circuits.md). Setting the count costs microseconds. (OpenMP's count is per thread: worker
-    threads set their own.)"""
+    region is a barrier that waits for a descheduled thread whenever another process holds a core
+    (`benchmarks/circuits.py` times the routes). Setting the count costs microseconds. (OpenMP's count is per
+    thread: worker threads set their own.)"""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -145,12 +145,15 @@ def forward_mib(n_ctx: int, mode: str) -> float:
 
 @pytest.mark.slow
 def test_long_context_forward_is_linear_in_memory():
-    """Plain forward (no hook asks for the pattern): fused scaled-dot-product attention, no [pos, pos] tensor."""
+    """A plain forward (nothing watching): fused scaled-dot-product attention, no [pos, pos] tensor, memory linear in
+    the context. Any hook, a cache of one name too, runs the hooked path (`models.arch.watch`): each layer's scores and
+    pattern exist while it runs, as in TransformerLens, but the cache keeps only the name asked for."""
     m2k, m4k = forward_mib(2048, "forward"), forward_mib(4096, "forward")
     f4k, a2k = forward_mib(4096, "cache_filtered"), forward_mib(2048, "cache_all")
     print(f"\npeak extra MiB: forward n_ctx 2048 {m2k:.1f}, 4096 {m4k:.1f}; run_with_cache one name at 4096 "
           f"{f4k:.1f}; run_with_cache all hooks at 2048 {a2k:.1f}")
     assert m4k < 3 * m2k + 16, (m2k, m4k)
     pattern_mib = 4 * 4096 * 4096 * 4 / 2**20  # one layer's [head, pos, pos] float32 pattern at 4096: 256 MiB
-    assert m4k < pattern_mib / 2 and f4k < pattern_mib / 2, json.dumps({"forward": m4k, "filtered": f4k})
+    assert m4k < pattern_mib / 2, json.dumps({"forward": m4k})
+    assert f4k < 3 * pattern_mib, json.dumps({"filtered": f4k})  # one layer's squares at a time, none kept
     assert a2k > pattern_mib / 4  # the probe sees the quadratic case: 2 layers of [4, 2048, 2048] patterns
