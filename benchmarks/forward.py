@@ -13,8 +13,7 @@ processes hits both alike. Both wall time and CPU time (`time.process_time`: thi
 which other processes on a shared machine disturb far less; with one thread it is the quiet machine's wall time)
 are reported, each with its ratio.
 
-Ours runs the plain default path; `--accel [PIECES]` switches on `models.accel`'s opt-in pieces first (both
-contenders run in this process, so a process-wide piece such as `malloc` helps both alike).
+Ours runs the plain default path.
 
 The floor is a dense 2048³ float32 product (`machine.gemm_floor`) on torch's kernel, timed before and after: "GFLOP/s"
 of our forward counts the dense model FLOPs (2·m·n·k per matmul; attention scores and pattern·v over the full pos ×
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
-from models import HookedTransformer, HookedTransformerConfig, accel, to_transformer_lens  # noqa: E402
+from models import HookedTransformer, HookedTransformerConfig, to_transformer_lens  # noqa: E402
 
 BATCH, POS, VOCAB = 8, 256, 2048
 MODELS = {
@@ -130,9 +129,8 @@ def bench_model(label: str, arch: dict, repeats: int, dtype: str = "float32") ->
     return results
 
 
-def run(repeats: int, dtype: str = "float32", pieces: tuple = ()) -> dict:
+def run(repeats: int, dtype: str = "float32") -> dict:
     warnings.filterwarnings("ignore")
-    enabled = accel.enable(*pieces) if pieces else {}
     load_before = os.getloadavg()
     floor_before = gemm_floor()
     results = [r for label, arch in MODELS.items() for r in bench_model(label, arch, repeats, dtype)]
@@ -142,14 +140,14 @@ def run(repeats: int, dtype: str = "float32", pieces: tuple = ()) -> dict:
         r["vs_floor"] = max(floor["wall"].values()) / r["ours_gflops"]
         r["vs_floor_cpu"] = max(floor["cpu"].values()) / (r["gflop"] / r["ours_cpu_ms"] * 1e3)
     return {"machine": cpu(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-            "accel": enabled, "gemm_floor_gflops": floor,
+            "gemm_floor_gflops": floor,
             "batch": BATCH, "pos": POS, "repeats": repeats, "dtype": dtype, "results": results}
 
 
 def table(out: dict) -> str:
     lines = [
         header(out["machine"], out["gemm_floor_gflops"], out["loadavg_before"]),
-        f"opt-in pieces (models.accel): {out['accel'] or 'none'}; batch {out['batch']} × "
+        f"batch {out['batch']} × "
         f"{out['pos']}, {out['dtype']}, median of {out['repeats']}",
         "",
         "| model | row | ours ms | TL ms | ours/TL | ours CPU ms | TL CPU ms | ours/TL (CPU) | ours GFLOP/s "
@@ -168,13 +166,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--accel", nargs="?", const="all", default="", metavar="PIECES",
-                    help="switch on models.accel's opt-in pieces first (all, or a comma-separated list)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the models' dtype (the GEMM floor stays float32)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    out = run(args.repeats, args.dtype, accel.requested(args.accel))
+    out = run(args.repeats, args.dtype)
     print(json.dumps(out, indent=2) if args.json else table(out))
 
 

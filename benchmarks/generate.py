@@ -20,8 +20,7 @@ must produce the same tokens (checked; a mismatch stops the script).
 FLOPs (2 per multiply-add) of what each path computes: the cached path one position per step against every key so
 far, the cache-free path the whole context every step (`forward.model_flops`, its pos × pos attention counted
 dense); "× floor" is a path's CPU time over the time those FLOPs take at the GEMM floor (`machine.gemm_floor`, the
-CPU clock): how far a row is from the machine's limit. The plain default path; `--accel [PIECES]` switches on
-`models.accel`'s opt-in pieces first.
+CPU clock): how far a row is from the machine's limit. The plain default path.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from forward import model_flops  # noqa: E402
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
 import models  # noqa: E402
-from models import HookedTransformer, accel  # noqa: E402
+from models import HookedTransformer  # noqa: E402
 
 
 def contenders() -> dict:
@@ -111,9 +110,9 @@ def run_threads(threads: int, repeats: int, new: int, budget: float, models_: di
             "gemm_floor_gflops": floor, "results": rows}
 
 
-def table(run: dict, malloc: bool, repeats: int) -> str:
+def table(run: dict, repeats: int) -> str:
     lines = [header(run["machine"], run["gemm_floor_gflops"], run["loadavg_before"]), "",
-             f"glibc keeps freed memory (models.accel.allocator): {malloc}; greedy, one-token prompt; median of up to "
+             f"greedy, one-token prompt; median of up to "
              f"{repeats} alternated runs (column 'runs')", "",
              "| model | batch | new tokens | runs | KV cache tok/s | no cache tok/s | speed-up | KV tok/CPU s | "
              "no cache tok/CPU s | speed-up (CPU) | KV CPU ms / step | KV × floor | no cache × floor |",
@@ -133,8 +132,6 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per path and row, at most")
     ap.add_argument("--new", type=int, default=256, help="new tokens for the n_ctx 1024 model")
     ap.add_argument("--budget", type=float, default=60.0, help="seconds a row may spend repeating (default 60)")
-    ap.add_argument("--accel", nargs="?", const="all", default="", metavar="PIECES",
-                    help="switch on models.accel's opt-in pieces first (all, or a comma-separated list)")
     args = ap.parse_args()
     try:
         threads = [int(t) for t in args.threads.split(",")]
@@ -142,12 +139,10 @@ def main() -> None:
         ap.error(f"--threads takes comma-separated integers, got {args.threads!r}")
     if any(t < 1 for t in threads) or args.repeats < 1 or args.new < 1:
         ap.error("--threads, --repeats and --new must be at least 1")
-    pieces = accel.requested(args.accel)
-    malloc = bool(accel.enable(*pieces).get("malloc")) if pieces else False
     models_ = contenders()
     runs = [run_threads(t, args.repeats, args.new, args.budget, models_) for t in threads]
-    out = {"accel": list(pieces), "repeats": args.repeats, "runs": runs}
-    print(json.dumps(out, indent=2) if args.json else "\n\n".join(table(r, malloc, args.repeats) for r in runs))
+    out = {"repeats": args.repeats, "runs": runs}
+    print(json.dumps(out, indent=2) if args.json else "\n\n".join(table(r, args.repeats) for r in runs))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Training speed: tokens/s of the attn-only-2l zoo configuration, ours vs TransformerLens 4.x, CPU, one process.
 
-    python benchmarks/train.py [--json] [--threads 2] [--steps 12] [--compile] [--accel [PIECES]]
+    python benchmarks/train.py [--json] [--threads 2] [--steps 12] [--compile]
 
 Ours: `HookedTransformer` with the `attn-only-2l` preset config (shortformer positions, no LayerNorm, no
 biases; its sizes are printed with the table). TransformerLens cannot build shortformer
@@ -18,12 +18,11 @@ median over `--steps` timed steps after warm-up.
 Achieved FLOP/s counts 3 × the dense forward FLOPs (forward + backward) of `benchmarks/forward.model_flops`,
 against the GEMM floor (a 2048³ float32 product on torch's kernel, `machine.gemm_floor`), timed before and after, by
 wall time and by CPU time, each row's rate against the floor on the same clock. Wall and CPU time
-(`time.process_time`) are both reported (forward.py explains why). Our side runs the plain default path;
-`--accel [PIECES]` switches on `models.accel`'s opt-in pieces first (`benchmarks/accel.py` measures each alone).
+(`time.process_time`) are both reported (forward.py explains why). Our side runs the plain default path.
 
 `--compile` adds a row of our plain step against the same step with the model's forward and loss under
-`torch.compile` (inductor, default mode; its compile time excluded and printed), alternated step by step: the bar
-every opt-in speed piece must beat to stay in `models.accel`.
+`torch.compile` (inductor, default mode; its compile time excluded and printed), alternated step by step: the bar any
+speed code beyond plain torch must beat (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forward import measure_pair, model_flops  # noqa: E402
 from machine import best_floor, cpu, gemm_floor, header  # noqa: E402
 
-from models import HookedTransformer, accel, lm_cross_entropy, to_transformer_lens  # noqa: E402
+from models import HookedTransformer, lm_cross_entropy, to_transformer_lens  # noqa: E402
 from models.training.loop import adamw  # noqa: E402
 from models.training.presets import get_preset  # noqa: E402
 
@@ -103,14 +102,13 @@ def contenders(model_cfg, device: str = "cpu") -> tuple:
     return ours, to_transformer_lens(standard.to(device)).train()
 
 
-def run(steps: int, warmup: int = 3, compile_ab_too: bool = False, pieces: tuple = ()) -> dict:
+def run(steps: int, warmup: int = 3, compile_ab_too: bool = False) -> dict:
     warnings.filterwarnings("ignore")
     model_cfg, train_cfg, _ = get_preset("attn-only-2l")
     model_cfg = model_cfg.replace(seed=0)
     B, T = train_cfg.batch_size, model_cfg.n_ctx
     tokens = torch.randint(0, model_cfg.d_vocab, (B, T), generator=torch.Generator().manual_seed(0))
     ours, theirs = contenders(model_cfg)
-    enabled = accel.enable(*pieces) if pieces else {}
     load_before = os.getloadavg()
     floor_before = gemm_floor()
     times = {mode: measure_pair(make_step(ours, tokens, mode), make_step(theirs, tokens, mode), steps, warmup)
@@ -127,7 +125,7 @@ def run(steps: int, warmup: int = 3, compile_ab_too: bool = False, pieces: tuple
                                    "gflops": flops / own[f"{key}_wall"] / 1e9,
                                    "cpu_gflops": flops / own[f"{key}_cpu"] / 1e9}
     return {
-        "machine": cpu(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "accel": enabled,
+        "machine": cpu(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "config": {"batch": B, "seq_len": T, "n_layers": model_cfg.n_layers, "n_heads": model_cfg.n_heads,
                    "d_model": model_cfg.d_model, "d_vocab": model_cfg.d_vocab},
         "steps": steps,
@@ -152,7 +150,7 @@ def table(out: dict) -> str:
     floor = out["gemm_floor_gflops"]
     lines = [
         header(out["machine"], floor, out["loadavg_before"]),
-        f"opt-in pieces (models.accel): {out['accel'] or 'none'}; batch {c['batch']} × {c['seq_len']} tokens, "
+        f"batch {c['batch']} × {c['seq_len']} tokens, "
         f"{c['n_layers']}L × {c['n_heads']}H, d_model {c['d_model']}, d_vocab {c['d_vocab']}; one training step = "
         f"{out['train_step_gflop']:.1f} GFLOP (3 × dense forward); median of {out['steps']} steps",
         "",
@@ -187,11 +185,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--compile", action="store_true", help="also time our step against the same under torch.compile")
-    ap.add_argument("--accel", nargs="?", const="all", default="", metavar="PIECES",
-                    help="switch on models.accel's opt-in pieces first (all, or a comma-separated list)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    out = run(args.steps, compile_ab_too=args.compile, pieces=accel.requested(args.accel))
+    out = run(args.steps, compile_ab_too=args.compile)
     print(json.dumps(out, indent=2) if args.json else table(out))
 
 

@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("models.data",)),
     ("io", ("models.io",)),
     ("training", ("models.training",)),
-    ("accel", ("models.accel",)),
+    ("accel", ("models.accel",)),  # opt-in speed code, on top of everything; none has earned its place today
 ]
 
 #: The written exceptions: a model's own conveniences that call down the stack (in-function imports only):

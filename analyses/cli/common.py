@@ -90,23 +90,6 @@ def add_common(p: argparse.ArgumentParser, progress: bool = True) -> None:
         g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def add_accel(p: argparse.ArgumentParser) -> None:
-    """`--accel [PIECES]`: the opt-in speed pieces of `models.accel` (default: those `$TOY_CIRCUITS_ACCEL` names)."""
-    p.add_argument("--accel", nargs="?", const="all", default=None, metavar="PIECES",
-                   help="switch on opt-in speed pieces (models.accel): all (the default with the flag alone) or a "
-                        "comma-separated list (malloc); without the flag, $TOY_CIRCUITS_ACCEL; numbers do not change")
-
-
-def apply_accel(args) -> tuple[str, ...]:
-    """Switch on the pieces `--accel` (or `$TOY_CIRCUITS_ACCEL`) names; returns their names (a bad name is a
-    `ConfigError`: exit 2)."""
-    from models import accel
-
-    pieces = accel.requested(args.accel)
-    accel.enable(*pieces) if pieces else None
-    return pieces
-
-
 def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL",
                    help="a zoo name (see `circuits zoo`), a saved model folder, or a TransformerLens state dict "

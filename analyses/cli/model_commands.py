@@ -12,10 +12,8 @@ from . import encdec_cli
 from .common import (
     Command,
     UsageError,
-    add_accel,
     add_common,
     add_model,
-    apply_accel,
     check_png_out,
     emit,
     load_model,
@@ -97,7 +95,6 @@ def _report_args(p: argparse.ArgumentParser) -> None:
                    help="validation text (default: the validation split of the model's training corpus)")
     p.add_argument("--html", action="store_true",
                    help="also write report.html: one self-contained page, figures embedded, attention interactive")
-    add_accel(p)
     add_common(p)
 
 
@@ -106,7 +103,6 @@ def run_report(args) -> int:
 
     from ..report import ENCDEC_SECTIONS, SECTIONS, build_report
 
-    apply_accel(args)  # opt-in speed pieces (a forked section process inherits them)
 
     keys = [s[0] for s in SECTIONS + ENCDEC_SECTIONS]
     sections = None

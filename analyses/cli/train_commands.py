@@ -8,9 +8,7 @@ import argparse
 from .common import (
     Command,
     UsageError,
-    add_accel,
     add_common,
-    apply_accel,
     check_memory,
     emit,
     read_json_object,
@@ -47,7 +45,6 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-scores", action="store_true", help="skip the checkpoint head scores")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
-    add_accel(p)
 
 
 def train_settings(args) -> tuple:
@@ -125,10 +122,9 @@ def run_train(args) -> int:
         if not args.no_scores and type(model_cfg) is HookedTransformerConfig:  # scores of next-token predictors
             eval_fn = make_eval_fn(tok, val, seen, periods=(50, 100))
         report_fn = make_report_fn(name, about, command, cfg, corpus, val, seen)
-    accel = apply_accel(args)  # opt-in speed pieces; none changes a number, so a resumed run may differ in them
     model, summary = train(model_cfg, cfg, eval_fn=eval_fn, report_fn=report_fn, resume=args.resume, tokenizer=tok)
     em = f", held-out exact match {summary['final_exact_match']:.2%}" if "final_exact_match" in summary else ""
-    emit(args, dict(summary, out=args.out, accel=list(accel)),
+    emit(args, dict(summary, out=args.out),
          f"trained {args.preset or 'model'}: {summary['steps']} steps, {summary['tokens_seen']} tokens, "
          f"{summary['wall_time']:.0f} s, final validation loss "
          f"{summary.get('final_val_loss', float('nan')):.4f}{em} → {args.out}")

@@ -63,11 +63,17 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_bias: ScoreB
     `k`, `v [batch, head, key, d_head]` (grouped-query heads already expanded): scores = soft_cap(q·kᵀ·scale) + the
     score bias (−inf where masked), seen by `hook_scores`; pattern = softmax(scores), seen by `hook_pattern`; returns
     z = pattern·v `[batch, head, pos, d_head]`. A query with no key left (a left pad) attends nowhere (pattern 0)."""
-    P, K = q.shape[-2], k.shape[-2]
-    scores = soft_cap(rounded_product(lambda q, k: q @ k.transpose(-1, -2), q, k) * scale, cap)
+    B, H, P, dh = q.shape
+    K = k.shape[-2]
     bias = score_bias.dense(P, K, q.dtype, q.device)  # [(head,) pos, key], −inf where masked
-    if bias is not None:
-        scores = scores + bias
+    if cap is None and (bias is None or bias.dim() == 2):  # one kernel: the bias is the product's starting value
+        start, beta = (q.new_zeros(()), 0) if bias is None else (bias, 1)
+        scores = rounded_product(lambda q, k, start: torch.baddbmm(
+            start, q.reshape(B * H, P, dh), k.reshape(B * H, K, dh).transpose(1, 2), beta=beta, alpha=scale), q, k,
+            start).view(B, H, P, K)
+    else:
+        scores = soft_cap(rounded_product(lambda q, k: q @ k.transpose(-1, -2), q, k) * scale, cap)
+        scores = scores if bias is None else scores + bias
     pattern = hook_scores(scores).softmax(-1)  # [batch, head, pos, key]
     if score_bias.empty_rows:
         pattern = pattern.nan_to_num(0.0)

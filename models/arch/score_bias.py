@@ -27,9 +27,6 @@ class ScoreBias:
     #: True when `keep` may mask every key of a query (a padding mask): the explicit path then reads the softmax's
     #: NaN row as zeros, as `F.scaled_dot_product_attention` does.
     empty_rows = False
-    #: True when `keep` masks every key after its query (key j > query i + n_k − n_q): a causal mask, alone or in a
-    #: `Sum`. The explicit attention path then skips the pattern's zero upper triangle.
-    masks_future = False
 
     def additive(self, n_q: int, n_k: int, dtype: torch.dtype, device=None) -> torch.Tensor | None:
         """The finite term added to the scores, `[heads or 1, n_q, n_k]`, or None."""
@@ -68,7 +65,6 @@ class Bidirectional(ScoreBias):
 class Causal(ScoreBias):
     """A query at position i attends to keys j ≤ i only (decoders, `attention_dir="causal"`)."""
 
-    masks_future = True
 
     def keep(self, n_q: int, n_k: int, device=None) -> torch.Tensor | None:
         if n_q == 1:  # one query, the last position (a decoding step with a key/value cache): it sees every key
@@ -104,7 +100,6 @@ class Sum(ScoreBias):
     def __init__(self, *parts: ScoreBias):
         self.parts = parts
         self.empty_rows = any(p.empty_rows for p in parts)
-        self.masks_future = any(p.masks_future for p in parts)
 
     def additive(self, n_q, n_k, dtype, device=None):
         terms = [t for p in self.parts if (t := p.additive(n_q, n_k, dtype, device)) is not None]

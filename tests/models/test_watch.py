@@ -241,14 +241,15 @@ def test_caching_hooks_skip_switched_off_points_and_permanent_hooks_stay():
         model.remove_all_hook_fns("sideways")
 
 
-def test_dense_is_built_once_per_shape_and_masks_future():
+def test_dense_is_built_once_per_shape():
     causal = Causal()
     d = causal.dense(4, 6, torch.float32)
     assert causal.dense(4, 6, torch.float32) is d and causal.dense(4, 5, torch.float32) is not d
     assert torch.isneginf(d).tolist() == [[j > i + 2 for j in range(6)] for i in range(4)]
     pad = Padding(torch.tensor([[0, 1, 1]]))
-    assert causal.masks_future and combine(Causal(), pad).masks_future
-    assert not Bidirectional().masks_future and not pad.masks_future and not ALiBiBias(4, True).masks_future
+    assert combine(Causal(), pad).empty_rows and not Causal().empty_rows
+    assert Bidirectional().dense(2, 2, torch.float32) is None
+    assert ALiBiBias(4, True).dense(3, 3, torch.float32).shape == (4, 3, 3)
 
 
 def test_hook_point_is_still_transformer_lens_own():

@@ -1,19 +1,18 @@
-"""The bar for `models.accel`: the plain default path vs `torch.compile` of the same work vs each opt-in piece, on the
+"""The bar for speed code beyond plain torch: the plain default path vs `torch.compile` of the same work, on the
 training step and the forward pass, alternated round by round, one fresh process per configuration and round.
 
-    python benchmarks/accel.py [--rounds 5] [--threads 1,2] [--device cpu|cuda] [--json]
+    python benchmarks/compile.py [--rounds 5] [--threads 1,2] [--device cpu|cuda] [--json]
 
 Work: the `attn-only-2l` preset's training step (forward, loss, backward, clipping at 1.0, AdamW as the trainer
 builds it; batch 32 × 128) and forward.py's model b forward (no grad; 2 layers, d_model 512, MLP, LayerNorm; batch 8 ×
 256). Configurations:
 - `plain`: the default path;
 - `compile`: the same work under `torch.compile` (inductor, default mode; the model's forward and loss for the step,
-  the forward for the forward), its compile time excluded and reported;
-- one per `models.accel` piece (`malloc`), switched on with `models.accel.enable(piece)`.
+  the forward for the forward), its compile time excluded and reported (first call).
 Each process times `--steps` runs after warm-up and reports the median; the table gives, per configuration, the
-median over rounds (min–max) and the ratio plain / configuration (> 1: faster than plain). A piece stays in
-`models.accel` only if it beats plain by ≥ 1.2× on the work it targets and beats `compile` (README, "Hooks, fast
-paths and determinism").
+median over rounds (min–max) and the ratio plain / configuration (> 1: faster than plain). Speed code that is not
+plain torch (an opt-in `models/accel` piece: none today) stays only if it beats plain by ≥ 1.2× on the work it
+targets and beats `compile` too, on both CPU generations we run on (benchmarks/README.md, "Speed code that went").
 """
 
 from __future__ import annotations
@@ -40,14 +39,12 @@ def worker(config: str, work: str, threads: int, steps: int, device: str) -> dic
     from forward import MODELS
     from forward import config as forward_config
 
-    from models import HookedTransformer, accel
+    from models import HookedTransformer
     from models.training.loop import adamw
     from models.training.presets import get_preset
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
-    if config in accel.PIECES:
-        accel.enable(config)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if work == "train":
         cfg, train_cfg, _ = get_preset("attn-only-2l")
@@ -66,7 +63,7 @@ def worker(config: str, work: str, threads: int, steps: int, device: str) -> dic
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
     else:
-        model = HookedTransformer(forward_config(MODELS["b"])).eval().to(device)
+        model = HookedTransformer(forward_config(list(MODELS.values())[1])).eval().to(device)  # forward.py's b
         tokens = torch.randint(0, model.cfg.d_vocab, (8, 256), generator=torch.Generator().manual_seed(0)).to(device)
         fwd = torch.compile(model) if config == "compile" else model
 
@@ -105,12 +102,10 @@ def main() -> None:
         print(json.dumps(worker(config, work, int(threads), args.steps, args.device)))
         return
     sys.path.insert(0, str(ROOT))
-    from models import accel
-
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from machine import cpu
 
-    configs = ["plain", "compile", *accel.PIECES]
+    configs = ["plain", "compile"]
     runs: list[dict] = []
     load_before = os.getloadavg()
     for r in range(args.rounds):
@@ -119,7 +114,9 @@ def main() -> None:
                 for config in configs:
                     out = subprocess.run([sys.executable, __file__, "--worker", config, work, threads, "--steps",
                                           str(args.steps), "--device", args.device], capture_output=True, text=True,
-                                         timeout=1200, check=True)
+                                         timeout=1200)
+                    if out.returncode:
+                        raise SystemExit(f"{config} {work} {threads}: {out.stderr[-2000:]}")
                     runs.append(dict(json.loads(out.stdout.splitlines()[-1]), round=r))
     table = []
     for work in args.work.split(","):
