@@ -38,9 +38,9 @@ def worker(config: str, work: str, threads: int, steps: int, device: str) -> dic
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from forward import MODELS
     from forward import config as forward_config
+    from train import make_step
 
     from models import HookedTransformer
-    from models.training.loop import adamw
     from models.training.presets import get_preset
 
     warnings.filterwarnings("ignore")
@@ -51,17 +51,7 @@ def worker(config: str, work: str, threads: int, steps: int, device: str) -> dic
         model = HookedTransformer(cfg.replace(seed=0)).train().to(device)
         tokens = torch.randint(0, cfg.d_vocab, (train_cfg.batch_size, cfg.n_ctx),
                                generator=torch.Generator().manual_seed(0)).to(device)
-        loss_of = lambda t: model(t, return_type="loss")
-        if config == "compile":
-            loss_of = torch.compile(loss_of)
-        opt = adamw(model.parameters(), lr=1e-3)
-
-        def run() -> None:
-            loss = loss_of(tokens)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+        run = make_step(model, tokens, compiled=config == "compile")
     else:
         model = HookedTransformer(forward_config(list(MODELS.values())[1])).eval().to(device)  # forward.py's b
         tokens = torch.randint(0, model.cfg.d_vocab, (8, 256), generator=torch.Generator().manual_seed(0)).to(device)

@@ -4,7 +4,8 @@
 
 1. One training step of the `attn-only-2l` preset (forward, loss, backward, gradient clipping, AdamW) in
    `--processes` fresh interpreters per thread count: the SHA-256 of the loss and of every gradient and updated
-   weight, and how many distinct results came out (1 = bitwise the same in every process).
+   weight, and how many distinct results came out (1 = bitwise the same in every process; compare the printed digest
+   between a quiet and a loaded run).
 2. `--kills` repeats of a small training run killed with SIGKILL after its second checkpoint and resumed, each against
    the uninterrupted run: how many ended with bitwise the same weights.
 
@@ -74,7 +75,7 @@ def one_step(threads: int, processes: int) -> dict:
         r = subprocess.run([sys.executable, "-c", STEP.format(root=str(ROOT), threads=threads)], capture_output=True,
                            text=True, timeout=600, check=True)
         hashes.append(r.stdout.strip())
-    return {"threads": threads, "processes": processes, "distinct": len(set(hashes))}
+    return {"threads": threads, "processes": processes, "distinct": len(set(hashes)), "sha256": sorted(set(hashes))}
 
 
 def _weights_hash(folder: Path) -> str:
@@ -130,7 +131,7 @@ def main() -> None:
         return
     for r in out["one_step"]:
         print(f"one training step, {r['threads']} thread(s): {r['distinct']} distinct result(s) in {r['processes']} "
-              "fresh processes")
+              f"fresh processes (SHA-256 {', '.join(h[:16] for h in r['sha256'])})")
     k = out["kill_and_resume"]
     if k:
         print(f"SIGKILL + --resume: {k['bitwise_equal']} of {k['kills']} bitwise equal to the uninterrupted run "

@@ -48,17 +48,21 @@ from models.training.loop import adamw  # noqa: E402
 from models.training.presets import get_preset  # noqa: E402
 
 
-def make_step(model, tokens: torch.Tensor, loss_kind: str = "own", autocast: str | None = None):
+def make_step(model, tokens: torch.Tensor, loss_kind: str = "own", autocast: str | None = None,
+              compiled: bool = False):
     """One training step of `model` on `tokens` with its own loss (`loss_kind="own"`) or
     `models.lm_cross_entropy` on its logits (`"shared"`), its forward under bfloat16 autocast on the device type
-    `autocast` if given (as `circuits train` on CUDA); returns a zero-argument callable."""
+    `autocast` if given (as `circuits train` on CUDA), forward and loss under `torch.compile` with `compiled`; returns a
+    zero-argument callable."""
     opt = adamw(model.parameters(), lr=1e-3)
     shared = loss_kind == "shared"
     amp = (lambda: torch.autocast(autocast, dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
+    loss_of = (lambda t: lm_cross_entropy(model(t), t)) if shared else (lambda t: model(t, return_type="loss"))
+    loss_of = torch.compile(loss_of) if compiled else loss_of
 
     def step() -> float:
         with amp():
-            loss = lm_cross_entropy(model(tokens), tokens) if shared else model(tokens, return_type="loss")
+            loss = loss_of(tokens)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -73,18 +77,7 @@ def compile_ab(model, tokens: torch.Tensor, steps: int, warmup: int) -> dict:
     (`--compile`), alternated; the compile time (the first compiled step) is measured apart."""
     import time
 
-    compiled = torch.compile(lambda t: model(t, return_type="loss"))
-    plain_step = make_step(model, tokens)
-    opt2 = adamw(model.parameters(), lr=1e-3)
-
-    def compiled_step() -> float:
-        loss = compiled(tokens)
-        opt2.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt2.step()
-        return float(loss)
-
+    plain_step, compiled_step = make_step(model, tokens), make_step(model, tokens, compiled=True)
     t0 = time.perf_counter()
     compiled_step()
     compile_s = time.perf_counter() - t0

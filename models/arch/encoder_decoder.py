@@ -37,7 +37,7 @@ from .encoder_decoder_config import EncoderDecoderConfig
 from .inputs import check_mask, check_tokens
 from .model import RETURN_TYPES, init_weights, lm_cross_entropy
 from .score_bias import Bidirectional, Causal, KeyPadding, combine
-from .watch import watched
+from .watch import forced, watched
 
 
 class DecoderBlock(nn.Module):
@@ -218,11 +218,8 @@ class HookedEncoderDecoder(HookedRootModule):
 
     def run_with_cache(self, *args, return_cache_object: bool = True, **kwargs):
         """`HookedRootModule.run_with_cache`, returning a TransformerLens `ActivationCache`."""
-        self._in_run_with_cache = True  # the hooked path whatever names are cached (models.arch.watch)
-        try:
+        with forced(self):  # the hooked path whatever names are cached (models.arch.watch)
             out, cache = super().run_with_cache(*args, **kwargs)
-        finally:
-            self._in_run_with_cache = False
         if return_cache_object:
             cache = ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
         return out, cache

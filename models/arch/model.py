@@ -22,7 +22,7 @@ from .inputs import check_tokens
 from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
 from .tokens import TextMixin, int_ids  # noqa: F401  (int_ids: re-exported)
-from .watch import watched
+from .watch import forced, watched
 from .weight_processing import ProcessWeights
 
 IGNORE = -100  # F.cross_entropy's ignore_index
@@ -234,11 +234,8 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
 
     def run_with_cache(self, *args, return_cache_object: bool = True, **kwargs):
         """`HookedRootModule.run_with_cache`, returning a TransformerLens `ActivationCache`."""
-        self._in_run_with_cache = True  # the hooked path whatever names are cached (models.arch.watch)
-        try:
+        with forced(self):  # the hooked path whatever names are cached (models.arch.watch)
             out, cache = super().run_with_cache(*args, **kwargs)
-        finally:
-            self._in_run_with_cache = False
         if return_cache_object:
             cache = ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
             # shortformer: hook_pos_embed is cached but never enters the residual stream, so

@@ -20,6 +20,8 @@ decision is plain Python over module attributes, no global or context-local stat
 
 from __future__ import annotations
 
+import contextlib
+
 from torch import nn
 from torch.nn.modules import module as _module
 
@@ -45,6 +47,17 @@ def watched(root: nn.Module) -> bool:
                 or "forward" in m.__dict__):
             return True
     return False
+
+
+@contextlib.contextmanager
+def forced(model: nn.Module):
+    """Inside, `model`'s forward passes take the hooked path whatever watches (`run_with_cache` uses it, so that a
+    cache of any names holds the same values): a flag on the model itself, read by its forward."""
+    model._in_run_with_cache = True
+    try:
+        yield
+    finally:
+        model._in_run_with_cache = False
 
 
 def hooked_path(decided: bool | None, layer: nn.Module) -> bool:
