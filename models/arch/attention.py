@@ -186,9 +186,12 @@ class Attention(nn.Module):
 
 
 def _own(point: HookPoint, x: torch.Tensor, hooks_on: bool) -> torch.Tensor:
-    """`point(x)`; watched under autograd, the hook point gets a copy: q, k and v are views into one fused product's
-    output, which autograd forbids editing in place (TransformerLens hands its hooks separate tensors)."""
-    return point(x.clone() if hooks_on and x.requires_grad else x)
+    """`point(x)` when anything watches (under autograd on a copy: q, k and v are views into one fused product's
+    output, which autograd forbids editing in place; TransformerLens hands its hooks separate tensors); `x` itself
+    when nothing does (no one could see the call)."""
+    if not hooks_on:
+        return x
+    return point(x.clone() if x.requires_grad else x)
 
 
 def _per_head_project(triples) -> list:
