@@ -78,15 +78,6 @@ def checked_report(monkeypatch, model, out, **kw) -> tuple[dict, object]:
     return found, r
 
 
-def cpu_has(flag: str) -> bool:
-    """This (Linux) CPU lists `flag` among its features in /proc/cpuinfo (e.g. "avx2")."""
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return any(flag in line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags"))
-
-
 def pairwise(*axes: list) -> list[tuple]:
     """A covering array of strength 2: rows (one value per axis) such that every pair of values of every two axes
     appears in some row. For axes whose effects are independent this keeps each interaction of two settings under

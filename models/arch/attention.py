@@ -18,15 +18,11 @@ from transformer_lens.hook_points import HookPoint
 
 from .config import HookedTransformerConfig
 from .positions import Rotation
-from .products import affine, linear, rounded_product
+from .products import DECODE_ROWS, affine, linear, rounded_product
 from .score_bias import ScoreBias
 from .watch import hooked_path
 
 __all__ = ["Attention", "attend", "linear", "score_scale", "soft_cap"]
-
-#: Below this many query rows (a decoding step) q, k and v come from one batched product per input that reads the
-#: weights in place (`_per_head_project`) instead of the fused projection, whose weight is a fresh concatenation.
-DECODE_ROWS = 32
 
 
 def param_or_buffer(module: nn.Module, name: str, tensor: torch.Tensor, trainable: bool) -> None:
@@ -90,8 +86,9 @@ class Attention(nn.Module):
     soft-capped, `attend` writes the scores and the pattern out and every hook point fires, `hook_result` included
     with `cfg.use_attn_result`; otherwise `F.scaled_dot_product_attention` runs and z is multiplied by the flattened
     W_O in one product. q, k and v come from one product per distinct input (`W_Q`, `W_K`, `W_V` side by side for
-    self-attention), or, in a cached decoding step of under `DECODE_ROWS` rows, from one batched product per input
-    (`_per_head_project`).
+    self-attention), or, in a cached decoding step of under `models.arch.products.DECODE_ROWS` rows, from one batched
+    product per input that reads the weights in place (`_per_head_project`; the fused projection's weight is a fresh
+    concatenation).
     """
 
     def __init__(self, cfg: HookedTransformerConfig, layer: int = 0):

@@ -15,7 +15,9 @@ from __future__ import annotations
 import torch
 
 REDUCED = (torch.bfloat16, torch.float16)
-SKIP_ZERO_BIAS_ROWS = 32
+#: Fewer rows than this are a decoding step: there per-call overheads outweigh the arithmetic (`affine`, and the
+#: attention's per-head projection).
+DECODE_ROWS = 32
 
 
 def in_float32(*tensors: torch.Tensor | None) -> bool:
@@ -39,11 +41,11 @@ def affine(b: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """`x @ W + b` for a 2-D `x [rows, d_in]`, `W [d_in, d_out]`, `b [d_out]`, as one `addmm`. A CPU bias that is
     zero and needs no gradient (the buffers of `use_bias=False`) is skipped (the test reads the values, so a bias
     written later, e.g. by `circuits.fold_layer_norm`, still counts); on a GPU the test would synchronise, inside
-    `torch.compile` break the graph, and below `SKIP_ZERO_BIAS_ROWS` rows (a decoding step) cost more than the add, so
+    `torch.compile` break the graph, and below `DECODE_ROWS` rows (a decoding step) cost more than the add, so
     the add stays there. Adding a zero changes no bit of the product."""
     if in_float32(x, W, b):
         return affine(b.float(), x.float(), W.float()).to(x.dtype)
-    if (x.shape[0] >= SKIP_ZERO_BIAS_ROWS and not b.requires_grad and b.device.type == "cpu"
+    if (x.shape[0] >= DECODE_ROWS and not b.requires_grad and b.device.type == "cpu"
             and not torch.compiler.is_compiling() and not b.any()):
         return x @ W
     return torch.addmm(b, x, W)

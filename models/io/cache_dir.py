@@ -1,5 +1,5 @@
-"""Where the toolkit caches what it builds (token streams, tokenizers, compiled kernels): one small module, so that
-finding the folder imports nothing heavy."""
+"""Where the toolkit caches what it builds (token streams, tokenizers): one small module, so that finding the folder
+imports nothing heavy."""
 
 from __future__ import annotations
 
