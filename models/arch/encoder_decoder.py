@@ -37,7 +37,7 @@ from .encoder_decoder_config import EncoderDecoderConfig
 from .inputs import check_mask, check_tokens
 from .model import RETURN_TYPES, init_weights, lm_cross_entropy
 from .score_bias import Bidirectional, Causal, KeyPadding, combine
-from .watch import forced, watched
+from .watch import decide, forced
 
 
 class DecoderBlock(nn.Module):
@@ -141,7 +141,8 @@ class HookedEncoderDecoder(HookedRootModule):
         tgt, tgt_mask = self.validate_tgt(tgt, tgt_mask)
         if src.shape[0] != tgt.shape[0]:
             raise InputError(f"src has {src.shape[0]} sequences but tgt has {tgt.shape[0]}; give one target each")
-        logits = self._decode(tgt, self._encode(src, src_mask), src_mask, tgt_mask)
+        hooked = decide(self)  # one decision for the encoder and the decoder (models.arch.watch)
+        logits = self._decode(tgt, self._encode(src, src_mask, hooked), src_mask, tgt_mask, hooked=hooked)
         if return_type == "logits":
             return logits
         if return_type is None:
@@ -188,8 +189,8 @@ class HookedEncoderDecoder(HookedRootModule):
             return resid + pos, None
         return resid, pos
 
-    def _encode(self, src: torch.Tensor, src_mask: torch.Tensor | None) -> torch.Tensor:
-        hooked = self._in_run_with_cache or watched(self)  # the hooked path or the fast one (models.arch.watch)
+    def _encode(self, src: torch.Tensor, src_mask: torch.Tensor | None, hooked: bool | None = None) -> torch.Tensor:
+        hooked = decide(self) if hooked is None else hooked  # the hooked path or the fast one (models.arch.watch)
         scheme = self.enc_cfg.positions
         resid, pos_qk = self._embed("src", src)
         bias = combine(KeyPadding(src_mask) if src_mask is not None else None, scheme.score_bias())
@@ -198,11 +199,12 @@ class HookedEncoderDecoder(HookedRootModule):
             resid = block(resid, side)
         return self.encoder_ln_final(resid, hooked)  # [batch, src_pos, d_model]
 
-    def _decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask, tgt_mask, cache=None,
-                offset: int = 0) -> torch.Tensor:
+    def _decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask, tgt_mask, cache=None, offset: int = 0,
+                hooked: bool | None = None) -> torch.Tensor:
         """Decoder logits for target tokens at positions `offset ..` (the earlier ones in `cache`, a
-        `models.generation.kv_cache.HookedTransformerKeyValueCache` of the self-attention)."""
-        hooked = self._in_run_with_cache or watched(self)
+        `models.generation.kv_cache.HookedTransformerKeyValueCache` of the self-attention); `hooked`: the forward
+        pass's path decision (None: decided here)."""
+        hooked = decide(self) if hooked is None else hooked
         scheme = self.dec_cfg.positions
         resid, pos_qk = self._embed("tgt", tgt, offset)
         n_keys = offset + tgt.shape[1]

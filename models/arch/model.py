@@ -22,7 +22,7 @@ from .inputs import check_tokens
 from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
 from .tokens import TextMixin, int_ids  # noqa: F401  (int_ids: re-exported)
-from .watch import forced, watched
+from .watch import decide, forced, watched
 from .weight_processing import ProcessWeights
 
 IGNORE = -100  # F.cross_entropy's ignore_index
@@ -61,7 +61,7 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
     grouped-query attention `W_K, W_V, b_K, b_V` are expanded to `n_heads`.
     """
 
-    _in_run_with_cache = False  # set while `run_with_cache` runs: the hooked path (`hooked_path`)
+    _in_run_with_cache = False  # set while `run_with_cache` runs: the hooked path (`models.arch.watch.forced`)
 
     def __init__(self, cfg: HookedTransformerConfig | dict, tokenizer=None):
         super().__init__()
@@ -103,7 +103,7 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
         `HookedTransformerKeyValueCache`; the input is the positions after those it holds."""
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type={return_type!r} is not supported; allowed: {RETURN_TYPES}")
-        hooked = self.hooked_path()  # one decision for every layer: hooked path or fast path (models.arch.watch)
+        hooked = decide(self)  # one decision for every layer: hooked path or fast path (models.arch.watch)
         if input is None and start_at_layer is None:
             input, tokens = tokens, None  # forward(tokens=...) as before
         if start_at_layer is None:
@@ -140,11 +140,6 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
         """Logits `[batch, pos, d_vocab_out]` from the last residual stream: `unembed(ln_final(resid))`, soft-capped
         with `cfg.output_logits_soft_cap` (`soft_cap`)."""
         return soft_cap(self.unembed(self.ln_final(resid, hooked)), self.cfg.output_logits_soft_cap)
-
-    def hooked_path(self) -> bool:
-        """Whether this forward pass runs the hooked path: inside `run_with_cache`, or when anything watches the model
-        (`models.arch.watch.watched`)."""
-        return self._in_run_with_cache or watched(self)
 
     def input_to_embed(self, input, prepend_bos: bool | None = None, padding_side: str | None = None,
                        attention_mask: torch.Tensor | None = None, past_kv_cache=None):

@@ -60,6 +60,12 @@ def forced(model: nn.Module):
         model._in_run_with_cache = False
 
 
+def decide(model: nn.Module) -> bool:
+    """The decision for one forward pass of `model`: the hooked path inside `forced` (`run_with_cache`) or when
+    anything watches it."""
+    return model._in_run_with_cache or watched(model)
+
+
 def hooked_path(decided: bool | None, layer: nn.Module) -> bool:
     """Whether `layer` runs its fully hooked path: `decided` (the enclosing model's decision for this forward pass,
     passed down with the layer's inputs), or, for a layer called on its own (None), whether anything watches it."""

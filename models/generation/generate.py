@@ -8,6 +8,11 @@ import warnings
 
 import torch
 
+from ..arch.padding import infer_attention_mask
+from ..errors import InputError
+from .beam import beam_search as batched_beam_search
+from .kv_cache import HookedTransformerKeyValueCache
+
 
 def _check_int(name: str, v, lo: int) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v < lo:
@@ -85,8 +90,6 @@ def sample(logits: torch.Tensor, tokens: torch.Tensor, gen: torch.Generator, do_
 def prompt_embeds(model, embeds: torch.Tensor) -> torch.Tensor:
     """A prompt given as token embeddings `[batch, pos, d_model]` (float), on the model's device and dtype, or
     `InputError`. Past a learned positional table the model sees the last `n_ctx` of them (`ContextWindowWarning`)."""
-    from ..errors import InputError
-
     if embeds.ndim != 3 or embeds.shape[-1] != model.cfg.d_model or 0 in embeds.shape[:2]:
         raise InputError(f"embeddings to generate from must be a float tensor [batch, pos, d_model={model.cfg.d_model}]"
                          f" with batch, pos >= 1, got shape {tuple(embeds.shape)}")
@@ -127,10 +130,6 @@ def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p
     without the BOS), `"tokens"` `[batch, pos + new]` (from embeddings: the new tokens only, as TransformerLens) or
     `"embeds"` `[batch, pos + new, d_model]` (the input's embeddings, then `model.embed` of each new token).
     `freq_penalty` needs ids or text (embeddings have no ids to count)."""
-    from ..arch.padding import infer_attention_mask
-    from ..errors import InputError
-    from .kv_cache import HookedTransformerKeyValueCache
-
     check_sampling(max_new_tokens, temperature, top_k, top_p)
     if return_type not in RETURN_TYPES:
         raise ValueError(f"return_type={return_type!r} is not supported; allowed: {RETURN_TYPES}")
@@ -220,8 +219,6 @@ class _Steps:
     def __call__(self, seqs: torch.Tensor) -> torch.Tensor:
         if not self.use_cache:
             return self.model(_context(self.model, seqs))[:, -1]
-        from .kv_cache import HookedTransformerKeyValueCache
-
         if self.cache is None:
             self.cache = HookedTransformerKeyValueCache.init_cache(self.model.cfg, seqs.device, seqs.shape[0])
         new = seqs[:, self.done:]
@@ -238,8 +235,6 @@ def beam_search(model, tokens, beams: int = 4, max_new_tokens: int = 20, use_pas
     """Deterministic beam search over one prompt (`models.generation.beam`). Returns `(sequences [beams, pos + new],
     log_probs [beams])`, best first (fewer rows where fewer continuations exist); log_probs are the summed
     log-probabilities of the generated tokens."""
-    from .beam import beam_search as search
-
     _check_int("beams", beams, 1)
     _check_int("max_new_tokens", max_new_tokens, 0)
     tokens = prompt_ids(model, tokens)
@@ -247,6 +242,6 @@ def beam_search(model, tokens, beams: int = 4, max_new_tokens: int = 20, use_pas
         raise ValueError(f"beam_search takes one prompt, got a batch of {tokens.shape[0]}")
     limit = model.cfg.positions.max_context
     cached = use_past_kv_cache and (limit is None or tokens.shape[1] + max_new_tokens <= limit)
-    seqs, scores = search(_Steps(model, cached), tokens, beams, max_new_tokens)
+    seqs, scores = batched_beam_search(_Steps(model, cached), tokens, beams, max_new_tokens)
     kept = scores[0] > float("-inf")
     return seqs[0][kept], scores[0][kept]
