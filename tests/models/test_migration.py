@@ -258,6 +258,9 @@ def test_a_tl2_notebook_needs_only_the_package_name_changed():
     assert HookedRootModule is transformer_lens.HookedRootModule and FactoredMatrix is transformer_lens.FactoredMatrix
     assert HookedTransformerKeyValueCache is models.HookedTransformerKeyValueCache
     assert utils.get_act_name("pattern", 1) == "blocks.1.attn.hook_pattern"
+    from models import evals
+
+    assert evals.induction_loss is __import__("transformer_lens.evals").evals.induction_loss
     assert utils.lm_cross_entropy_loss is getattr(transformer_lens, "utilities", transformer_lens).lm_cross_entropy_loss
     model = models.load("attn-only-2l")
     assert isinstance(model, HookedRootModule)
