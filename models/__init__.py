@@ -8,8 +8,9 @@ from .deferred_import import TRANSFORMER_LENS, defer_package_inits
 from .lazy import lazy_exports
 
 # The module paths TransformerLens 2.x code imports (`transformer_lens.utils`, `.hook_points`, `.patching`,
-# `.past_key_value_caching`, `.evals`) are files of models/tl_paths/, imported as `models.utils`, `models.hook_points`, …: that
-# folder (no __init__.py) is on this package's search path, so changing the package name is the whole migration.
+# `.past_key_value_caching`, `.evals`) are files of models/tl_paths/, imported as `models.utils`, `models.hook_points`,
+# …: that folder (no __init__.py) is on this package's search path, so changing the package name is the whole
+# migration.
 __path__.append(os.path.join(os.path.dirname(__file__), "tl_paths"))
 
 # TransformerLens' package `__init__` imports transformers, datasets, pandas and pyarrow, none of which we use: its
