@@ -68,6 +68,31 @@ def test_missing_sae_lens_is_one_line_exit_2_on_the_command_line(tmp_path):
     assert not (tmp_path / "sae").exists()
 
 
+@pytest.mark.parametrize("sub,needs", [("train", "--hook"), ("report", "SAE_DIR")])
+def test_sae_help_pages(sub, needs, capsys):
+    from analyses.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["sae", sub, "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and f"usage: circuits sae {sub}" in out
+    for opt in ("--json", "--device", "--seed", "--out", needs):
+        assert opt in out, opt
+
+
+def test_train_refuses_a_folder_of_the_users_before_any_work(tmp_path, capsys):
+    from analyses.cli import main
+
+    (tmp_path / "notes.txt").write_text("keep me")
+    assert main(["sae", "train", "gelu-2l", "--hook", "blocks.1.hook_mlp_out", "--out", str(tmp_path)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "not an empty folder" in err[0]
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+    with pytest.raises(SystemExit) as exit_:  # argparse: one line, exit 2
+        main(["sae", "train", "gelu-2l", "--hook", "h", "--out", str(tmp_path / "n"), "--steps", "0"])
+    assert exit_.value.code == 2 and "expected a positive integer" in capsys.readouterr().err
+
+
 @pytest.mark.ecosystem
 @needs_sae_lens
 @pytest.mark.parametrize("name,hook,width", [("gelu-2l", "blocks.1.hook_mlp_out", 128),
