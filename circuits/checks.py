@@ -12,8 +12,8 @@ from __future__ import annotations
 import operator
 
 import torch
-from transformer_lens import FactoredMatrix
 
+from models.arch.tl_compat import FactoredMatrix
 from models.errors import ToyCircuitsError
 
 

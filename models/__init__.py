@@ -19,13 +19,12 @@ __path__.append(os.path.join(os.path.dirname(__file__), "tl_paths"))
 defer_package_inits(TRANSFORMER_LENS)
 
 if TYPE_CHECKING:
-    from transformer_lens import ActivationCache, FactoredMatrix
-
     from .arch.config import HookedTransformerConfig
     from .arch.encoder import EncoderConfig, HookedEncoder
     from .arch.encoder_decoder import HookedEncoderDecoder
     from .arch.encoder_decoder_config import EncoderDecoderConfig
     from .arch.model import HookedTransformer, head_label, lm_cross_entropy
+    from .arch.tl_compat import ActivationCache, FactoredMatrix
     from .errors import (
         CheckpointError,
         ConfigError,

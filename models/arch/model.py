@@ -11,8 +11,6 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
-from transformer_lens.hook_points import HookPoint
 
 from .attention import soft_cap
 from .components import BlockInputs, Embed, PosEmbed, TransformerBlock, Unembed, final_norm
@@ -21,6 +19,7 @@ from .hook_switches import HookSwitches
 from .inputs import check_tokens
 from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
+from .tl_compat import ActivationCache, FactoredMatrix, HookedRootModule, HookPoint
 from .tokens import TextMixin, int_ids  # noqa: F401  (int_ids: re-exported)
 from .watch import decide, forced, watched
 from .weight_processing import ProcessWeights

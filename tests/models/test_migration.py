@@ -197,8 +197,8 @@ def test_training_checkpoints_carry_the_tokenizer(tmp_path):
     assert models.load(steps[-1]).to_tokens("ab").tolist() == [[256, 97, 98]]
 
 
+@pytest.mark.tl4
 def test_bridge_carries_the_tokenizer():
-    pytest.importorskip("transformer_lens.model_bridge")
     model = models.load("gelu-2l")
     bridge = models.to_transformer_lens(model)
     texts = ["Hello world, def f(x): return x", "short"]
