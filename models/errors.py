@@ -51,3 +51,8 @@ class UnsupportedByTransformerLens(ToyCircuitsError, NotImplementedError):
 class HookSwitchError(ConfigError, AssertionError):
     """An opt-in hook point used while its switch is off, or a switch this model cannot turn on. Also an
     `AssertionError`, the type TransformerLens 2.x raises there, so code written for it keeps working."""
+
+
+class ContextWindowWarning(UserWarning):
+    """Text longer than the model's context: the model reads its last tokens only (one rule for every entry point
+    that takes text: `to_tokens(truncate="last")`; the command line prints it as one line on stderr)."""

@@ -9,6 +9,7 @@ import warnings
 import torch
 
 from ..arch.padding import infer_attention_mask
+from ..arch.tokens import ContextWindowWarning
 from ..errors import InputError
 from .beam import beam_search as batched_beam_search
 from .kv_cache import HookedTransformerKeyValueCache
@@ -17,10 +18,6 @@ from .kv_cache import HookedTransformerKeyValueCache
 def _check_int(name: str, v, lo: int) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-
-
-class ContextWindowWarning(UserWarning):
-    """A prompt longer than the model's context: the model conditions on its last tokens only."""
 
 
 def check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
