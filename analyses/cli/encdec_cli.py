@@ -169,6 +169,9 @@ def generate(args, loaded) -> int:
     if args.top_p is not None:
         kw["top_p"] = args.top_p
     if method == "beam":
+        from models.generation.seq2seq import check_beam_memory
+
+        check_beam_memory(model, args.beams, src.shape[0], UsageError, "--beams")
         kw["beams"] = args.beams
     n = min(args.max_new_tokens, model.cfg.n_ctx_tgt - 1)
     samples = []

@@ -39,3 +39,47 @@ def check_size(cfg, held, source: str) -> None:
     if need > held + 2**20:
         raise CheckpointError(f"{source}: the config describes at least {need:,} weights but the checkpoint holds "
                               f"{held:,}; does the config match the checkpoint?")
+
+
+def memory_limit() -> int:
+    """The most memory one size option may imply: half of this machine's memory (8 GiB where it cannot be read)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def check_memory(option: str, value: int, per_unit: int, error: type[Exception], limit: int | None = None) -> None:
+    """Refuse `option`=`value` with `error` when `value * per_unit` bytes (the memory it implies) exceed `limit`
+    (default `memory_limit()`), naming the largest value allowed. The one size bound of the command line and the
+    Python API (`--windows`, `seq_len`, `batch_size`, the model's weights, `beams`)."""
+    limit = memory_limit() if limit is None else limit
+    if value * per_unit > limit:
+        raise error(f"{option} {value} needs about {value * per_unit / 2**30:.1f} GiB, more than the "
+                    f"{limit / 2**30:.1f} GiB allowed here (half the memory); use {option} <= "
+                    f"{max(limit // per_unit, 1)}")
+
+
+MAX_SEQ_LEN = 1 << 20
+
+
+def check_train_sizes(model_cfg, cfg, error: type[Exception]) -> None:
+    """Refuse a training run whose weights (with gradients and Adam's two moments: 16 bytes each) or whose
+    activations for `seq_len` / `batch_size` (float32, kept for the backward pass: per token the logits and, per
+    layer, ~16 residual-width vectors and a row of each head's pattern) exceed `memory_limit()`; `train()` calls
+    this before building anything, so the command line and the Python API share it."""
+    if cfg.seq_len is not None and cfg.seq_len > MAX_SEQ_LEN:
+        raise error(f"seq_len {cfg.seq_len} is more than the {MAX_SEQ_LEN} allowed")
+    check_memory("the model's weights (d_vocab, d_model, n_layers, d_mlp)", implied_weights(model_cfg), 16, error)
+    # Encoder-decoder configs: the longer context, the larger vocabulary, both stacks' layers.
+    n_ctx = getattr(model_cfg, "n_ctx", None) or max(model_cfg.n_ctx_src, model_cfg.n_ctx_tgt)
+    d_vocab = getattr(model_cfg, "d_vocab", None) or max(model_cfg.d_vocab_src, model_cfg.d_vocab_tgt)
+    n_layers = getattr(model_cfg, "n_layers", None)
+    if n_layers is None:
+        n_layers = model_cfg.n_encoder_layers + 2 * model_cfg.n_decoder_layers  # self- and cross-attention
+    seq = cfg.seq_len or n_ctx
+    per_token = 4 * (3 * d_vocab + max(n_layers, 1) * (16 * model_cfg.d_model + 3 * model_cfg.n_heads * seq))
+    check_memory("seq_len", seq, per_token, error)  # one sequence
+    check_memory("batch_size (--batch-size)", cfg.batch_size, seq * per_token, error)

@@ -203,3 +203,89 @@ def test_patching_api_refuses_empty_text_and_equal_answers(tiny):
         answers(model, 1, "a", "a")
     with pytest.raises(PatchingError, match="equals the answer"):
         answers(model, 2, torch.tensor([97, 98]), torch.tensor([99, 98]))
+
+
+# --- row 13: --beams / beams bounded as the other size options -------------------------------------------------------
+HUGE_BEAMS = 10**8  # about 2 TB of search state for enc-dec-reverse: beyond half the memory of any machine
+
+
+def test_generate_refuses_beams_beyond_memory_in_one_line():
+    import resource
+    import sys
+
+    def limit():  # before the bound: allocation failed under this limit with a traceback (exit 1)
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    r = subprocess.run([sys.executable, "-m", "analyses.cli", "generate", "enc-dec-reverse", "--source", "abc",
+                        "--beams", str(HUGE_BEAMS)], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[2], preexec_fn=limit)
+    lines = _lines(r)
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "--beams" in lines[0] and "<=" in lines[0] and "GiB" in lines[0], lines
+
+
+def test_beam_search_api_refuses_beams_beyond_memory(tiny):
+    from models.errors import InputError
+
+    encdec = models.load("enc-dec-reverse")
+    with pytest.raises(InputError, match=r"beams 100000000 needs .* use beams <= \d+"):
+        encdec.generate(encdec.to_tokens_src("abc"), 5, method="beam", beams=HUGE_BEAMS)
+    model = models.load(tiny)
+    with pytest.raises(InputError, match=r"beams 100000000 needs .* use beams <= \d+"):
+        model.beam_search(torch.tensor([[1, 2, 3]]), beams=HUGE_BEAMS, max_new_tokens=4)
+    seqs, _ = model.beam_search(torch.tensor([[1, 2, 3]]), beams=3, max_new_tokens=2)  # small ones still run
+    assert seqs.shape == (3, 5)
+
+
+# --- row 15: meta (non-materialised) tensors at the circuits entry points --------------------------------------------
+def test_circuits_entry_points_refuse_meta_models_by_name():
+    from transformer_lens import FactoredMatrix
+
+    from circuits.composition import composition_score, composition_scores
+    from circuits.diagonal import diagonal_rank_stats
+    from circuits.eigen import copying_score, copying_scores, eigenvalues, positive_eigenvalue_fraction
+    from circuits.factored import ov_circuit, qk_circuit
+    from circuits.paths import path_expansion
+    from circuits.score_decomposition import attention_score_decomposition
+
+    model = models.load("attn-only-2l").to("meta")
+    fm = FactoredMatrix(torch.randn(6, 3, device="meta"), torch.randn(3, 6, device="meta"))
+    calls = {
+        "copying_scores": lambda: copying_scores(model),
+        "composition_scores": lambda: composition_scores(model, "k"),
+        "qk_circuit": lambda: qk_circuit(model, 1, 0),
+        "ov_circuit": lambda: ov_circuit(model, 1, 0),
+        "attention_score_decomposition": lambda: attention_score_decomposition(model, torch.tensor([[1, 2, 3]]), 1, 0),
+        "path_expansion": lambda: path_expansion(model, torch.tensor([[1, 2, 3]])),
+        "eigenvalues": lambda: eigenvalues(fm),
+        "copying_score": lambda: copying_score(fm),
+        "positive_eigenvalue_fraction": lambda: positive_eigenvalue_fraction(fm),
+        "diagonal_rank_stats": lambda: diagonal_rank_stats(fm),
+        "composition_score": lambda: composition_score(fm, fm),
+        "eigenvalues (dense)": lambda: eigenvalues(torch.randn(5, 5, device="meta")),
+    }
+    for name, call in calls.items():
+        with pytest.raises((ValueError, TypeError), match="meta tensor") as info:
+            call()
+        assert not isinstance(info.value, NotImplementedError), name
+
+
+# --- row 16: the Python train() API bounds sizes where the command line does ------------------------------------------
+@pytest.mark.parametrize("model_over,train_over,option", [
+    ({}, {"batch_size": 10**9}, "batch_size"),
+    ({}, {"seq_len": 10**9}, "seq_len"),
+    ({"d_model": 2**20, "d_head": 2**19, "n_heads": 2}, {}, "weights"),
+])
+def test_train_api_refuses_sizes_beyond_memory_before_building(model_over, train_over, option, tmp_path):
+    from models.errors import TrainConfigError
+    from models.training.config import TrainConfig
+    from models.training.loop import train
+
+    model_cfg = dict(dict(n_layers=1, d_model=16, n_ctx=16, d_vocab=259, n_heads=2, attn_only=True,
+                          normalization_type=None), **model_over)
+    cfg = TrainConfig(**dict(dict(steps=2, batch_size=4, data="synthetic:repeat", tokenizer="bytes", progress=False,
+                                  out_dir=str(tmp_path / "run")), **train_over))
+    with pytest.raises(TrainConfigError, match=rf"{option}.*allowed") as info:
+        train(model_cfg, cfg)
+    assert "<=" in str(info.value) or "more than" in str(info.value)
+    assert not (tmp_path / "run").exists()
