@@ -87,13 +87,18 @@ def _train_config(folder: Path | None) -> dict:
 
 
 def training_corpus(model, folder: Path | None):
-    """The token corpus the model was trained on (`train_config.json`'s data, else the standard library), or None
-    when the model has no tokenizer, trained on synthetic data, or the corpus fails."""
+    """The token corpus the model was trained on (`train_config.json`'s data, resolved inside the folder by
+    `models.data.corpora.recorded_data`, else the standard library), or None when the model has no tokenizer,
+    trained on synthetic data, or the corpus fails. A `data` naming anything outside the folder raises
+    `CorpusError`."""
     tok = getattr(model, "tokenizer", None)
     if tok is None or not hasattr(tok, "vocab_size"):
         return None
-    data = _train_config(folder).get("data", "stdlib") or "stdlib"
-    if isinstance(data, str) and data.startswith("synthetic"):
+    from models.data.corpora import recorded_data
+
+    data = _train_config(folder).get("data") if folder is not None else None
+    data = recorded_data(folder, data) if folder is not None else "stdlib"  # CorpusError: a name outside the folder
+    if isinstance(data, str) and data.startswith(("synthetic", "seq2seq")):
         return None
     try:
         from models.data.corpora import build_token_corpus

@@ -41,10 +41,9 @@ def route(args, loaded, plain: str, encdec: tuple[str, ...], run):
 
 
 def _train_config(loaded) -> dict:
-    import json
+    from ..report import _train_config as read  # a regular file of bounded size (models.io.safe_read)
 
-    path = None if loaded.folder is None else loaded.folder / "train_config.json"
-    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    return read(loaded.folder)
 
 
 def parse_cross_head(spec: str, cfg) -> tuple[int, int]:

@@ -3,6 +3,8 @@ claims to describe (a corrupt or hostile config.json must not allocate terabytes
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..errors import CheckpointError
@@ -23,13 +25,33 @@ def implied_weights(cfg) -> int:
     return need
 
 
+def layer_stacks(cfg) -> dict[str, int]:
+    """`{prefix: layers}` of the numbered stacks a model of `cfg` holds (`blocks.0.…` to `blocks.{n-1}.…`;
+    an encoder–decoder's `encoder.…` and `decoder.…`)."""
+    if hasattr(cfg, "n_encoder_layers"):
+        return {"encoder": cfg.n_encoder_layers, "decoder": cfg.n_decoder_layers}
+    return {"blocks": cfg.n_layers}
+
+
+def held_layers(names, prefix: str) -> int:
+    """How many layers of stack `prefix` a checkpoint holds: the distinct `prefix.N.` indices among its names."""
+    start = prefix + "."
+    return len({k[len(start):].split(".", 1)[0] for k in names
+                if isinstance(k, str) and k.startswith(start) and k[len(start):].split(".", 1)[0].isdigit()})
+
+
 def check_size(cfg, held, source: str) -> None:
-    """Refuse a config that needs more weights than the file holds (`held`: a count, or the state dict) before
-    building anything (a corrupt or hostile config.json could otherwise ask for terabytes, or spend minutes building
-    20 000 layers). The bound is `implied_weights`; mismatches under a million weights are left to `load_state_dict`,
-    whose message names the tensor."""
+    """Refuse a config that needs more weights or more layers than the file holds before building anything (a
+    corrupt or hostile config.json could otherwise ask for terabytes, or spend minutes and hundreds of MB building
+    6 000 layers of a few weights each). `held`: a weight count; or the state dict, or the safetensors header's
+    table `{name: shape}`, whose names also give the layers each stack holds (`layer_stacks`). The weight bound is
+    `implied_weights`; mismatches under a million weights are left to `load_state_dict`, whose message names the
+    tensor; layers are compared exactly."""
+    names = None
     if isinstance(held, dict):
-        held = sum(t.numel() for t in held.values() if isinstance(t, torch.Tensor))
+        names = [k for k in held if k != "__metadata__"]
+        held = sum(v.numel() if isinstance(v, torch.Tensor) else math.prod(v) for k, v in held.items()
+                   if isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and k != "__metadata__"))
     table = getattr(getattr(cfg, "positions", None), "table", None)
     if table == "fixed" and cfg.n_ctx * cfg.d_model > max(held, 2**26):  # a sinusoidal table is built, never saved
         raise CheckpointError(f"{source}: n_ctx={cfg.n_ctx:,} would build a fixed positional table of "
@@ -39,6 +61,12 @@ def check_size(cfg, held, source: str) -> None:
     if need > held + 2**20:
         raise CheckpointError(f"{source}: the config describes at least {need:,} weights but the checkpoint holds "
                               f"{held:,}; does the config match the checkpoint?")
+    if names is not None:
+        for prefix, n in layer_stacks(cfg).items():
+            have = held_layers(names, prefix)
+            if n > have:
+                raise CheckpointError(f"{source}: the config describes {n:,} layers ({prefix}) but the checkpoint "
+                                      f"holds weights for {have:,}; does the config match the checkpoint?")
 
 
 def memory_limit() -> int:

@@ -220,6 +220,7 @@ def _train(model_cfg, cfg: TrainConfig, out: Path | None, eval_fn, report_fn, re
         out.mkdir(parents=True, exist_ok=True)
     found = ts.resumable_checkpoints(out) if (resume and out is not None) else []
     if resume and out is not None and (done := ts.finished_run(out, cfg.steps, found)) is not None:
+        ts.resume_changes(out, cfg, model, found)  # a finished run is resumed only with its own model and settings
         return load(out, device=device), done
     run.step, run.tokens_seen, run.wall_before = ts.restore(out, cfg, model, run.opt, found, rank)
     if out is not None and rank == 0:
