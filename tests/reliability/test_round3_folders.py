@@ -194,3 +194,45 @@ def test_a_config_claiming_more_layers_is_refused_before_building(base, tmp_path
     assert f"{claim['n_layers']:,} layers" in got["outcome"], got
     assert got["built"] == 0, got  # refused from the header, before any module was built
     assert got["extra_kib"] < 150 * 1024, got
+
+
+# --- row 14: staging folders of killed reports ------------------------------------------------------------------------
+KILLED = ("import os, signal, sys\nimport analyses.report as R\n"
+          "R._write = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+          "from analyses.cli import main\nsys.exit(main())")
+LIVE = ("import sys\nfrom pathlib import Path\nfrom analyses.report import staging_folder\n"
+        "with staging_folder(Path(sys.argv[1])) as stage:\n    print(stage, flush=True)\n    sys.stdin.read()")
+
+
+@pytest.mark.e2e  # SIGKILLed reports in subprocesses
+def test_the_next_report_removes_staging_folders_of_killed_runs_only(base, tmp_path):
+    from analyses import build_report
+
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    seen = []
+    for _ in range(2):  # two SIGKILLed reports: each leaves its staging folder, the second removes the first's
+        r = subprocess.run([sys.executable, "-c", KILLED, "report", str(base / "model"), "--out", str(out),
+                            "--sections", "overview", "--no-progress"], capture_output=True, timeout=300, env=env)
+        assert r.returncode == -9, r.stderr
+        seen.append(sorted(out.glob(".report-tmp-*")))
+    assert len(seen[0]) == 1 and len(seen[1]) == 1 and seen[0] != seen[1], seen
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    unlocked_dead = out / f".report-tmp-{int(dead.stdout)}-x"  # killed before it took its lock: its PID is gone
+    unlocked_live = out / f".report-tmp-{os.getpid()}-y"  # a run of a live process still starting
+    foreign = out / ".report-tmp-notours"
+    for d in (unlocked_dead, unlocked_live, foreign):
+        d.mkdir()
+    live = subprocess.Popen([sys.executable, "-c", LIVE, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        live_stage = Path(live.stdout.readline().strip())
+        assert live_stage.is_dir()
+        build_report(base / "model", out, sections=["overview"], progress=False, parallel=False)
+        left = set(out.glob(".report-tmp-*"))
+        assert left == {live_stage, unlocked_live, foreign}, left  # the dead ones went, a live one stayed
+        assert (out / "report.md").is_file()
+    finally:
+        live.communicate("", timeout=60)
+    assert not live_stage.exists()  # removed by its own run at the end
