@@ -61,3 +61,8 @@ class MissingDependencyError(ToyCircuitsError, ImportError):
 class SAEError(ToyCircuitsError, ValueError):
     """A sparse-autoencoder request that cannot work (a hook point with no activation of the right shape, an SAE
     folder made for another model); the message names the argument and what is allowed."""
+
+
+class ContextWindowWarning(UserWarning):
+    """Text longer than the model's context: the model reads its last tokens only (one rule for every entry point
+    that takes text: `to_tokens(truncate="last")`; the command line prints it as one line on stderr)."""

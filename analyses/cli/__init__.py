@@ -124,14 +124,38 @@ def main(argv=None) -> int:
 
 def _run(args) -> int:
     """`args._run(args)` with the exit codes of the module docstring."""
+    import warnings
+
     try:
-        _check_text_options(args)
-        code = args._run(args)
+        with warnings.catch_warnings():
+            _notices(f"circuits {args.command}")
+            _check_text_options(args)
+            code = args._run(args)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except (Exception, KeyboardInterrupt) as e:
         _settle()
         return _outcome(e, f"circuits {args.command}")
+
+
+def _notices(where: str) -> None:
+    """Inside `warnings.catch_warnings()`: a `ContextWindowWarning` (text longer than n_ctx: the model reads its
+    last tokens) becomes one line on stderr, each distinct message once, whatever the warning filters say."""
+    import warnings
+
+    from models.errors import ContextWindowWarning
+
+    said, show = set(), warnings.showwarning
+
+    def notice(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, ContextWindowWarning):
+            return show(message, category, filename, lineno, file, line)
+        if str(message) not in said:
+            said.add(str(message))
+            warn(f"{where}: {message}")
+
+    warnings.simplefilter("always", ContextWindowWarning)
+    warnings.showwarning = notice
 
 
 def _settle() -> None:
