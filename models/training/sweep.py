@@ -142,12 +142,13 @@ def _load_stacked(opt: torch.optim.Optimizer, pending: dict, members: list[int],
 
 
 def train_sweep(model_cfg, cfg: TrainConfig, seeds: list[int], *, eval_fn=None, report_fn_for=None,
-                resume: bool = False, tokenizer=None, command: str | None = None) -> dict:
+                resume: bool = False, tokenizer=None, command: str | None = None, notes: dict | None = None) -> dict:
     """Train one member per seed in `seeds` (see the module docstring); returns the sweep summary (sweep.json).
 
     `eval_fn(model) -> dict` runs on each member at every checkpoint, as in `train`; `report_fn_for(member_cfg)`
     returns the `report_fn` of the member whose TrainConfig is `member_cfg` (its seed and folder). `cfg.out_dir` is
-    the sweep folder (new, empty or an earlier sweep; locked while the sweep runs); `cfg.seed` is ignored."""
+    the sweep folder (new, empty or an earlier sweep; locked while the sweep runs); `cfg.seed` is ignored. `notes`
+    (e.g. which score definitions `eval_fn` records) go into sweep.json as they are."""
     cfg.validate()
     check_stackable(model_cfg)
     if not seeds:
@@ -156,7 +157,9 @@ def train_sweep(model_cfg, cfg: TrainConfig, seeds: list[int], *, eval_fn=None, 
         raise TrainConfigError("a seed sweep runs in one process (not under torchrun): the stack is its parallelism")
     out = _check_out(cfg.out_dir)
     with ts.run_lock(out):
-        return _Sweep(model_cfg, cfg, list(seeds), out, eval_fn, report_fn_for, tokenizer, command).run(resume)
+        sweep = _Sweep(model_cfg, cfg, list(seeds), out, eval_fn, report_fn_for, tokenizer, command)
+        sweep.notes = dict(notes or {})
+        return sweep.run(resume)
 
 
 class _Sweep:
@@ -205,7 +208,8 @@ class _Sweep:
              "n_members": len(self.seeds), "n_failed": len(self.failed), "method": "stacked weights, batched "
              "products (models.training.stacked)", "device": str(self.device), "command": self.command,
              "train_config": dict(self.cfg.to_dict(), seed=None, out_dir=None),
-             "model_config": self.members[0].cfg.replace(seed=None).to_dict(), "members": members}
+             "model_config": self.members[0].cfg.replace(seed=None).to_dict(), "notes": self.notes,
+             "members": members}
         return d | (extra or {})
 
     def write_sweep(self, status: str, extra: dict | None = None) -> dict:
