@@ -198,7 +198,58 @@ def run_zoo(args) -> int:
     return 0
 
 
+# --- sweep --------------------------------------------------------------------------------------------
+SWEEP_OUTPUTS = ("sweep.json", "sweep.md", "sweep.png")
+
+
+def _sweep_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sweep", help="a seed-sweep folder (`circuits train --seeds ... --out OUT`); an unfinished or "
+                   "running sweep is read up to its newest checkpoint")
+    p.add_argument("--out", help="also write sweep.json (the sweep's record with this analysis under 'analysis'), "
+                   "sweep.md (the report section) and sweep.png (the figure) into this folder; it must be new or hold "
+                   "only those files")
+    p.add_argument("--no-copying", action="store_true", help="skip the OV copying scores (which load each seed's "
+                   "weights)")
+    p.add_argument("--json", action="store_true", help="print the analysis as JSON")
+
+
+def run_sweep(args) -> int:
+    import json
+    import os
+    from pathlib import Path
+
+    from models.training.sweep import SWEEP_FILE, read_sweep
+
+    from ..sweep import plot_sweep, sweep_markdown, sweep_summary
+    from .common import save_figure
+
+    folder = Path(args.sweep)
+    if not (folder / SWEEP_FILE).is_file():
+        raise UsageError(f"{args.sweep} is not a seed sweep (no {SWEEP_FILE}); give the --out folder of "
+                         "`circuits train --seeds`")
+    dest = None
+    if args.out:
+        dest = Path(args.out)
+        if dest.exists() and (not dest.is_dir() or any(f.name not in SWEEP_OUTPUTS for f in dest.iterdir())):
+            raise UsageError(f"--out {args.out} holds other files than {', '.join(SWEEP_OUTPUTS)}; give a new folder "
+                             "(nothing was written)")
+    s = sweep_summary(folder, copying=not args.no_copying)
+    text = sweep_markdown(s)
+    if dest is not None:
+        dest.mkdir(parents=True, exist_ok=True)
+        record = dict(read_sweep(folder), analysis=s)
+        for name, data in (("sweep.json", json.dumps(record, indent=1)), ("sweep.md", text)):
+            tmp = dest / f".{name}.tmp-{os.getpid()}"
+            tmp.write_text(data)
+            os.replace(tmp, dest / name)
+        save_figure(plot_sweep(s), dest / "sweep.png")
+    emit(args, s, text + (f"\nwrote {', '.join(SWEEP_OUTPUTS)} → {dest}" if dest is not None else ""))
+    return 0
+
+
 COMMANDS = [
     Command("zoo", "list the shipped models with one-line cards", _zoo_args, run_zoo),
     Command("train", "train a model (a zoo preset or a config) with checkpoints and metrics", _train_args, run_train),
+    Command("sweep", "a seed sweep's formation points, circuits and their spread across seeds, with a figure",
+            _sweep_args, run_sweep),
 ]
