@@ -236,6 +236,9 @@ class _Sweep:
                 ts.restore(d, c, m, None, [], 0)
             return 0
         old = read_sweep(self.out) if (self.out / SWEEP_FILE).is_file() else {"members": []}
+        if old.get("seeds") is not None and old["seeds"] != self.seeds:
+            raise TrainConfigError(f"cannot resume the sweep in {self.out} with seeds {self.seeds}: it trains seeds "
+                                   f"{old['seeds']}; resume with those, or sweep into a new folder")
         failed_at = {m["seed"]: m.get("failed_at_step") for m in old["members"] if m.get("status") == "failed"}
         found = [ts.resumable_checkpoints(d) for d in self.dirs]
         steps_of = [{int(p.name.split("-")[1]) for p in f} for f in found]

@@ -189,6 +189,8 @@ def test_resume_equals_uninterrupted(corpus_dir, tmp_path):
               if "train_loss" in r]
         assert la == lb
     assert read_sweep(tmp_path / "b")["status"] == "finished"
+    with pytest.raises(TrainConfigError, match="trains seeds"):  # another seed list would start its members anew
+        train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "b"), [1, 2, 3], resume=True)
     # resuming a finished sweep changes nothing
     before = (member_dir(tmp_path / "b", 1) / "model.safetensors").read_bytes()
     train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "b"), seeds, resume=True)
