@@ -184,6 +184,8 @@ def sweep_summary(out, copying: bool = True) -> dict:
             "steps_reached": min((r["steps_reached"] for r in ok), default=0),
             "interval": "95 % Student t interval over seeds (mean ± t·s/√n); proportions: Wilson score interval",
             "formed": wilson_interval(n_formed, len(ok)),
+            "previous_token_formed": wilson_interval(
+                sum((r.get("previous_token_score") or 0) >= FORMED for r in ok), len(ok)),
             "previous_token_heads": dict(sorted(prev.items())),
             "most_common_previous_token_head": {"head": common[0], **wilson_interval(common[1], len(ok))},
             "induction_heads": dict(sorted(Counter(h for r in ok for h in r.get("induction_heads", [])).items())),
@@ -216,12 +218,13 @@ def sweep_markdown(s: dict) -> str:
     table = markdown_table(["seed", "status", "formation step", "formation tokens", "loss bump (tokens)",
                             "prev-token head", "score", "induction heads (≥ 0.4)", "best induction",
                             "copying (best ind.)", "ICL", "val loss"], rows)
-    f = s["formed"]
+    f, p = s["formed"], s["previous_token_formed"]
     c = s["most_common_previous_token_head"]
     lines = [f"- induction heads formed in **{f['k']} of {f['n']}** seeds (Wilson 95 %: "
              f"{_fmt(f['low'], 2)}–{_fmt(f['high'], 2)})" if f["n"] else "- no live seeds",
-             f"- previous-token head (layer 0, highest score): {s['previous_token_heads']}; most common "
-             f"{c['head']} in {c['k']} of {c['n']}" if c["n"] else ""]
+             f"- a previous-token head (a layer-0 head scoring ≥ {s['threshold']}) in **{p['k']} of {p['n']}** seeds "
+             f"(Wilson 95 %: {_fmt(p['low'], 2)}–{_fmt(p['high'], 2)}); the highest-scoring layer-0 head: "
+             f"{s['previous_token_heads']}, most common {c['head']} in {c['k']} of {c['n']}" if c["n"] else ""]
     for k in SUMMARISED:
         a = s["across_seeds"][k]
         if a["n"]:

@@ -114,6 +114,7 @@ def test_sweep_summary_reads_what_was_written(tmp_path):
     assert by[0]["final_icl_score"] == -0.5 and by[2]["final_icl_score"] == -0.1
     assert by[5]["status"] == "failed" and "formation_step" not in by[5]
     assert s["formed"]["k"] == 2 and s["formed"]["n"] == 3 and s["n_failed"] == 1
+    assert s["previous_token_formed"]["k"] == 3
     a = s["across_seeds"]["formation_step"]
     assert a["n"] == 2 and a["mean"] == 400 and a["low"] == pytest.approx(400 - 12.706204736 * math.sqrt(2e4) /
                                                                             math.sqrt(2))
