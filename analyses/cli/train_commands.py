@@ -34,7 +34,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int)
     p.add_argument("--data", help="'stdlib' (default), a text folder or file, 'synthetic:repeat', or for "
-                   "encoder-decoder models 'seq2seq:copy|reverse|sort|date'")
+                   "encoder-decoder models 'seq2seq:copy|reverse|sort|cumsum|date'")
     p.add_argument("--tokenizer", help="'bpe-2048' (default), 'bytes', or a tokenizer.json")
     p.add_argument("--repeat-fraction", type=float, help="fraction of sequences with a repeated segment")
     p.add_argument("--label-smoothing", type=float)
