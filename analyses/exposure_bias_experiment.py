@@ -170,13 +170,15 @@ def setup() -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--seeds", type=int, default=8, help="seeds 0 .. N − 1")
+    p.add_argument("--first-seed", type=int, default=0, help="train only seeds from this one on (another process "
+                   "can take the earlier ones); the summary reads every run in OUT/runs/")
     p.add_argument("--steps", type=int, default=2000, help="step budget per run")
     p.add_argument("--schedules", nargs="*", default=list(SCHEDULES))
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     (args.out / "runs").mkdir(parents=True, exist_ok=True)
-    for seed in range(args.seeds):  # seed-major, so a cut run still has every schedule at the first seeds
+    for seed in range(args.first_seed, args.seeds):  # seed-major: a cut run has every schedule at its first seeds
         for s in args.schedules:
             path = args.out / "runs" / f"{SCHEDULES[s][0]}-seed{seed}.json"
             if path.exists():
