@@ -107,6 +107,13 @@ def rate(errors: torch.Tensor, valid: torch.Tensor, dim: int | None = 0) -> torc
     return errors.sum(dim) / valid.sum(dim)
 
 
+def compounded(rates) -> torch.Tensor:
+    """The free-running error each position would have if every error from true prefixes were independent and carried
+    forward to every later symbol: 1 − Π_{i ≤ j} (1 − e_i), for per-position error rates e."""
+    r = torch.as_tensor(rates, dtype=torch.float64)
+    return 1 - torch.cumprod(1 - r, 0)
+
+
 def _t_cdf(x: float, df: float) -> float:
     """Student's t distribution function: ½ + the integral of its density from 0 to x, by Simpson's rule
     (2,000 panels, float64)."""

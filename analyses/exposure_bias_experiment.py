@@ -135,6 +135,8 @@ def summarise(runs: list[dict]) -> dict:
         for key in ("gold_by_position", "free_by_position", "injected_next_by_k", "base_next_by_k",
                     "injected_continuation_by_k", "base_continuation_by_k"):
             entry[key] = [eb.t_interval([r[key][j] for r in rs]) for j in range(len(rs[0][key]))]
+        comp = [eb.compounded(r["gold_by_position"]).tolist() for r in rs]
+        entry["compounded_by_position"] = [eb.t_interval([c[j] for c in comp]) for j in range(len(comp[0]))]
         out["schedules"][s] = entry
     tf = by.get("teacher forcing", [])
     for s, rs in by.items():

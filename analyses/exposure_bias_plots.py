@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
 
 COLOURS = ("#222222", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b")
 
@@ -25,11 +26,15 @@ def plot_per_position(result: dict):
     schedules = result["schedules"]
     fig, axes = plt.subplots(1, len(schedules), figsize=(2.6 * len(schedules) + 0.6, 3.0), sharey=True,
                              layout="constrained", squeeze=False)
-    top = max(t[2] for e in schedules.values() for t in e["free_by_position"])
+    top = max(t[2] for e in schedules.values() for key in ("free_by_position", "compounded_by_position")
+              for t in e.get(key, []))
     for ax, (name, e) in zip(axes[0], schedules.items()):
         x = np.arange(len(e["gold_by_position"]))
         _band(ax, x, e["gold_by_position"], COLOURS[1], "true prefix (teacher forced)")
         _band(ax, x, e["free_by_position"], COLOURS[2], "own prefix (greedy, free running)")
+        if "compounded_by_position" in e:
+            m = [t[0] for t in e["compounded_by_position"]]
+            ax.plot(x, m, ":", color=COLOURS[0], label="1 − Π(1 − true-prefix error): all errors carried")
         acc = e["measured_teacher_forced_accuracy"]
         ax.set_title(f"{_label(name, e)}\nteacher-forced accuracy {acc[0]:.3f}", fontsize=8)
         ax.set_xlabel("target position j", fontsize=8)
@@ -55,8 +60,8 @@ def plot_injected(result: dict):
     for ax, (inj, base, ylabel, title) in zip(axes, panels):
         for c, (name, e) in zip(COLOURS, schedules.items()):
             x = np.arange(len(e[inj]))
-            _band(ax, x, e[inj], c, f"{_label(name, e)}: wrong symbol at k")
-            _band(ax, x, e[base], c, f"{_label(name, e)}: base (no injection)", style="--")
+            _band(ax, x, e[inj], c, _label(name, e))
+            _band(ax, x, e[base], c, None, style="--")
         ax.set_xlabel("position k of the injected wrong symbol", fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
         ax.set_title(title, fontsize=8)
@@ -65,6 +70,8 @@ def plot_injected(result: dict):
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
+    handles += [Line2D([], [], color="grey", linestyle=ls) for ls in ("-", "--")]
+    labels += ["wrong symbol injected at k", "base rate (no injection)"]
     fig.legend(handles, labels, fontsize=7, loc="outside right center")
     fig.suptitle("One injected wrong symbol against the base rate, mean and 95 % t-interval over seeds", fontsize=9)
     return fig

@@ -94,6 +94,10 @@ def test_one_planted_mistake_compounds_only_when_free_running():
     assert float(eb.rate(free_e, valid, None)) > float(eb.rate(gold_e, valid, None))
 
 
+def test_compounded_by_hand():
+    assert eb.compounded([0.1, 0.2, 0.0]).tolist() == pytest.approx([0.1, 0.28, 0.28])
+
+
 def test_wrong_tokens_are_other_symbols_uniformly():
     gold = torch.full((20000,), FIRST + 2)
     w = eb.wrong_tokens(gold, K, torch.Generator().manual_seed(1))
@@ -161,6 +165,8 @@ def test_experiment_summary_and_figures_at_small_scale(tmp_path):
     assert lin["free"] == (0.0, 0.0, 0.0) and lin["injected_continuation"] == (0.0, 0.0, 0.0)
     assert tf["injected_next"][0] > 0.9  # not 1: where the planted +1 cancels the wrong input
     assert tf["gap"][0] > 0 and tf["gap"][1] < tf["gap"][0] < tf["gap"][2]
+    # the planted oracle carries its one error to the end: free running equals the compounded true-prefix error
+    assert [t[0] for t in tf["compounded_by_position"]] == pytest.approx([t[0] for t in tf["free_by_position"]])
     diff = result["versus_teacher_forcing"]["linear"]["injected_next"]
     assert diff["difference"][0] == pytest.approx(-tf["injected_next"][0])
     for fig in (plot_per_position(result), plot_injected(result)):
