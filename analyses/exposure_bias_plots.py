@@ -24,7 +24,7 @@ def _label(name: str, entry: dict) -> str:
 def plot_per_position(result: dict):
     """One panel per schedule: error rate at each target position under true prefixes and free running."""
     schedules = result["schedules"]
-    fig, axes = plt.subplots(1, len(schedules), figsize=(2.6 * len(schedules) + 0.6, 3.0), sharey=True,
+    fig, axes = plt.subplots(1, len(schedules), figsize=(2.6 * len(schedules) + 0.6, 3.3), sharey=True,
                              layout="constrained", squeeze=False)
     top = max(t[2] for e in schedules.values() for key in ("free_by_position", "compounded_by_position")
               for t in e.get(key, []))
@@ -43,7 +43,8 @@ def plot_per_position(result: dict):
         ax.set_ylim(0, min(1.0, top * 1.1 + 0.02))
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("error rate of symbol j", fontsize=8)
-    axes[0, 0].legend(fontsize=7, loc="upper left")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=3)
     fig.suptitle(f"{result['setup']['task']}: error by position, mean and 95 % t-interval over seeds", fontsize=9)
     return fig
 
