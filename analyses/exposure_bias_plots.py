@@ -24,7 +24,7 @@ def _label(name: str, entry: dict) -> str:
 def plot_per_position(result: dict):
     """One panel per schedule: error rate at each target position under true prefixes and free running."""
     schedules = result["schedules"]
-    fig, axes = plt.subplots(1, len(schedules), figsize=(2.6 * len(schedules) + 0.6, 3.3), sharey=True,
+    fig, axes = plt.subplots(1, len(schedules), figsize=(max(2.6 * len(schedules) + 0.6, 8.0), 3.3), sharey=True,
                              layout="constrained", squeeze=False)
     top = max(t[2] for e in schedules.values() for key in ("free_by_position", "compounded_by_position")
               for t in e.get(key, []))
