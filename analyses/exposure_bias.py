@@ -146,6 +146,8 @@ def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
     """`(mean, low, high)`: the Student t confidence interval of the mean of per-seed values,
     mean ± t_{(1+c)/2, n−1} · s / √n (Student 1908; s the sample standard deviation)."""
     m, var, n = _mean_var(values)
+    if n < 2:
+        return m, math.nan, math.nan
     half = t_quantile((1 + confidence) / 2, n - 1) * math.sqrt(var / n)
     return m, m - half, m + half
 
