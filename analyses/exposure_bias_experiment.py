@@ -149,11 +149,52 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
-def _write_json(path: Path, data) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".json", dir=path.parent)
+LABELS = {"measured_teacher_forced_accuracy": "teacher-forced per-symbol accuracy",
+          "gold": "per-symbol error from true prefixes", "free": "per-symbol error free running (greedy)",
+          "gap": "free running − true prefixes", "injected_next": "next symbol after one wrong input symbol",
+          "base_next": "the same symbols, no wrong input (base)",
+          "injected_continuation": "own continuation after one wrong symbol",
+          "base_continuation": "the same continuation, no wrong symbol (base)"}
+
+
+def markdown(result: dict) -> str:
+    """The results as Markdown tables (every number from `result`): means [95 % t-interval] per schedule, and each
+    schedule minus teacher forcing [Welch 95 %] with the smallest difference detectable at 80 % power."""
+    names = list(result["schedules"])
+    sch = result["schedules"]
+    lines = ["| mean [95 % t-interval] over seeds | " + " | ".join(names) + " |",
+             "|---|" + "---:|" * len(names),
+             "| seeds | " + " | ".join(str(len(sch[n]["seeds"])) for n in names) + " |",
+             "| steps to the stop (min–max) | " + " | ".join(f"{min(sch[n]['steps'])}–{max(sch[n]['steps'])}"
+                                                          for n in names) + " |"]
+    for key, label in LABELS.items():
+        lines.append(f"| {label} | " + " | ".join("{:.3f} [{:.3f}, {:.3f}]".format(*sch[n][key]) for n in names)
+                     + " |")
+    others = list(result["versus_teacher_forcing"])
+    if others:
+        lines += ["", "| minus teacher forcing: difference [Welch 95 %], detectable at 80 % power | "
+                  + " | ".join(others) + " |", "|---|" + "---:|" * len(others)]
+        for key in ("gold", "free", "gap", "injected_next", "injected_continuation", "continuation_excess"):
+            label = LABELS.get(key, "continuation after a wrong symbol − its base")
+            cells = []
+            for n in others:
+                (d, lo, hi), mdd = (result["versus_teacher_forcing"][n][key][k] for k in
+                                    ("difference", "detectable_at_80_power"))
+                cells.append(f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}], ±{mdd:.3f}")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Atomically: a temporary file beside `path`, renamed into place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
     with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
+        f.write(text)
     os.replace(tmp, path)
+
+
+def _write_json(path: Path, data) -> None:
+    _write_text(path, json.dumps(data, indent=1) + "\n")
 
 
 def setup() -> dict:
@@ -194,6 +235,9 @@ def main(argv=None) -> None:
     cpu = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "")
     result = {"setup": setup(), "cpu": cpu, "torch": torch.__version__, "runs": runs, **summarise(runs)}
     _write_json(args.out / "results.json", result)
+    head = (f"Written by `python -m analyses.exposure_bias_experiment --out {args.out} --seeds {args.seeds}` "
+            f"({cpu}, torch {torch.__version__}); see notebooks/05_encoder_decoder.ipynb.\n\n")
+    _write_text(args.out / "results.md", head + markdown(result))
     from analyses.cli.common import save_figure
 
     from .exposure_bias_plots import plot_injected, plot_per_position

@@ -169,6 +169,8 @@ def test_experiment_summary_and_figures_at_small_scale(tmp_path):
     assert [t[0] for t in tf["compounded_by_position"]] == pytest.approx([t[0] for t in tf["free_by_position"]])
     diff = result["versus_teacher_forcing"]["linear"]["injected_next"]
     assert diff["difference"][0] == pytest.approx(-tf["injected_next"][0])
+    md = ex.markdown(result)
+    assert "| seeds | 3 | 3 |" in md and "{:.3f} [{:.3f}, {:.3f}]".format(*tf["gold"]) in md
     for fig in (plot_per_position(result), plot_injected(result)):
         assert figure_problems(fig) == []
         legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
