@@ -177,3 +177,29 @@ def test_experiment_summary_and_figures_at_small_scale(tmp_path):
         texts = [t.get_text() for leg in legends for t in leg.get_texts()] + [ax.get_title() for ax in fig.axes]
         assert any("teacher forcing (3 seeds)" in t for t in texts)
         fig.savefig(tmp_path / "f.png")
+
+
+def test_quoted_numbers_match_the_committed_results():
+    """README's notebook-05 row, the notebook's text and docs/exposure_bias/results.md quote results.json."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    result = json.loads((root / "docs" / "exposure_bias" / "results.json").read_text())
+    assert (root / "docs" / "exposure_bias" / "results.md").read_text().endswith(ex.markdown(result))
+    tf, vs = result["schedules"]["teacher forcing"], result["versus_teacher_forcing"]
+    readme = next(line for line in (root / "README.md").read_text().splitlines() if "05_encoder_decoder" in line)
+    notebook = (root / "notebooks" / "src" / "05_encoder_decoder.py").read_text()
+    quoted = ["{:.3f} [{:.3f}, {:.3f}]".format(*tf["gold"]), "{:.3f} [{:.3f}, {:.3f}]".format(*tf["free"]),
+              f"{tf['injected_next'][0]:.3f}", f"base {tf['base_next'][0]:.3f}", f"({tf['gap'][0]:.3f})",
+              "{:.3f} / {:.3f}".format(*(-vs[s]["injected_next"]["difference"][0]
+                                         for s in ("exponential", "inverse sigmoid")))]
+    for q in quoted:
+        assert q in readme, q
+    for q in [f"{tf['injected_next'][0]:.3f}", f"base rate {tf['base_next'][0]:.3f}",
+              f"{tf['gold'][0]:.3f} from true prefixes", f"{tf['free'][0]:.3f} free running",
+                            f"teacher forcing's {tf['gap'][0]:.3f}"]:
+        assert q in notebook, q
+    for s in ("exponential", "inverse sigmoid"):
+        d, lo, hi = vs[s]["injected_next"]["difference"]
+        assert f"−{-d:.3f} [−{-lo:.3f}, −{-hi:.3f}]" in notebook
