@@ -185,7 +185,10 @@ def copying(ctx: Context) -> str:
     t = copying_heads_table(ctx.model, vocab=ctx.vocab)
     ctx.cache["copying"] = t
     return "\n".join([
-        f"**{len(t.heads)} of {t.copying_score.numel()} heads copy** (OV copying score ≥ {t.threshold}). The OV "
+        f"**{len(t.heads)} of {t.copying_score.numel()} heads copy** by both measures (OV copying score ≥ "
+        f"{t.threshold} and top-1 diagonal accuracy ≥ {t.diagonal}); {len(t.ov_positive)} more pass the eigenvalue "
+        "score only ('OV-positive': attending to a token raises its own logit on balance, but for fewer than half "
+        "of the tokens is it the most raised). The OV "
         "copying score is Σλ/Σ|λ| over the eigenvalues of the head's full OV circuit W_E W_OV W_U (+1 when "
         "attending to a token raises that token's own logit, ≈ 0 for random matrices); 'positive eigenvalues' is "
         "the share of eigenvalues with positive real part; top-1 / top-5 diagonal accuracy is the share of "

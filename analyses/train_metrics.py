@@ -202,13 +202,20 @@ def card_results(model, metrics, summary, corpus) -> tuple[list[str], dict]:
         lines.append("- induction heads formed (best last-layer score ≥ 0.4 at |R| = 50): " + (
             f"by checkpoint step {onset['step']} ({onset['tokens']:,} tokens)" if onset else "not within this run"))
     if L == 1:
-        from circuits.eigen import copying_scores
+        from .one_layer import copying_heads_table
 
-        cs = copying_scores(model).float().cpu()
+        t = copying_heads_table(model, vocab=corpus.seen_ids() if corpus is not None else None, behavioural=False)
+        cs = t.copying_score
         numbers["copying_scores"] = _rounded(cs)
-        n_pos = int((cs[0] > 0.5).sum())
+        numbers["ov_top1"], numbers["ov_top5"] = _rounded(t.top1), _rounded(t.top5)
+        n_pos = len(t.heads) + len(t.ov_positive)
         lines.append(f"- copying scores Σλ/Σ|λ| of each head's full OV circuit W_E W_V W_O W_U: {_fmt_heads(cs, 0)} "
-                     f"(**{n_pos} of {model.cfg.n_heads}** above 0.5)")
+                     f"(**{n_pos} of {model.cfg.n_heads}** at or above {t.threshold})")
+        lines.append(f"- top-1 / top-5 diagonal accuracy of each head's full OV circuit over the {t.n_ids} ids seen in "
+                     f"training (ARENA's measure: the share of tokens whose own logit the head raises most / among "
+                     f"the 5 most): top-1 {_fmt_heads(t.top1, 0)}; top-5 {_fmt_heads(t.top5, 0)}; copying heads by "
+                     f"both measures (Σλ/Σ|λ| ≥ {t.threshold} and top-1 ≥ {t.diagonal}): **{len(t.heads)} of "
+                     f"{model.cfg.n_heads}**")
     if L == 0 and corpus is not None:
         from .zero_layer import direct_path_fit
 
