@@ -1,6 +1,7 @@
 """Re-measure the zoo's language-model cards from the shipped weights, without training: after a score's
 definition changes, `python docs/remeasure_cards.py [NAME ...]` (default: every zoo model with attention layers
-and a `metrics.jsonl`, encoder-decoders aside).
+and a `metrics.jsonl`, encoder-decoders aside; an encoder-decoder named gets its cross-attention diagonal
+accuracy line, `remeasure_seq2seq`).
 
 For each model, the training-time induction scores in `metrics.jsonl` are recomputed wherever weights exist
 (the final model and the kept `checkpoints/step-*`), with `analyses.train_metrics.make_eval_fn`'s probe
@@ -91,6 +92,28 @@ def remeasure(name: str) -> dict:
     return changed
 
 
+def remeasure_seq2seq(name: str) -> str:
+    """An encoder–decoder card: the cross-attention OV circuits' top-1 / top-5 diagonal accuracy line
+    (`analyses.seq2seq_card.cross_diagonal_line`) after the copying-score line, and its numbers."""
+    import models
+    from analyses.seq2seq_card import cross_diagonal_line
+    from models.io.checkpoint import ZOO_DIR
+
+    folder = ZOO_DIR / name
+    model = models.load(folder)
+    measured = json.loads((folder / "measured.json").read_text())
+    summary = json.loads((folder / "summary.json").read_text())
+    line = cross_diagonal_line(model, measured)
+    lines = [ln for ln in (folder / "card.md").read_text().split("\n") if not ln.startswith("- top-1 / top-5 diag")]
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("- copying scores Σλ/Σ|λ| of the cross-attention"))
+    lines.insert(at + 1, line)
+    summary.setdefault("card_numbers", {}).update({k: v for k, v in measured.items() if "diagonal" in k})
+    _write(folder / "card.md", "\n".join(lines))
+    _write(folder / "measured.json", json.dumps(measured, indent=1))
+    _write(folder / "summary.json", json.dumps(summary, indent=2))
+    return line
+
+
 def main(names: list[str]) -> int:
     from models.io.checkpoint import ZOO_DIR
 
@@ -99,6 +122,9 @@ def main(names: list[str]) -> int:
                        and json.loads((d / "config.json").read_text()).get("n_layers", 0) > 0
                        and "d_vocab_src" not in json.loads((d / "config.json").read_text()))
     for name in names:
+        if "d_vocab_src" in json.loads((ZOO_DIR / name / "config.json").read_text()):
+            print(f"{name}: {remeasure_seq2seq(name)}")
+            continue
         for (step, p), (old, new) in sorted(remeasure(name).items()):
             print(f"{name} step {step} |R|={p}: best last-layer induction {old} (whole stripe) -> {new}")
     return 0
