@@ -142,12 +142,13 @@ def alignment(ctx) -> str:
     ])
 
 
-def _symbol_ids(ctx) -> list[int]:
-    """The source ids that are task symbols: all but the seq2seq tokenizer's specials (PAD, BOS, EOS first)."""
+def symbol_ids(model) -> list[int]:
+    """The source ids that are task symbols: all but a seq2seq tokenizer's specials (PAD, BOS, EOS come first);
+    every id for a model without one. The ids the cross-attention diagonal accuracies count."""
     from models.data.tokenizer import CHAR_SPECIALS, Seq2SeqTokenizer
 
-    first = len(CHAR_SPECIALS) if isinstance(getattr(ctx.model, "tokenizer", None), Seq2SeqTokenizer) else 0
-    return list(range(first, ctx.cfg.d_vocab_src))
+    first = len(CHAR_SPECIALS) if isinstance(getattr(model, "tokenizer", None), Seq2SeqTokenizer) else 0
+    return list(range(first, model.cfg.d_vocab_src))
 
 
 def copying(ctx) -> str:
@@ -158,7 +159,7 @@ def copying(ctx) -> str:
     ctx.cache["cross_copying_scores"] = scores
     ov = full_cross_ov_circuit(ctx.model).AB.detach().float().cpu()  # [layers, heads, V_src, V_tgt]
     L, H = scores.shape
-    symbols = _symbol_ids(ctx)
+    symbols = symbol_ids(ctx.model)
     acc = cross_diagonal_accuracy(ctx.model, symbols, k=(1, 5))
     top1, top5 = acc[1].float().cpu(), acc[5].float().cpu()
     rows = [[f"C{layer}H{head}", float(scores[layer, head]), float(top1[layer, head]), float(top5[layer, head])]

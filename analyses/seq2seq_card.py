@@ -69,9 +69,10 @@ def cross_diagonal_line(model, numbers: dict) -> str:
     """The card line (and `numbers` entries) of the cross-attention OV circuits' top-1 / top-5 diagonal accuracy
     over the task's symbols (`circuits.cross_diagonal_accuracy`; the specials PAD, BOS, EOS left out)."""
     from circuits.cross_attention import cross_diagonal_accuracy
-    from models.data.tokenizer import CHAR_SPECIALS
 
-    ids = list(range(len(CHAR_SPECIALS), model.cfg.d_vocab_src))
+    from .encdec_report import symbol_ids
+
+    ids = symbol_ids(model)
     acc = cross_diagonal_accuracy(model, ids, k=(1, 5))
     for k in (1, 5):
         numbers[f"cross_top{k}_diagonal_accuracy"] = [[round(float(v), 4) for v in r] for r in acc[k].float().cpu()]
