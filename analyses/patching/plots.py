@@ -44,7 +44,7 @@ def _short(label: str, n: int = 14) -> str:
 def plot_patching(result, title: str | None = None, annotate: bool | None = None):
     """Heatmap(s) of `result.share()`: red cells carry the effect, blue ones work against it (shared scale, ±the
     largest |share|, at least ±1 when the shares reach it). 2 axes: one panel (rows: first axis); 3 axes: one panel per
-    entry of the first. NaN cells (not measured) are left blank. `annotate`: write the values (default when the
+    entry of the first. NaN cells (not measured) are dark grey. `annotate`: write the values (default when the
     grid is small)."""
     plt = _plt()
     share = result.share().float()
@@ -73,7 +73,8 @@ def plot_patching(result, title: str | None = None, annotate: bool | None = None
     fig, axes = plt.subplots(nrow, ncol, figsize=(w * ncol + 1.4, h * nrow + 1.0), squeeze=False, layout="constrained")
     for ax in axes.flat[n:]:
         ax.axis("off")
-    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="0.92")
+    cmap = plt.get_cmap("bwr")  # white exactly at 0
+    cmap = cmap.with_extremes(bad="0.45")  # not measured: dark grey, unlike any near-zero cell
     for ax, name, grid in zip(axes.flat, panel_names, share):
         im = ax.imshow(grid.numpy(), cmap=cmap, vmin=-vmax, vmax=vmax, aspect="auto")
         if annotate:

@@ -2,9 +2,10 @@
 audit's independent implementation), against `analyses.patching.path_patching_matrix` on the zoo's attn-only-2l.
 
 Each `HookPoint` is an `nn.Module` whose forward is the identity, so a forward hook that returns a tensor replaces
-the activation there. Noising (Wang et al. 2022, §3.1), every sender head of layer 0 to every receiver head of
-layer 1 through its query, key or value input: (1) the clean run with the sender's `hook_z` slot from the corrupted
-run and every other head's `hook_z` frozen to the clean run, recording the receivers' `hook_q/k/v`; (2) the clean
+the activation there. Noising (Wang et al. 2022, §3.1), every sender (the token embedding, every head of layer 0)
+to every receiver head of layer 1 through its query, key or value input: (1) the clean run with the sender's
+`hook_z` slot (the embedding: `hook_embed`) from the corrupted run and every head's other `hook_z` frozen to the
+clean run, recording the receivers' `hook_q/k/v`; (2) the clean
 run with only the receiver's slot of that input replaced by the recording. Metric: the mean next-token loss over
 the second copy of `[BOS] + R + R`, per prompt, computed here from the logits.
 """
@@ -41,18 +42,21 @@ def _plain_path_patching(model, clean, corrupt, positions):
     L, H = model.cfg.n_layers, model.cfg.n_heads
     z_clean, z_corrupt = {}, {}
     for tokens, store in ((clean, z_clean), (corrupt, z_corrupt)):
-        _run(model, tokens, {attn[l].hook_z: (lambda out, l=l, s=store: s.__setitem__(l, out.clone()))
-                             for l in range(L)})
-    out = torch.full((3, H, H, clean.shape[0]), float("nan"), dtype=torch.float64)
-    for s in range(H):  # sender L0Hs
+        hooks = {attn[l].hook_z: (lambda out, l=l, s=store: s.__setitem__(l, out.clone())) for l in range(L)}
+        hooks[model.hook_embed] = lambda out, s=store: s.__setitem__("embed", out.clone())
+        _run(model, tokens, hooks)
+    out = torch.full((3, H + 1, H, clean.shape[0]), float("nan"), dtype=torch.float64)
+    for s in range(H + 1):  # senders: the token embedding (s = 0), then L0H(s - 1)
         def frozen(out_, l, s=s):
             z = z_clean[l].clone()
-            if l == 0:
-                z[:, :, s] = z_corrupt[0][:, :, s]
+            if l == 0 and s > 0:
+                z[:, :, s - 1] = z_corrupt[0][:, :, s - 1]
             return z
 
         recorded = {}
         hooks = {attn[l].hook_z: (lambda o, l=l: frozen(o, l)) for l in range(L)}
+        if s == 0:
+            hooks[model.hook_embed] = lambda o: z_corrupt["embed"]
         for c in "qkv":
             hooks[getattr(attn[1], f"hook_{c}")] = lambda o, c=c, rec=recorded: rec.__setitem__(c, o.clone())
         _run(model, clean, hooks)
@@ -78,12 +82,13 @@ def test_plain_hooks_path_patching_agrees_with_analyses_patching_on_attn_only_2l
     positions = list(range(n + 1, 2 * n))
     ours = _plain_path_patching(m, clean, corrupt, positions)
     r = P.path_patching_matrix(m, clean, corrupt, P.metric("loss", P.next_token_answers(clean, positions)),
-                               senders=[(0, h) for h in range(4)], receivers=[(1, h) for h in range(4)],
+                               senders=["embed"] + [(0, h) for h in range(4)], receivers=[(1, h) for h in range(4)],
                                progress=False)
     assert r.axes == ("component", "sender", "receiver") and r.per_prompt.shape == ours.shape
     torch.testing.assert_close(r.per_prompt, ours, atol=1e-6, rtol=0)
     base = _loss(_run(m, clean, {}), clean, positions)
     torch.testing.assert_close(r.clean, base, atol=1e-6, rtol=0)
     assert float((ours - base[None, None, None]).abs().max()) > 0.1  # the hooks did act: some path moves the loss
-    assert float(ours[1, 1, 1].mean() - base.mean()) == pytest.approx(float(r.values[1, 1, 1] - r.clean_value),
+    assert float(ours[1, 2, 1].mean() - base.mean()) == pytest.approx(float(r.values[1, 2, 1] - r.clean_value),
                                                                        abs=1e-6)
+    assert r.labels[1][0] == "embed" and float(ours[2, 0].mean(-1).max() - base.mean()) > 1  # the values' route
