@@ -7,9 +7,14 @@ A figure passes when
   text of one panel runs into another panel's plotting area;
 - every heatmap (an `AxesImage` or `QuadMesh`) has a colourbar: one drawn for it, or a colourbar of the same
   colour map and limits (a colour scale shared by several panels);
+- every colour bar names its quantity (a non-empty label other than "value");
 - every text is at least `min_fontsize` points at the saved size.
 
 The report's figure test runs it on every figure a report writes; the notebooks' and CLI's figures are tested too.
+Notebooks: `watch_notebook_figures()` (which `notebooks/build.py` runs in the kernel before the first cell) checks
+every figure as the inline backend displays it and records the problems in the PNG output's metadata;
+`notebook_figure_problems(nb)` reads them back and also refuses a PNG wider than `NOTEBOOK_WIDTH_PX`, which a
+notebook viewer would shrink, text included, below the size it was checked at.
 """
 
 from __future__ import annotations
@@ -128,6 +133,10 @@ def figure_problems(fig, min_fontsize: float = 7.0) -> list[str]:
             if _overlap(b, [pb.x0, pb.y0, pb.x1, pb.y1]):
                 what = "colour bar" if getattr(ax, "_colorbar", None) is not None else f"panel {ax.get_title()!r}"
                 problems.append(f"{_describe(t, role)} runs into the {what}")
+    for cb in (ax._colorbar for ax in fig.axes if getattr(ax, "_colorbar", None) is not None):
+        label = (cb.ax.get_ylabel() if cb.orientation == "vertical" else cb.ax.get_xlabel()).strip()
+        if not label or label.lower() == "value":
+            problems.append(f"a colour bar is labelled {label!r}: name its quantity and unit")
     # heatmaps without a colour scale
     bars = [ax._colorbar for ax in fig.axes if getattr(ax, "_colorbar", None) is not None]
     for ax in fig.axes:
@@ -137,3 +146,60 @@ def figure_problems(fig, min_fontsize: float = 7.0) -> list[str]:
             if isinstance(m, (AxesImage, QuadMesh)) and not _has_colourbar(m, bars):
                 problems.append(f"heatmap in panel {ax.get_title()!r} has no colour bar")
     return problems
+
+
+#: Width of a notebook's output area in common viewers (GitHub, JupyterLab at 100 %), px: a wider PNG is shown
+#: scaled down to it, its text with it.
+NOTEBOOK_WIDTH_PX = 900
+#: Key of the output metadata where `watch_notebook_figures` records a figure's problems.
+NOTEBOOK_META = "toy_circuits/figure_problems"
+
+
+def watch_notebook_figures(min_fontsize: float = 7.0) -> None:
+    """In a Jupyter kernel with matplotlib's inline backend: run `figure_problems` on every figure the backend
+    displays and record the list in the PNG output's metadata (`NOTEBOOK_META`). The backend looks its metadata
+    function up at each display, so wrapping it here catches every figure, however the cell shows it."""
+    import matplotlib_inline.backend_inline as inline
+
+    original = getattr(inline._fetch_figure_metadata, "__wrapped__", inline._fetch_figure_metadata)
+
+    def checked(fig):
+        meta = dict(original(fig) or {})
+        meta[NOTEBOOK_META] = figure_problems(fig, min_fontsize)
+        return meta
+
+    checked.__wrapped__ = original
+    inline._fetch_figure_metadata = checked
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) in pixels from a PNG's IHDR chunk."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG")
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def notebook_figure_problems(nb, max_width_px: int = NOTEBOOK_WIDTH_PX) -> list[str]:
+    """Problems of every PNG figure embedded in a notebook (an `nbformat` node): those recorded at build time by
+    `watch_notebook_figures` (a PNG without the record was not checked: a problem too), and a width over
+    `max_width_px`, at which viewers shrink it."""
+    import base64
+
+    out = []
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        for o in cell.get("outputs", []):
+            data = o.get("data", {}).get("image/png")
+            if data is None:
+                continue
+            where = f"code cell {i + 1}"
+            meta = o.get("metadata", {})
+            found = meta.get(NOTEBOOK_META, meta.get("image/png", {}).get(NOTEBOOK_META))
+            if found is None:
+                out.append(f"{where}: figure not checked when it was drawn (build with notebooks/build.py)")
+            else:
+                out += [f"{where}: {p}" for p in found]
+            w, _ = png_size(base64.b64decode(data))
+            if w > max_width_px:
+                out.append(f"{where}: {w} px wide, shown shrunk to {max_width_px} px (×{max_width_px / w:.2f}), "
+                           "its text below the size it was checked at")
+    return out

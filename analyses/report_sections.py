@@ -245,13 +245,24 @@ def ablation(ctx: Context) -> str:
     order = sorted(((float(r.delta[l, h]), float(r.se[l, h]), head_label(l, h)) for l in range(ctx.cfg.n_layers)
                     for h in range(ctx.cfg.n_heads)), reverse=True)
     ties = [f"{a[2]} / {b[2]}" for a, b in zip(order, order[1:]) if a[0] - b[0] < 2 * max(a[1], b[1])]
+    caveat = ""
+    if ctx.cfg.n_layers >= 2:
+        _, prev = ctx.detection()
+        minor = ", ".join(f"{head_label(*h)} {float(r.delta[h]):.3f} ± {float(r.se[h]):.3f} nats" for h in prev.heads
+                          if h[0] < ctx.cfg.n_layers - 1)
+        caveat = ("What this ablation cannot see: with every pattern frozen, the attention a head creates in later "
+                  "heads stays in place, so a head whose job is to shape later heads' queries or keys loses only what "
+                  "it writes directly and through values. " + (
+                      f"The previous-token head(s) ({minor}) look minor here for that reason; path patching (below) "
+                      "measures their effect through the induction heads' keys." if minor else ""))
     return "\n".join([
         "Pattern-preserving ablation: each head's output is set to zero while every attention pattern stays as in "
         f"the clean run; the table gives the loss increase in nats over the clean loss {r.clean_loss:.3f}, the "
         f"mean over {r.n_sequences} validation windows spread over the text, ± its standard error over the "
         "windows (larger = the head matters more). "
         + (f"Neighbours in the ranking closer than two standard errors: {', '.join(ties)}." if ties else
-           "Every neighbour in the ranking is more than two standard errors apart."), "", r.markdown(), "",
+           "Every neighbour in the ranking is more than two standard errors apart.") + (" " + caveat if caveat else ""),
+        "", r.markdown(), "",
         ctx.figure(plot_ablation(r), "head_ablation", "Loss increase when each head is removed (patterns frozen), "
                    "± one standard error over the windows.")])
 

@@ -136,7 +136,8 @@ dla, head_names = interactive.direct_logit_attribution(m1, tokens)
 interactive.show(
     interactive.attention_view(m1, tokens),
     interactive.token_values_view(token_labels(m1, tokens[1:].tolist()), dla, head_names,
-                                  "direct logit attribution of each head to each next token"))
+                                  "direct logit attribution of each head to each next token",
+                                  interactive.DLA_QUANTITY))
 
 # %% [markdown]
 # ## Skip-trigrams and their bugs

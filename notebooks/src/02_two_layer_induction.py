@@ -71,7 +71,8 @@ dla, head_names = interactive.direct_logit_attribution(model, tokens)
 interactive.show(
     interactive.attention_view(model, tokens),
     interactive.token_values_view(token_labels(model, tokens[1:].tolist()), dla, head_names,
-                                  "direct logit attribution of each head to each next token"))
+                                  "direct logit attribution of each head to each next token",
+                                  interactive.DLA_QUANTITY))
 
 # %% [markdown]
 # ## Head scores
