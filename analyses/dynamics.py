@@ -62,6 +62,7 @@ class TrainingDynamics:
     checkpoints: list[str] = field(default_factory=list)
     bump_slopes: tuple[float, float] | None = None
     icl_se: list[tuple[int, float]] = field(default_factory=list)
+    loss_labels: tuple[str, str] = ("train", "validation")  # from the run's train_config.json (`loss_labels`)
 
     @property
     def best_induction(self) -> list[tuple[int, float]]:
@@ -134,7 +135,22 @@ def training_dynamics(run_dir) -> TrainingDynamics:
     ck = run / "checkpoints"
     cks = sorted(str(p) for p in ck.glob("step-*") if p.is_dir()) if ck.is_dir() else []
     return TrainingDynamics(str(run), _series(recs, "train_loss"), val, icl, induction, key, window, bump,
-                            icl_before, icl_after, cks, slopes, _series(recs, "icl_score_se"))
+                            icl_before, icl_after, cks, slopes, _series(recs, "icl_score_se"), _run_loss_labels(run))
+
+
+def _run_loss_labels(run: Path) -> tuple[str, str]:
+    """`train_metrics.loss_labels` of the run's own train_config.json (plain labels when it has none)."""
+    from .train_metrics import loss_labels
+
+    path = run / "train_config.json"
+    if not path.is_file():
+        return loss_labels(None)
+    from models.training.loop import TrainConfig
+
+    try:
+        return loss_labels(TrainConfig.from_json(path.read_text()))
+    except (ValueError, TypeError):  # a config this version cannot read: say nothing it does not know
+        return loss_labels(None)
 
 
 def _formation_window(induction) -> tuple[int, int] | None:
@@ -207,8 +223,8 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), sharex=True, layout="constrained")
     ax = axes[0]
-    for name, s, kw in (("train (mixture)", dyn.train_loss, dict(lw=0.8, alpha=0.6)),
-                        ("validation (natural text)", dyn.val_loss, dict(lw=2, marker=".", ms=4))):
+    for name, s, kw in ((dyn.loss_labels[0], dyn.train_loss, dict(lw=0.8, alpha=0.6)),
+                        (dyn.loss_labels[1], dyn.val_loss, dict(lw=2, marker=".", ms=4))):
         pts = [(t, v) for t, v in s if t > 0]
         if pts:
             ax.plot(*zip(*pts), label=name, **kw)

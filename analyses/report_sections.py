@@ -112,7 +112,8 @@ def direct_path(ctx: Context) -> str:
            "", "The most frequent tokens and what the direct path predicts after them:", "", fit.table(), "",
            ctx.figure(plot_bigrams(ctx.model, text, table=table), "direct_path_bigrams",
                       "Left: the text's P(next | current) over its most frequent tokens; right: softmax(W_E W_U) on "
-                      "the same rows and columns; one colour scale (⏎ newline, ␣ space).")]
+                      "the same rows and columns; each row renormalised over the shown columns, one colour scale (⏎ "
+                      "newline, ␣ space).")]
     return "\n".join(out)
 
 

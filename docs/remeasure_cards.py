@@ -42,7 +42,7 @@ def remeasure(name: str) -> dict:
 
     import models
     from analyses.scores import induction_scores
-    from analyses.train_metrics import _rounded, card_results, training_curve_png
+    from analyses.train_metrics import _rounded, card_results, loss_labels, training_curve_png
     from models.io.checkpoint import ZOO_DIR
     from models.training.loop import TrainConfig, build_data
 
@@ -88,7 +88,7 @@ def remeasure(name: str) -> dict:
     _write(folder / "card.md", card)
     _write(folder / "measured.json", json.dumps(numbers, indent=1))
     _write(folder / "summary.json", json.dumps(summary, indent=2))
-    _write(folder / "training_curve.png", training_curve_png(records, name))
+    _write(folder / "training_curve.png", training_curve_png(records, name, loss_labels(cfg)))
     return changed
 
 
