@@ -12,9 +12,9 @@ A figure passes when
 
 The report's figure test runs it on every figure a report writes; the notebooks' and CLI's figures are tested too.
 Notebooks: `watch_notebook_figures()` (which `notebooks/build.py` runs in the kernel before the first cell) checks
-every figure as the inline backend displays it and records the problems in the PNG output's metadata;
-`notebook_figure_problems(nb)` reads them back and also refuses a PNG wider than `NOTEBOOK_WIDTH_PX`, which a
-notebook viewer would shrink, text included, below the size it was checked at.
+every figure as the inline backend displays it and records its problems, smallest text and dpi in the PNG output's
+metadata; `notebook_figure_problems(nb)` reads them back and also refuses text that a viewer shows below 7 pt
+because the PNG is wider than its output area (`NOTEBOOK_WIDTH_PX`) and is shrunk to it.
 """
 
 from __future__ import annotations
@@ -165,7 +165,10 @@ def watch_notebook_figures(min_fontsize: float = 7.0) -> None:
 
     def checked(fig):
         meta = dict(original(fig) or {})
-        meta[NOTEBOOK_META] = figure_problems(fig, min_fontsize)
+        problems = figure_problems(fig, min_fontsize)
+        sizes = [t.get_fontsize() for t, _, _ in _texts(fig)]
+        meta[NOTEBOOK_META] = {"problems": problems, "min_fontsize": min(sizes) if sizes else None,
+                               "dpi": float(fig.dpi)}
         return meta
 
     checked.__wrapped__ = original
@@ -179,10 +182,11 @@ def png_size(data: bytes) -> tuple[int, int]:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
-def notebook_figure_problems(nb, max_width_px: int = NOTEBOOK_WIDTH_PX) -> list[str]:
+def notebook_figure_problems(nb, max_width_px: int = NOTEBOOK_WIDTH_PX, min_fontsize: float = 7.0) -> list[str]:
     """Problems of every PNG figure embedded in a notebook (an `nbformat` node): those recorded at build time by
-    `watch_notebook_figures` (a PNG without the record was not checked: a problem too), and a width over
-    `max_width_px`, at which viewers shrink it."""
+    `watch_notebook_figures` (a PNG without the record was not checked: a problem too), and text that a viewer
+    shows smaller than `min_fontsize` pt at 72 px per inch (the inline backend's default), because the PNG is
+    wider than `max_width_px` and is shrunk to it: smallest text (pt) × dpi / 72 × min(1, max_width_px / width)."""
     import base64
 
     out = []
@@ -196,10 +200,14 @@ def notebook_figure_problems(nb, max_width_px: int = NOTEBOOK_WIDTH_PX) -> list[
             found = meta.get(NOTEBOOK_META, meta.get("image/png", {}).get(NOTEBOOK_META))
             if found is None:
                 out.append(f"{where}: figure not checked when it was drawn (build with notebooks/build.py)")
-            else:
-                out += [f"{where}: {p}" for p in found]
+                continue
+            out += [f"{where}: {p}" for p in found["problems"]]
             w, _ = png_size(base64.b64decode(data))
-            if w > max_width_px:
-                out.append(f"{where}: {w} px wide, shown shrunk to {max_width_px} px (×{max_width_px / w:.2f}), "
-                           "its text below the size it was checked at")
+            scale = min(1.0, max_width_px / w)
+            if found["min_fontsize"] is not None:
+                shown = found["min_fontsize"] * found["dpi"] / 72 * scale
+                if shown < min_fontsize - 1e-9:
+                    out.append(f"{where}: {w} px wide, shown at ×{scale:.2f} in a {max_width_px}-px output area: its "
+                               f"smallest text ({found['min_fontsize']:.1f} pt at {found['dpi']:.0f} dpi) shows as "
+                               f"{shown:.1f} pt at 72 px per inch, below {min_fontsize}")
     return out

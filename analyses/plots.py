@@ -183,7 +183,7 @@ def plot_eigenvalues(model):
 
     m = weight_view(model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
-    fig, axes = _layer_head_grid(L, H, 2.1, extra_h=1.0)
+    fig, axes = _layer_head_grid(L, H, 2.1 if H <= 5 else 1.5, extra_h=1.0)  # 8 heads: about 12 in
     t = torch.linspace(0, 2 * math.pi, 200)
     for l in range(L):
         lam_all = eigenvalues(full_ov_circuit(m, l)).cpu()  # [head, d_head]

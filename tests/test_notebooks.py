@@ -88,7 +88,7 @@ def test_build_records_each_figures_problems(tmp_path):
     assert len(outs) == 2 and all(NOTEBOOK_META in o.metadata for o in outs)
     problems = notebook_figure_problems(nbformat.from_dict(nb))
     assert any("'tiny' is 5.0 pt, below 7.0 pt" in p for p in problems), problems
-    assert any("code cell 3:" in p and "px wide, shown shrunk" in p for p in problems), problems
+    assert any("code cell 3:" in p and "px wide, shown at ×" in p for p in problems), problems
     assert not any(p.startswith("code cell 1") for p in problems)
 
 

@@ -72,7 +72,10 @@ def induction_paths(ctx) -> str:
         "Joint paths (senders and receivers patched together):", "",
         markdown_table(["path", "through", "share of the effect"], joint), "",
         "Heads can stand in for each other (the loss is not additive over heads), so single paths can carry less than "
-        "their sum; the joint paths say how much of the effect the circuit carries as a whole.", "",
+        "their sum; the joint paths say how much of the effect the circuit carries as a whole. "
+        f"The path {names(senders)} → {names(receivers)} through the keys ({joint[0][2]:.3f} of the effect) is what "
+        "the pattern-preserving ablation (its own section) cannot see: it freezes the receivers' patterns, so there "
+        "the sender loses only what it writes directly and into values.", "",
         ctx.figure(plot_patching(r), "path_patching", "Share of the loss increase carried by each path from a sender "
                    "(rows: the embeddings and the layer-0 heads) to a receiver head (columns) through its queries, "
                    "keys or values (one colour scale, white at 0" + ("; dark grey: not a path" if bool(

@@ -227,8 +227,8 @@ from analyses.patching.report_section import induction_probe
 
 clean, corrupt, rep_loss, n_rep = induction_probe(model, seen, seed=0)
 through_k = P.path_patching(model, clean, corrupt, rep_loss, ["L0H1"], ["L1H1", "L1H2"], "k")
-print(f"pattern-preserving ablation of L0H1: +{float(abl_text.delta[0, 1]):.3f} ± {float(abl_text.se[0, 1]):.3f} "
-      f"nats on text, +{float(abl_rep.delta[0, 1]):.3f} ± {float(abl_rep.se[0, 1]):.3f} on repeated tokens")
+print(f"pattern-preserving ablation of L0H1: {float(abl_text.delta[0, 1]):+.3f} ± {float(abl_text.se[0, 1]):.3f} "
+      f"nats on text, {float(abl_rep.delta[0, 1]):+.3f} ± {float(abl_rep.se[0, 1]):.3f} on repeated tokens")
 print(f"path patching L0H1 → L1H1 + L1H2 through their keys ([BOS] + R + R, |R| = {n_rep}): "
       f"{float(through_k.share().squeeze()):.3f} of the clean → corrupted loss increase "
       f"({through_k.clean_value:.3f} → {through_k.corrupt_value:.3f} nats)")
