@@ -139,14 +139,15 @@ def _annotated_heatmap(ax, s: torch.Tensor, threshold: float | None, vmin=0.0, v
 
 
 def plot_score_heatmap(scores: torch.Tensor, title: str, threshold: float | None = None, cmap: str = "viridis",
-                       vmin: float | None = 0.0, vmax: float | None = 1.0):
-    """A `[n_layers, n_heads]` table as a heatmap with the values written in; cells ≥ `threshold` boxed."""
+                       vmin: float | None = 0.0, vmax: float | None = 1.0, label: str = "score"):
+    """A `[n_layers, n_heads]` table as a heatmap with the values written in; cells ≥ `threshold` boxed; `label`
+    names the colour bar's quantity (and unit)."""
     s = torch.as_tensor(scores, dtype=torch.float32)
     L, H = s.shape
     fig, ax = _plt().subplots(figsize=(max(4.0, 0.7 * H + 2.0), max(2.2, 0.6 * L + 1.4)), layout="constrained")
     im = _annotated_heatmap(ax, s, threshold, vmin, vmax, cmap, fontsize=8)
     ax.set_title(title + (f" (boxed: ≥ {threshold})" if threshold is not None else ""), fontsize=10)
-    fig.colorbar(im, ax=ax)
+    fig.colorbar(im, ax=ax, label=label)
     return fig
 
 

@@ -167,19 +167,21 @@ for c, label in enumerate(toy_paths.labels[0]):
 # %%
 for kind, by_pos in (("z", False), ("z", True), ("resid_pre", None)):
     a = P.attribution_patching(model, clean, corrupt, loss, kind=kind, by_pos=by_pos, progress=False)
-    print(f"{kind:<10} by position {bool(by_pos)!s:<5} r = {a.correlation:.3f}, largest |estimate − exact| "
-          f"{a.max_error:.3f} nats")
+    cells = " × ".join(a.estimate.axes)
+    print(f"{kind:<10} cells {cells:<16} r = {a.correlation:.3f}, largest |estimate − exact| {a.max_error:.3f} nats")
 per_head = P.attribution_patching(model, clean, corrupt, loss, kind="z", by_pos=False, progress=False)
 print(per_head.error_table(8))
 fig = P.plot_attribution(P.attribution_patching(model, clean, corrupt, loss, kind="z", by_pos=True, progress=False))
 
 # %% [markdown]
-# Where the linear estimate fails: the layer-1 heads' outputs enter the logits linearly (no later attention reads
-# them), so their estimates are exact up to the final softmax and they make the correlation look good; the
-# layer-0 heads act through the layer-1 heads' attention softmax, which a patch moves far from where the gradient
-# was taken, so their estimates are off, by a factor or in sign (the table above; the points off the diagonal in
-# the scatter). Trust attribution patching to rank the cells that write straight to the logits; for heads that
-# steer later attention, run the exact patch.
+# Where the linear estimate fails. Per head (the table), the correlation over the 8 heads is carried by the two
+# induction heads, whose outputs reach the logits directly: their estimates have the right sign and overshoot
+# (the loss is curved in the logits). The layer-0 heads act through the layer-1 heads' attention softmax, which a
+# whole-head patch moves far from where the gradient was taken: the estimate for the previous-token head L0H1 has
+# the **wrong sign**, and L0H0's is off by a factor. By position the patches are small and the estimate tracks the
+# exact effect better (the scatter; points off the diagonal are again layer-0 cells); for the residual stream,
+# whose patches are large and act through every softmax, it fails. Trust attribution patching to rank cells that
+# write straight to the logits; for cells that steer later attention, run the exact patch.
 
 # %% [markdown]
 # ## Direct logit attribution
