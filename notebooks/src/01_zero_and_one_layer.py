@@ -198,8 +198,8 @@ print(heads)
 # The verdict rests on both measures: **copying** needs `Σλ/Σ|λ|` ≥ 0.5 *and* a top-1 diagonal accuracy ≥ 0.5 (the
 # head raises each token's own logit most, for at least half of the tokens: ARENA's measure); a head that passes
 # the eigenvalues only is **OV-positive**: attending to a token raises that token on balance, yet for most tokens
-# some other logit is raised more. Our heads reach high eigenvalue scores with top-1 accuracies far below one half
-# (top-5 and chance, 5/400, for scale), so "copying" holds for them in the eigenvalue sense only.
+# some other logit is raised more. Our heads reach high eigenvalue scores with top-1 accuracies below one half, if
+# far above chance (1/400), so "copying" holds for them in the eigenvalue sense only.
 
 # %%
 fresh = models.HookedTransformer(m1.cfg.replace(seed=1))  # same shapes, random weights
