@@ -218,5 +218,5 @@ def patch_head(l, h):
 restored = torch.tensor([[(corrupt_loss - patch_head(l, h)) / (corrupt_loss - clean_loss)
                           for h in range(cfg.n_heads)] for l in range(cfg.n_layers)])
 fig = plots.plot_score_heatmap(restored, "share of the second-copy loss restored by patching one head",
-                               vmin=-0.2, vmax=1.0, label="share of the loss difference restored")
+                               vmin=-0.2, vmax=1.0, label="share restored")
 print(f"clean {clean_loss:.2f} nats, corrupted {corrupt_loss:.2f} nats")
