@@ -221,7 +221,7 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
     `FORMED` line. Shaded: the formation window; dotted: the loss bump (when there is one)."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), sharex=True, layout="constrained")
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.4), sharex=True, layout="constrained")  # 1080 px at 90 dpi
     ax = axes[0]
     for name, s, kw in ((dyn.loss_labels[0], dyn.train_loss, dict(lw=0.8, alpha=0.6)),
                         (dyn.loss_labels[1], dyn.val_loss, dict(lw=2, marker=".", ms=4))):

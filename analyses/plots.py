@@ -14,6 +14,7 @@ out with matplotlib's constrained layout so that nothing is cut off; `analyses.f
 from __future__ import annotations
 
 import math
+import textwrap
 
 import torch
 
@@ -77,7 +78,8 @@ def plot_attention_patterns(model, seq_len: int = 50, seed: int = 0, tokens=None
         ax.set_xlabel("key position", fontsize=8)
     fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")
     what = f"[BOS] + R + R, |R| = {seq_len} (second copy from position {seq_len + 1})" if seq_len else "the tokens"
-    fig.suptitle(f"Attention patterns on {what}", fontsize=10)
+    width = fig.get_size_inches()[0]
+    fig.suptitle(textwrap.fill(f"Attention patterns on {what}", max(30, int(width * 11))), fontsize=10)
     return fig
 
 

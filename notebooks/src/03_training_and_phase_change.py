@@ -160,7 +160,7 @@ for step_dir in sorted((run / "checkpoints").glob("step-*")):
 # %%
 rows = [r for r in rows if r[0] > 0]  # step 0 has no place on a log axis
 tokens = [r[0] for r in rows]
-fig, axes = plt.subplots(1, 3, figsize=(15, 4.0), sharex=True, layout="constrained")
+fig, axes = plt.subplots(1, 3, figsize=(11, 3.8), sharex=True, layout="constrained")
 axes[0].plot(tokens, [r[1] for r in rows], marker="o")
 axes[0].set_title("loss on 64 validation windows (nats)")
 axes[1].errorbar(tokens, [r[2] for r in rows], yerr=[r[3] for r in rows], marker="o", capsize=3,
