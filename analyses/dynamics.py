@@ -260,13 +260,14 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
         for l in range(S.shape[1]):
             for h in range(S.shape[2]):
                 kw = dict(ls="--", lw=1.0, alpha=0.8) if (l == 0 and deep) else dict(lw=1.8)
-                ax3.plot(ts, S[:, l, h].numpy(), label=head_label(l, h), **kw)
+                ax3.plot(ts, S[:, l, h].numpy(), label=head_label(l, h), marker=".", ms=4, **kw)
         ax3.axhline(FORMED, color="tab:red", ls="--", lw=1)
         ax3.legend(fontsize=7, ncol=2 if S.shape[1] * S.shape[2] > 4 else 1, loc="upper left",
                    title="layer 0 dashed" if deep else None, title_fontsize=7)
     period = (dyn.induction_key or "").rsplit("_", 1)[-1]
     ax3.set_ylabel(f"induction score ([BOS] + R + R, |R| = {period})" if period.isdigit() else "induction score")
-    ax3.set_title(f"Per-head induction scores (red line: {FORMED})", fontsize=10)
+    n_points = len({t for t, _ in dyn.induction if t > 0})
+    ax3.set_title(f"Induction score per head, {n_points} checkpoint{'s' if n_points != 1 else ''}", fontsize=10)
     xs = [t for s in (dyn.train_loss, dyn.val_loss, dyn.icl) for t, _ in s if t > 0]
     for a in axes:
         a.set_xscale("log")
@@ -279,7 +280,9 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
             a.axvline(dyn.bump, color="tab:orange", ls=":", lw=1.5)
     axes[0].legend(fontsize=8)
     bump = "dotted: the loss bump" if dyn.bump else "no loss bump"
-    fig.suptitle(f"Training dynamics (shaded: induction heads forming; {bump})", fontsize=11)
+    window = "shaded: induction heads forming" if dyn.formation_window else "no induction heads formed"
+    window += f"; red dashed line: {FORMED}"
+    fig.suptitle(f"Training dynamics ({window}; {bump})", fontsize=11)
     return fig
 
 
