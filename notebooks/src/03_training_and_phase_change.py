@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import torch
 
 import analyses
@@ -175,6 +176,7 @@ axes[2].set_title("layer-1 induction scores (|R| = 50)")
 axes[2].legend(fontsize=8, ncol=2)
 for ax in axes:
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no crowded minor labels
     ax.set_xlabel("tokens seen (log scale)")
 plt.show()
 
