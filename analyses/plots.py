@@ -26,7 +26,7 @@ from .sequences import repeated_tokens
 from .util import weight_view
 
 #: Colours of `plot_eigenvalues` by the head's OV copying score: copying (≥ 0.5), weakly positive, negative.
-EIGEN_COLOURS = (("tab:blue", "copying score ≥ 0.5 (copying head)"), ("tab:olive", "0 ≤ copying score < 0.5"),
+EIGEN_COLOURS = (("tab:blue", "copying score ≥ 0.5 (OV-positive)"), ("tab:olive", "0 ≤ copying score < 0.5"),
                  ("tab:red", "copying score < 0"))
 
 

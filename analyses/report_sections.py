@@ -199,7 +199,8 @@ def copying(ctx: Context) -> str:
            f", over {t.n_ids} non-special ids") + ".", "", t.markdown(), "",
         ctx.figure(plot_eigenvalues(ctx.model), "ov_eigenvalues",
                    "Eigenvalues of each head's full OV circuit in the complex plane (scaled to the unit circle); "
-                   "copying heads have them on the right. Colours: blue copying score ≥ 0.5, olive 0–0.5, red < 0.")])
+                   "heads that raise the attended token have them on the right. Colours: blue copying score ≥ 0.5 "
+                   "(OV-positive; the copying verdict also needs top-1 ≥ 0.5), olive 0–0.5, red < 0.")])
 
 
 def skip_trigram_section(ctx: Context) -> str:
