@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformer_lens import FactoredMatrix
 
 from circuits.composition import composition_baseline, composition_scores
 from circuits.diagonal import diagonal_rank_stats
 from circuits.eigen import copying_score, copying_scores, positive_eigenvalue_fraction
 from circuits.factored import full_ov_circuit, k_composition_circuit
 from models.arch.model import head_label
+from models.arch.tl_compat import FactoredMatrix
 
 from .one_layer import positional_r2
 from .scores import (

@@ -149,7 +149,7 @@ def test_figure_labels_are_plain_text():
 
     labels = [figure_text(t) for t in ("$a^{$", "$x$", "plain")]
     for fig in (plot_token_patterns([torch.eye(3).numpy()], ["$a^{$", "$x$", "plain"], ["L0H0"]),
-                plot_token_values(["$a^{$", "$x$", "plain"], torch.ones(3, 1), ["L0H0"], "t")):
+                plot_token_values(["$a^{$", "$x$", "plain"], torch.ones(3, 1), ["L0H0"], "t", "logit (nats)")):
         fig.canvas.draw()  # mathtext would raise ValueError on `$a^{$`
         shown = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels()]
         assert [s for s in shown if s] == labels or [s for s in shown if s][:3] == labels, shown
