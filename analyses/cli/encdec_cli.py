@@ -41,9 +41,9 @@ def route(args, loaded, plain: str, encdec: tuple[str, ...], run):
 
 
 def _train_config(loaded) -> dict:
-    from ..report import _train_config as read  # a regular file of bounded size (models.io.safe_read)
+    from ..report import read_train_config  # a regular file of bounded size (models.io.safe_read)
 
-    return read(loaded.folder)
+    return read_train_config(loaded.folder)
 
 
 def parse_cross_head(spec: str, cfg) -> tuple[int, int]:
