@@ -45,6 +45,8 @@ def as_tokens(model, tokens, name: str = "tokens") -> torch.Tensor:
                 raise PatchingError(f"{name} is text but the model has no tokenizer; pass token ids")
             if not all(isinstance(t, str) and t for t in ([tokens] if isinstance(tokens, str) else tokens)):
                 raise PatchingError(f"{name} is empty text; give a prompt")
+            # ours: the last n_ctx tokens of over-long text, with a ContextWindowWarning (models.arch.tokens); a
+            # TransformerLens bridge keeps its own to_tokens
             tokens = model.to_tokens(tokens, truncate="last") if hasattr(model, "validate_tokens") else \
                 model.to_tokens(tokens)
         t = checked_tokens(model, tokens)

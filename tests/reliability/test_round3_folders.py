@@ -69,7 +69,11 @@ HOSTILE = {
 }
 
 
-@pytest.mark.parametrize("case", list(HOSTILE))
+def _cases(names):  # the ones that could hang run in a subprocess with a timeout: the e2e job
+    return [pytest.param(n, marks=pytest.mark.e2e) if n in HANGS else n for n in names]
+
+
+@pytest.mark.parametrize("case", _cases(HOSTILE))
 @pytest.mark.parametrize("command", ["report", "heads"])
 def test_a_folders_data_outside_it_is_refused_by_name(base, tmp_path, case, command, capsys):
     data = HOSTILE[case](base)
@@ -85,7 +89,7 @@ def test_a_folders_data_outside_it_is_refused_by_name(base, tmp_path, case, comm
     assert not written and not any(SECRET in p.read_text(errors="replace") for p in written)
 
 
-@pytest.mark.parametrize("case", ["fifo", "link out", "subfolder", "device"])
+@pytest.mark.parametrize("case", _cases(["fifo", "link out", "subfolder", "device"]))
 def test_a_folders_data_inside_it_must_be_a_regular_file(base, tmp_path, case, capsys):
     extra = {"fifo": {"corpus": os.mkfifo},
              "link out": {"corpus": lambda p: p.symlink_to(base / "private.txt")},
@@ -181,6 +185,7 @@ print(json.dumps({"outcome": outcome, "built": len(built), "extra_kib": extra}))
 """
 
 
+@pytest.mark.e2e  # peak memory of a fresh interpreter
 @pytest.mark.parametrize("claim", [{"n_layers": 6000, "d_head": 1}, {"n_layers": 2}])
 def test_a_config_claiming_more_layers_is_refused_before_building(base, tmp_path, claim):
     folder = _folder(base, tmp_path, "stdlib")

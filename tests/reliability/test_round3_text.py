@@ -209,6 +209,7 @@ def test_patching_api_refuses_empty_text_and_equal_answers(tiny):
 HUGE_BEAMS = 10**8  # about 2 TB of search state for enc-dec-reverse: beyond half the memory of any machine
 
 
+@pytest.mark.e2e  # a subprocess under a memory limit
 def test_generate_refuses_beams_beyond_memory_in_one_line():
     import resource
     import sys

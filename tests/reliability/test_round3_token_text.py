@@ -75,6 +75,7 @@ def report(hostile, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.e2e  # a whole report in a subprocess
 def test_every_section_runs_and_report_md_carries_token_text_escaped(report):
     md = (report / "report.md").read_text(encoding="utf-8")
     assert "failed" not in md.lower() or "section" not in md.lower()
@@ -104,6 +105,7 @@ class _Tags(HTMLParser):
             self.scripts[-1] += data
 
 
+@pytest.mark.e2e
 def test_report_html_has_only_its_own_tags_and_escaped_script_data(report):
     page = (report / "report.html").read_text(encoding="utf-8")
     assert not CONTROL.search(page.replace("\n", "")), CONTROL.search(page)
