@@ -41,6 +41,11 @@ TRAINING_FILE = "training.json"
 
 def sae_lens():
     """The `sae_lens` package, or `MissingDependencyError` naming the install."""
+    from .deferred_import import complete_all
+
+    # SAELens imports TransformerLens' model classes, whose modules import the package's other parts: its package
+    # `__init__`s must have run (the command line defers them, `models.deferred_import`); a no-op otherwise.
+    complete_all()
     try:
         import sae_lens
     except ImportError as e:
@@ -182,8 +187,8 @@ class Trained:
     seconds: float
 
 
-def train_sae(model, hook_name: str, tokens: torch.Tensor, steps: int = 1000, expansion: int = 8, l1: float = 5.0,
-              batch_size: int = 4096, lr: float = 4e-4, seed: int = 0, bos: int | None = None,
+def train_sae(model, hook_name: str, tokens: torch.Tensor, steps: int = 1000, expansion: int = 8, l1: float = 2.0,
+              batch_size: int = 4096, lr: float = 3e-3, seed: int = 0, bos: int | None = None,
               progress: bool = True) -> Trained:
     """Train SAELens' standard SAE (ReLU encoder, L1 penalty scaled by decoder norms; Bricken et al. 2023, "Towards
     Monosemanticity") on `hook_name` of `model` for `steps` batches of `batch_size` token activations from
