@@ -322,10 +322,18 @@ class FeatureStats:
 
 
 def feature_stats(sae, x: torch.Tensor) -> FeatureStats:
-    """`FeatureStats` of `sae` on activations `x` `[n, d_in]` (what `activations` returns)."""
-    with torch.no_grad():
-        acts = sae.encode(x.to(sae.W_dec.dtype))
-        x_hat = sae.decode(acts)
+    """`FeatureStats` of `sae` on activations `x` `[n, d_in]` (what `activations` returns; for a `hook_z` SAE the heads
+    are already concatenated, so SAELens' own reshaping is off meanwhile)."""
+    z = getattr(sae, "hook_z_reshaping_mode", False)
+    if z:
+        sae.turn_off_forward_pass_hook_z_reshaping()
+    try:
+        with torch.no_grad():
+            acts = sae.encode(x.to(sae.W_dec.dtype))
+            x_hat = sae.decode(acts)
+    finally:
+        if z:
+            sae.turn_on_forward_pass_hook_z_reshaping()
     active = acts > 0
     freq = active.double().mean(0)
     return FeatureStats(fvu(x, x_hat), float(active.sum(1).double().mean()), freq, int((freq == 0).sum()), acts)
