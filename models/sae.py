@@ -248,18 +248,22 @@ def tempfile_dir():
 
 @contextlib.contextmanager
 def _quiet_progress(show: bool):
-    """SAELens' trainer draws its own tqdm bar; hide it when `show` is False."""
+    """SAELens' trainer and activation scaler draw tqdm bars of their own; hide them when `show` is False."""
+    import functools
+
+    import sae_lens.training.activation_scaler as scaler_module
     import sae_lens.training.sae_trainer as trainer_module
 
-    saved = trainer_module.tqdm
+    modules = (trainer_module, scaler_module)
+    saved = [m.tqdm for m in modules]
     if not show:
-        import functools
-
-        trainer_module.tqdm = functools.partial(saved, disable=True)
+        for m, bar in zip(modules, saved):
+            m.tqdm = functools.partial(bar, disable=True)
     try:
         yield
     finally:
-        trainer_module.tqdm = saved
+        for m, bar in zip(modules, saved):
+            m.tqdm = bar
 
 
 def save_sae(trained: Trained, folder) -> Path:
