@@ -74,14 +74,14 @@ def show(report, model, k=4):
 # ## 1. An SAE on gelu-2l's MLP output
 #
 # `gelu-2l` (two layers, d_model 128, byte tokenizer, trained on the Python standard library). The SAE has
-# `8 × 128 = 1024` features; 300 batches of 2048 token activations (BOS positions left out), Adam at 3e-3, L1
+# `8 × 128 = 1024` features; 300 batches of 1024 token activations (BOS positions left out), Adam at 3e-3, L1
 # coefficient 2 on activations normalised to mean squared norm `d_in` (SAELens' `expected_average_only_in`, folded
 # back at the end).
 
 # %%
 gelu, train, val, bos = text_of("gelu-2l")
 t0 = time.perf_counter()
-mlp = train_sae(gelu, "blocks.1.hook_mlp_out", train, steps=300, expansion=8, l1=2.0, batch_size=2048, bos=bos,
+mlp = train_sae(gelu, "blocks.1.hook_mlp_out", train, steps=300, expansion=8, l1=2.0, batch_size=1024, bos=bos,
                 progress=False)
 mlp_seconds = time.perf_counter() - t0
 print(f"trained in {mlp_seconds:.0f} s: {mlp.settings['tokens_seen']} token activations, d_sae {mlp.settings['d_sae']}")
@@ -119,7 +119,7 @@ show(mlp_report, gelu)
 # %%
 attn, train_a, val_a, bos_a = text_of("attn-only-2l")
 t0 = time.perf_counter()
-zsae = train_sae(attn, "blocks.1.attn.hook_z", train_a, steps=300, expansion=8, l1=2.0, batch_size=2048, bos=bos_a,
+zsae = train_sae(attn, "blocks.1.attn.hook_z", train_a, steps=300, expansion=8, l1=2.0, batch_size=1024, bos=bos_a,
                  progress=False)
 z_seconds = time.perf_counter() - t0
 z_report = analyse(attn, zsae.sae, val_a, bos_a, top=8)
