@@ -69,8 +69,9 @@ def analyse(model, sae, windows: torch.Tensor, bos: int | None, top: int = 8, co
     """Measure `sae` on `windows` `[n, n_ctx]` (BOS first when `bos` is given: that position is left out) and pick
     the `top` features by their largest activation (the ones that fire hardest somewhere; those of largest total
     activation are the densest, here whitespace features), each with its `contexts` highest-activating positions
-    (`before` tokens of context, the token, `after` tokens) and the `promoted` tokens of largest logit weight (decoder direction · `W_U`; Bricken et al. 2023,
-    "Towards Monosemanticity", "logit weights"; the final norm's scale is left out)."""
+    (`before` tokens of context, the token, `after` tokens) and the `promoted` tokens of largest logit weight
+    (decoder direction · `W_U`; Bricken et al. 2023, "Towards Monosemanticity", "logit weights"; the final norm's
+    scale is left out)."""
     from models.sae import activations
 
     hook = sae.cfg.metadata.hook_name
