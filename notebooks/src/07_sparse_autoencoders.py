@@ -112,8 +112,8 @@ show(mlp_report, gelu)
 # ## 2. An SAE on attn-only-2l's attention output (hook_z, concatenated)
 #
 # Layer 1 of `attn-only-2l` holds its induction heads (notebook 02: L1H1 and L1H2, fed by the previous-token head
-# L0H1). Following Kissane et al. 2024, the SAE reads `hook_z` of all 8 heads concatenated (8 × 16 = 128 inputs),
-# the attention layer's output before `W_O`. A feature's decoder row splits into 8 blocks of 16, one per head: the
+# L0H1). Following Kissane et al. 2024, the SAE reads `hook_z` of all 4 heads concatenated (4 × 32 = 128 inputs),
+# the attention layer's output before `W_O`. A feature's decoder row splits into 4 blocks of 32, one per head: the
 # share of its squared norm in each block says which heads write it.
 
 # %%
@@ -177,6 +177,10 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
+# In this run the features that switch on in the second copy sit almost entirely (0.88–0.96 of their decoder norm)
+# in L1H1 or L1H2, the induction heads that notebook 02 finds from the weights; the SAE found them from activations
+# on ordinary text alone. Most live features belong to one head (the bar chart above), as Kissane et al. report.
+#
 # ## Summary (measured in this run)
 
 # %%
