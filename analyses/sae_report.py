@@ -67,10 +67,11 @@ class SAEReport:
 def analyse(model, sae, windows: torch.Tensor, bos: int | None, top: int = 8, contexts: int = 5,
             promoted: int = 6, before: int = 10, after: int = 2) -> SAEReport:
     """Measure `sae` on `windows` `[n, n_ctx]` (BOS first when `bos` is given: that position is left out) and pick
-    the `top` features by total activation (frequency × mean activation when active: what the SAE spends most of
-    its output on), each with its `contexts` highest-activating positions (`before` tokens of context, the token,
-    `after` tokens) and the `promoted` tokens of largest logit weight (decoder direction · `W_U`; Bricken et al. 2023,
-    "Towards Monosemanticity", "logit weights"; the final norm's scale is left out)."""
+    the `top` features by their largest activation (the ones that fire hardest somewhere; those of largest total
+    activation are the densest, here whitespace features), each with its `contexts` highest-activating positions
+    (`before` tokens of context, the token, `after` tokens) and the `promoted` tokens of largest logit weight
+    (decoder direction · `W_U`; Bricken et al. 2023, "Towards Monosemanticity", "logit weights"; the final norm's
+    scale is left out)."""
     from models.sae import activations
 
     hook = sae.cfg.metadata.hook_name
@@ -80,7 +81,7 @@ def analyse(model, sae, windows: torch.Tensor, bos: int | None, top: int = 8, co
     losses = sae_losses(model, sae, windows, bos)
     n, n_ctx = windows.shape
     span = n_ctx - skip
-    mass = st.acts.double().sum(0)
+    mass = st.acts.max(0).values
     order = [int(i) for i in torch.argsort(mass, descending=True)[:top] if mass[i] > 0]
     feats = []
     for f in order:
@@ -128,7 +129,7 @@ def markdown(report: SAEReport, name: str, settings: dict | None, text: str) -> 
                ["zero-ablated (the hook's output set to 0)", lo["zero_ablated"]],
                ["loss recovered, (zero − spliced) / (zero − clean)", lo["recovered"]]]), "",
            "## Top features", "",
-           "By total activation on these tokens. Contexts: the tokens before, **[the token]**, and after (whitespace "
+           "By largest activation on these tokens. Contexts: the tokens before, **[the token]**, and after (whitespace "
            "shown as ␣ and ⏎); promoted: the tokens of largest logit weight (decoder direction · W_U).", ""]
     for f in report.features:
         md += [f"### Feature {f.index}", "",

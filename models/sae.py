@@ -41,6 +41,11 @@ TRAINING_FILE = "training.json"
 
 def sae_lens():
     """The `sae_lens` package, or `MissingDependencyError` naming the install."""
+    from .deferred_import import complete_all
+
+    # SAELens imports TransformerLens' model classes, whose modules import the package's other parts: its package
+    # `__init__`s must have run (the command line defers them, `models.deferred_import`); a no-op otherwise.
+    complete_all()
     try:
         import sae_lens
     except ImportError as e:
@@ -182,8 +187,8 @@ class Trained:
     seconds: float
 
 
-def train_sae(model, hook_name: str, tokens: torch.Tensor, steps: int = 1000, expansion: int = 8, l1: float = 5.0,
-              batch_size: int = 4096, lr: float = 4e-4, seed: int = 0, bos: int | None = None,
+def train_sae(model, hook_name: str, tokens: torch.Tensor, steps: int = 1000, expansion: int = 8, l1: float = 2.0,
+              batch_size: int = 4096, lr: float = 3e-3, seed: int = 0, bos: int | None = None,
               progress: bool = True) -> Trained:
     """Train SAELens' standard SAE (ReLU encoder, L1 penalty scaled by decoder norms; Bricken et al. 2023, "Towards
     Monosemanticity") on `hook_name` of `model` for `steps` batches of `batch_size` token activations from
@@ -243,18 +248,22 @@ def tempfile_dir():
 
 @contextlib.contextmanager
 def _quiet_progress(show: bool):
-    """SAELens' trainer draws its own tqdm bar; hide it when `show` is False."""
+    """SAELens' trainer and activation scaler draw tqdm bars of their own; hide them when `show` is False."""
+    import functools
+
+    import sae_lens.training.activation_scaler as scaler_module
     import sae_lens.training.sae_trainer as trainer_module
 
-    saved = trainer_module.tqdm
+    modules = (trainer_module, scaler_module)
+    saved = [m.tqdm for m in modules]
     if not show:
-        import functools
-
-        trainer_module.tqdm = functools.partial(saved, disable=True)
+        for m, bar in zip(modules, saved):
+            m.tqdm = functools.partial(bar, disable=True)
     try:
         yield
     finally:
-        trainer_module.tqdm = saved
+        for m, bar in zip(modules, saved):
+            m.tqdm = bar
 
 
 def save_sae(trained: Trained, folder) -> Path:
@@ -317,10 +326,18 @@ class FeatureStats:
 
 
 def feature_stats(sae, x: torch.Tensor) -> FeatureStats:
-    """`FeatureStats` of `sae` on activations `x` `[n, d_in]` (what `activations` returns)."""
-    with torch.no_grad():
-        acts = sae.encode(x.to(sae.W_dec.dtype))
-        x_hat = sae.decode(acts)
+    """`FeatureStats` of `sae` on activations `x` `[n, d_in]` (what `activations` returns; for a `hook_z` SAE the heads
+    are already concatenated, so SAELens' own reshaping is off meanwhile)."""
+    z = getattr(sae, "hook_z_reshaping_mode", False)
+    if z:
+        sae.turn_off_forward_pass_hook_z_reshaping()
+    try:
+        with torch.no_grad():
+            acts = sae.encode(x.to(sae.W_dec.dtype))
+            x_hat = sae.decode(acts)
+    finally:
+        if z:
+            sae.turn_on_forward_pass_hook_z_reshaping()
     active = acts > 0
     freq = active.double().mean(0)
     return FeatureStats(fvu(x, x_hat), float(active.sum(1).double().mean()), freq, int((freq == 0).sum()), acts)

@@ -47,10 +47,11 @@ def _sae_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--out", required=True, metavar="DIR", help="new (or empty) folder for the SAE; never overwritten")
     t.add_argument("--steps", type=positive_int, default=1000, help="training batches (default 1000)")
     t.add_argument("--expansion", type=positive_int, default=8, help="d_sae / d_in (default 8)")
-    t.add_argument("--l1", type=_positive_float, default=5.0,
-                   help="L1 coefficient (SAELens' l1_coefficient; default 5)")
+    t.add_argument("--l1", type=_positive_float, default=2.0,
+                   help="L1 coefficient (SAELens' l1_coefficient, on activations scaled to mean squared norm d_in; "
+                        "default 2)")
     t.add_argument("--batch-size", type=positive_int, default=4096, help="token activations per batch (default 4096)")
-    t.add_argument("--lr", type=_positive_float, default=4e-4, help="Adam learning rate (default 4e-4)")
+    t.add_argument("--lr", type=_positive_float, default=3e-3, help="Adam learning rate (default 3e-3)")
     t.add_argument("--text-file", metavar="FILE", help="training text (default: the training split of the model's "
                    "training corpus)")
     add_common(t)

@@ -74,13 +74,14 @@ def show(report, model, k=4):
 # ## 1. An SAE on gelu-2l's MLP output
 #
 # `gelu-2l` (two layers, d_model 128, byte tokenizer, trained on the Python standard library). The SAE has
-# `8 × 128 = 1024` features; 300 batches of 2048 token activations (BOS positions left out), L1 coefficient 5 on
-# activations normalised to mean squared norm `d_in` (SAELens' `expected_average_only_in`, folded back at the end).
+# `8 × 128 = 1024` features; 300 batches of 1024 token activations (BOS positions left out), Adam at 3e-3, L1
+# coefficient 2 on activations normalised to mean squared norm `d_in` (SAELens' `expected_average_only_in`, folded
+# back at the end).
 
 # %%
 gelu, train, val, bos = text_of("gelu-2l")
 t0 = time.perf_counter()
-mlp = train_sae(gelu, "blocks.1.hook_mlp_out", train, steps=300, expansion=8, l1=5.0, batch_size=2048, bos=bos,
+mlp = train_sae(gelu, "blocks.1.hook_mlp_out", train, steps=300, expansion=8, l1=2.0, batch_size=1024, bos=bos,
                 progress=False)
 mlp_seconds = time.perf_counter() - t0
 print(f"trained in {mlp_seconds:.0f} s: {mlp.settings['tokens_seen']} token activations, d_sae {mlp.settings['d_sae']}")
@@ -111,14 +112,14 @@ show(mlp_report, gelu)
 # ## 2. An SAE on attn-only-2l's attention output (hook_z, concatenated)
 #
 # Layer 1 of `attn-only-2l` holds its induction heads (notebook 02: L1H1 and L1H2, fed by the previous-token head
-# L0H1). Following Kissane et al. 2024, the SAE reads `hook_z` of all 8 heads concatenated (8 × 16 = 128 inputs),
-# the attention layer's output before `W_O`. A feature's decoder row splits into 8 blocks of 16, one per head: the
+# L0H1). Following Kissane et al. 2024, the SAE reads `hook_z` of all 4 heads concatenated (4 × 32 = 128 inputs),
+# the attention layer's output before `W_O`. A feature's decoder row splits into 4 blocks of 32, one per head: the
 # share of its squared norm in each block says which heads write it.
 
 # %%
 attn, train_a, val_a, bos_a = text_of("attn-only-2l")
 t0 = time.perf_counter()
-zsae = train_sae(attn, "blocks.1.attn.hook_z", train_a, steps=300, expansion=8, l1=5.0, batch_size=2048, bos=bos_a,
+zsae = train_sae(attn, "blocks.1.attn.hook_z", train_a, steps=300, expansion=8, l1=2.0, batch_size=1024, bos=bos_a,
                  progress=False)
 z_seconds = time.perf_counter() - t0
 z_report = analyse(attn, zsae.sae, val_a, bos_a, top=8)
@@ -176,6 +177,10 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
+# In this run the features that switch on in the second copy sit almost entirely (0.88–0.96 of their decoder norm)
+# in L1H1 or L1H2, the induction heads that notebook 02 finds from the weights; the SAE found them from activations
+# on ordinary text alone. Most live features belong to one head (the bar chart above), as Kissane et al. report.
+#
 # ## Summary (measured in this run)
 
 # %%

@@ -119,6 +119,14 @@ def test_run_with_saes_equals_a_hand_written_hook_splice(name, hook, width):
         spliced = m.run_with_saes(tokens, saes=[sae])
         after = m(tokens)
     torch.testing.assert_close(spliced, by_hand, atol=2e-5, rtol=0)
+    from models.sae import activations, feature_stats
+
+    x = activations(model, hook, tokens, skip=0)  # [n, d_in], heads concatenated for hook_z
+    with torch.no_grad():
+        _, cache = m.run_with_cache_with_saes(tokens, saes=[sae])
+    st = feature_stats(sae, x)
+    torch.testing.assert_close(st.acts, cache[f"{hook}.hook_sae_acts_post"].reshape(x.shape[0], -1), atol=1e-6, rtol=0)
+    assert 0 < st.l0 < sae.cfg.d_sae
     assert (spliced - clean).abs().max() > 1e-2  # the splice changes the output
     assert torch.equal(after, clean)  # run_with_saes removed it again
     assert not m.acts_to_saes
