@@ -136,6 +136,28 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
         loss = lm_cross_entropy(logits, tokens, per_token=loss_per_token, attention_mask=mask)
         return loss if return_type == "loss" else (logits, loss)
 
+    def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                per_token: bool = False) -> torch.Tensor:
+        """TransformerLens 2.x's `loss_fn`: the next-token cross-entropy of `logits` on `tokens`
+        (`lm_cross_entropy`; `attention_mask` and `per_token` as there)."""
+        tokens = torch.as_tensor(tokens).to(logits.device)
+        if logits.ndim == 2:  # one sequence `[pos, vocab]`, as TransformerLens 2.x's loss reads it
+            loss = self.loss_fn(logits[None], tokens.reshape(1, -1), attention_mask, per_token)
+            return loss[0] if per_token else loss
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        return lm_cross_entropy(logits, tokens, per_token=per_token, attention_mask=attention_mask)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """`nn.Module.load_state_dict`, also taking a TransformerLens 2.x state dict as saved: the buffers 2.x keeps
+        and we recompute (`blocks.*.attn.mask`, `IGNORE`, `rotary_sin`, `rotary_cos`) are checked against this
+        model's own and dropped (`models.arch.state_dict.drop_recomputed_buffers`: `CheckpointError` naming one that
+        differs), and its `attn._W_K`-style names read as ours. Every other name, shape and missing key is checked as
+        `nn.Module` checks it (`strict`)."""
+        from .state_dict import drop_recomputed_buffers
+
+        return super().load_state_dict(drop_recomputed_buffers(self, state_dict), strict=strict, assign=assign)
+
     def head(self, resid: torch.Tensor, hooked: bool | None = None) -> torch.Tensor:
         """Logits `[batch, pos, d_vocab_out]` from the last residual stream: `unembed(ln_final(resid))`, soft-capped
         with `cfg.output_logits_soft_cap` (`soft_cap`)."""

@@ -11,6 +11,16 @@ from .padding import padding_side_of
 class TextMixin:
     """The text methods of `HookedTransformer` (they read `self.tokenizer`, `self.cfg` and the device)."""
 
+    @property
+    def tokenizer(self):
+        """The attached tokenizer (None: none). A Hugging Face tokenizer assigned here is kept as `HFTokenizer(it)`,
+        as `set_tokenizer` attaches it."""
+        return self.__dict__.get("_tokenizer")
+
+    @tokenizer.setter
+    def tokenizer(self, value) -> None:
+        self.__dict__["_tokenizer"] = HFTokenizer(value) if is_hugging_face_tokenizer(value) else value
+
     def _need_tokenizer(self):
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer attached; pass token ids, or set model.tokenizer")
@@ -38,29 +48,36 @@ class TextMixin:
 
     def set_tokenizer(self, tokenizer, default_padding_side: str = "right") -> None:
         """Attach `tokenizer` (TransformerLens 2.x's `set_tokenizer`), one of ours (`models.data.tokenizer`: its
-        `ByteTokenizer`, `BPETokenizer` or `load_tokenizer`'s result), padding on `default_padding_side`.
+        `ByteTokenizer`, `BPETokenizer` or `load_tokenizer`'s result) or a Hugging Face one (a `transformers`
+        tokenizer, attached as `HFTokenizer(tokenizer)`), padding on `default_padding_side`.
         `TokenizerError` for another kind of tokenizer or one with more ids than the model's d_vocab."""
         from ..errors import TokenizerError
         from .padding import PADDING_SIDES
 
+        if is_hugging_face_tokenizer(tokenizer):
+            tokenizer = HFTokenizer(tokenizer)
         if not all(callable(getattr(tokenizer, name, None)) for name in ("encode", "decode")) or \
                 not isinstance(getattr(tokenizer, "vocab_size", None), int):
             raise TokenizerError(f"set_tokenizer takes a tokenizer with encode, decode and vocab_size (one of "
-                                 f"models.data.tokenizer's: ByteTokenizer, BPETokenizer), got "
+                                 f"models.data.tokenizer's: ByteTokenizer, BPETokenizer; or a Hugging Face "
+                                 f"tokenizer), got "
                                  f"{type(tokenizer).__name__}")
         if default_padding_side not in PADDING_SIDES:
             raise TokenizerError(f"default_padding_side={default_padding_side!r} is not supported; allowed: "
                                  f"{PADDING_SIDES}")
-        if tokenizer.vocab_size > self.cfg.d_vocab:
-            raise TokenizerError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's d_vocab is "
+        n = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size  # added tokens included
+        if n > self.cfg.d_vocab:
+            raise TokenizerError(f"the tokenizer has {n} ids but the model's d_vocab is "
                                  f"{self.cfg.d_vocab}")
         tokenizer.padding_side = default_padding_side
         self.tokenizer = tokenizer
 
     def to_string(self, tokens):
-        """Token ids (`[pos]`, `[batch, pos]` or a list) to text (or a list of texts)."""
+        """Token ids (`[pos]`, `[batch, pos]`, a list, or one id: an int or a 0-d tensor) to text (or a list of
+        texts)."""
         tok = self._need_tokenizer()
-        t = int_ids(tokens, "to_string needs token ids:")
+        t = int_ids([tokens] if isinstance(tokens, int) and not isinstance(tokens, bool) else tokens,
+                    "to_string needs token ids:")
         if t.ndim == 2:
             return [tok.decode(row.tolist()) for row in t]
         return tok.decode(t.reshape(-1).tolist())
@@ -117,6 +134,72 @@ class TextMixin:
                 error.add_note(f"token {single_token!r} (id {token}) is not among the {tokens.numel()} input tokens")
             raise error
         return int(where[0] if mode == "first" else where[-1])
+
+
+def is_hugging_face_tokenizer(tokenizer) -> bool:
+    """Whether `tokenizer` is a `transformers` tokenizer (a `PreTrainedTokenizerBase`; found by class name, so that
+    `transformers` is not imported to ask)."""
+    return any(c.__name__ == "PreTrainedTokenizerBase" and c.__module__.startswith("transformers")
+               for c in type(tokenizer).__mro__)
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer (`hf`) under the protocol this toolkit reads (`encode`, `decode`, `vocab_size`,
+    `bos_token_id`, `pad_token_id`, `eos_token_id`, `id_to_token`, `save`), every other name read from `hf`.
+
+    `encode(text)` adds no special tokens (`add_special_tokens=False`): BOS is prepended by `to_tokens` by its
+    `prepend_bos` rule, as TransformerLens 2.x does for tokenizers that do not add it. As TransformerLens 2.x's
+    `set_tokenizer`, a tokenizer without a BOS (or pad) token uses its EOS token for it. `vocab_size` is `len(hf)`,
+    added tokens included (Hugging Face's own `vocab_size` leaves them out)."""
+
+    def __init__(self, hf):
+        self.__dict__["hf"] = hf
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["hf"], name)
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self.hf, name, value)  # padding_side and the rest live on the Hugging Face object
+
+    def __call__(self, *args, **kwargs):
+        return self.hf(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.hf)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    @property
+    def bos_token_id(self):
+        return self.hf.bos_token_id if self.hf.bos_token_id is not None else self.hf.eos_token_id
+
+    @property
+    def pad_token_id(self):
+        return self.hf.pad_token_id if self.hf.pad_token_id is not None else self.hf.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids) -> str:
+        ids = torch.as_tensor(ids).reshape(-1).tolist() if hasattr(ids, "ndim") else ids
+        return self.hf.decode(ids, skip_special_tokens=False)
+
+    def id_to_token(self, i: int) -> str:
+        return self.decode([int(i)])
+
+    def save(self, path) -> None:
+        """Its `tokenizer.json` (fast tokenizers: the `tokenizers` table itself), which `load_tokenizer` reads back."""
+        from ..errors import TokenizerError
+
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is None:
+            raise TokenizerError(f"{type(self.hf).__name__} is a slow Hugging Face tokenizer with no tokenizer.json; "
+                                 "save it with its own save_pretrained")
+        backend.save(str(path))
 
 
 def int_ids(ids, what: str) -> torch.Tensor:

@@ -298,6 +298,6 @@ class ProcessWeights:
         if fold_ln and kind in ("LNPre", "RMSPre") and any(k.endswith(".ln1.w") or k == "ln_final.w"
                                                            for k in state_dict):
             set_norms(self, kind[: -len("Pre")])
-        load_state_dict(self, tl_state_to_ours(state_dict, self.state_dict(), "state dict"))
+        load_state_dict(self, tl_state_to_ours(state_dict, self, "state dict"))
         return process_weights_(self, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
                                 refactor_factored_attn_matrices)

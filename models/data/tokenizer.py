@@ -71,6 +71,14 @@ class HFSurface:
         return getattr(self.hf, name)
 
 
+def id_list(ids) -> list[int]:
+    """The ids `decode` takes, as a list of ints: a sequence or 1-d tensor of ids, or one id (an int or a 0-d tensor,
+    as Hugging Face's `decode(5)` accepts)."""
+    if getattr(ids, "ndim", None) == 0 or isinstance(ids, int) or type(ids).__name__.startswith(("int", "uint")):
+        return [int(ids)]
+    return [int(i) for i in ids]
+
+
 @lru_cache(maxsize=1)
 def byte_level_unicode() -> dict[int, str]:
     """GPT-2's byte → printable character table (Radford et al. 2019), as `tokenizers`' ByteLevel uses it."""
@@ -110,7 +118,7 @@ class ByteTokenizer(HFSurface):
 
     def decode(self, ids) -> str:
         out, buf = [], bytearray()
-        for i in ids:
+        for i in id_list(ids):
             i = int(i)
             if i < 256:
                 buf.append(i)
@@ -166,7 +174,7 @@ class BPETokenizer(HFSurface):
         return self.tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+        return self.tok.decode(id_list(ids), skip_special_tokens=False)
 
     def id_to_token(self, i: int) -> str:
         return self.decode([i])
@@ -220,9 +228,16 @@ def load_tokenizer(path):
     from tokenizers import Tokenizer
 
     try:
-        return BPETokenizer(Tokenizer.from_str(text))
+        tok = Tokenizer.from_str(text)
     except Exception as e:
         raise TokenizerError(f"{path}: not a valid tokenizer ({e})") from None
+    if tok.token_to_id(BOS) is None:  # another tokenizer's table (a Hugging Face one a model was given): as it is
+        from transformers import PreTrainedTokenizerFast
+
+        from ..arch.tokens import HFTokenizer
+
+        return HFTokenizer(PreTrainedTokenizerFast(tokenizer_object=tok))
+    return BPETokenizer(tok)
 
 
 # --- the seq2seq tasks' character vocabularies -------------------------------------------------------------------
@@ -248,7 +263,7 @@ class CharVocab:
         return [self.index[c] for c in text]
 
     def decode(self, ids) -> str:
-        return "".join(self.tokens[int(i)] if int(i) < self.vocab_size else f"<{int(i)}>" for i in ids)
+        return "".join(self.tokens[i] if i < self.vocab_size else f"<{i}>" for i in id_list(ids))
 
     def id_to_token(self, i: int) -> str:
         return self.decode([i])

@@ -117,20 +117,22 @@ def _embeds_logits(model, embeds: torch.Tensor, cache) -> torch.Tensor:
 @torch.no_grad()
 def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p=None, seed=None,
              stop_at_eos: bool = False, eos_token_id: int | None = None, do_sample: bool = True,
-             freq_penalty: float = 0.0, use_past_kv_cache: bool = True, prepend_bos: bool | None = None,
+             freq_penalty: float = 0.0, use_past_kv_cache: bool | None = None, prepend_bos: bool | None = None,
              padding_side: str | None = None, return_type: str = "input", verbose: bool = False):
     """Continue `input` (text, a list of texts, ids `[batch, pos]`, or token embeddings `[batch, pos, d_model]`) by
     `max_new_tokens` tokens, TransformerLens 2.x's `generate`. Greedy when `do_sample=False` or `temperature=0`;
     sampling is seeded by `seed` with its own generator (the global RNG is untouched). With `stop_at_eos` a sequence
     that produced `eos_token_id` (default: the tokenizer's) continues with it, and generation stops once every
-    sequence has. `use_past_kv_cache` runs each step on the new token only (`models.generation.kv_cache`); it falls
-    back to the full forward when the sequence would outgrow a learned positional table (the cache-free path then
-    keeps the last n_ctx positions). `return_type`: `"input"` (text for text, ids for ids, embeddings for embeddings),
+    sequence has. `use_past_kv_cache` (default: True for causal attention, False for bidirectional, see
+    `wants_cache`) runs each step on the new token only (`models.generation.kv_cache`); it falls back to the full
+    forward when the sequence would outgrow a learned positional table (the cache-free path then keeps the last n_ctx
+    positions). `return_type`: `"input"` (text for text, ids for ids, embeddings for embeddings),
     `"str"` (text
     without the BOS), `"tokens"` `[batch, pos + new]` (from embeddings: the new tokens only, as TransformerLens) or
     `"embeds"` `[batch, pos + new, d_model]` (the input's embeddings, then `model.embed` of each new token).
     `freq_penalty` needs ids or text (embeddings have no ids to count)."""
     check_sampling(max_new_tokens, temperature, top_k, top_p)
+    use_past_kv_cache = wants_cache(model, use_past_kv_cache)
     if return_type not in RETURN_TYPES:
         raise ValueError(f"return_type={return_type!r} is not supported; allowed: {RETURN_TYPES}")
     text_in = isinstance(input, str) or (isinstance(input, list) and input and isinstance(input[0], str))
@@ -231,10 +233,26 @@ class _Steps:
 
 
 @torch.no_grad()
-def beam_search(model, tokens, beams: int = 4, max_new_tokens: int = 20, use_past_kv_cache: bool = True):
+def wants_cache(model, use_past_kv_cache: bool | None) -> bool:
+    """Whether decoding may keep a key/value cache: by default (None) for causal attention only. Under bidirectional
+    attention every earlier position attends to each new token, so the keys and values of earlier positions change
+    with every step and a cache of them is wrong by construction: decoding recomputes the whole sequence, and an
+    explicit `use_past_kv_cache=True` raises `InputError`."""
+    if use_past_kv_cache is not None and not isinstance(use_past_kv_cache, bool):
+        raise InputError(f"use_past_kv_cache must be True, False or None (the default), got {use_past_kv_cache!r}")
+    bidirectional = model.cfg.attention_dir == "bidirectional"
+    if use_past_kv_cache and bidirectional:
+        raise InputError("use_past_kv_cache=True with attention_dir='bidirectional': every earlier position attends "
+                         "to each new token, so cached keys and values are stale; use use_past_kv_cache=False (the "
+                         "default for bidirectional models)")
+    return not bidirectional if use_past_kv_cache is None else use_past_kv_cache
+
+
+def beam_search(model, tokens, beams: int = 4, max_new_tokens: int = 20, use_past_kv_cache: bool | None = None):
     """Deterministic beam search over one prompt (`models.generation.beam`). Returns `(sequences [beams, pos + new],
     log_probs [beams])`, best first (fewer rows where fewer continuations exist); log_probs are the summed
-    log-probabilities of the generated tokens."""
+    log-probabilities of the generated tokens. `use_past_kv_cache` as in `generate` (`wants_cache`)."""
+    use_past_kv_cache = wants_cache(model, use_past_kv_cache)
     _check_int("beams", beams, 1)
     _check_int("max_new_tokens", max_new_tokens, 0)
     tokens = prompt_ids(model, tokens)

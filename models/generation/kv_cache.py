@@ -79,7 +79,10 @@ class HookedTransformerKeyValueCacheEntry:
 
     @classmethod
     def init_cache_entry(cls, cfg, device=None, batch_size: int = 1) -> HookedTransformerKeyValueCacheEntry:
-        shape = (batch_size, 0, cfg.n_key_value_heads or cfg.n_heads, cfg.d_head)
+        # the heads the attention makes keys for: `n_key_value_heads`, or every query head when ungrouped
+        # (`ungroup_grouped_query_attention`; TransformerLens 2.18 sizes the cache by n_key_value_heads there and fails)
+        grouped = cfg.n_key_value_heads and not getattr(cfg, "ungroup_grouped_query_attention", False)
+        shape = (batch_size, 0, cfg.n_key_value_heads if grouped else cfg.n_heads, cfg.d_head)
         dtype = _torch_dtype(cfg)
         return cls(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
 

@@ -60,7 +60,8 @@ _NATIVE_ACT = {"gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
 
 
 def to_transformer_lens(model):
-    """A `TransformerBridge.boot_native(...)` carrying `model`'s weights (same logits, same hook names)."""
+    """A `TransformerBridge.boot_native(...)` carrying `model`'s weights (same logits, same hook names) and its
+    tokenizer (the same ids from `to_tokens`)."""
     from transformer_lens import TransformerBridge
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
@@ -111,6 +112,13 @@ def to_transformer_lens(model):
     result = bridge.load_state_dict(converted, strict=True)
     if result.missing_keys or result.unexpected_keys:
         raise RuntimeError(f"weight transfer to TransformerLens failed: {result}")
+    if model.tokenizer is not None:  # the same tokenizer, as the Hugging Face object the bridge reads
+        from ..arch.tokens import HFTokenizer
+
+        bridge.tokenizer = model.tokenizer.hf
+        if not isinstance(model.tokenizer, HFTokenizer):
+            bridge.cfg.tokenizer_prepends_bos = False  # ours never add BOS: to_tokens prepends it by `prepend_bos`
+        bridge.cfg.default_prepend_bos = cfg.default_prepend_bos
     return bridge
 
 
@@ -237,7 +245,7 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg, **processing) -> H
             cfg = config_from_transformer_lens(cfg)
     check_size(cfg, state, source)
     model = HookedTransformer(cfg)
-    load_state_dict(model, tl_state_to_ours(state, model.state_dict(), source), source=source)
+    load_state_dict(model, tl_state_to_ours(state, model, source), source=source)
     return process_loaded(model, processing)
 
 

@@ -212,6 +212,7 @@ def _train(model_cfg, cfg: TrainConfig, out: Path | None, eval_fn, report_fn, re
     data = {"task": cfg.data} if isinstance(task, Seq2Seq) else {"tokenizer": cfg.tokenizer}
     model_cfg = model_cfg.replace(device=str(device), extra=dict(model_cfg.extra, **data))
     model = model_class(model_cfg)(model_cfg)
+    model.tokenizer = tokenizer  # attached from the start: every checkpoint folder carries it
     init_positions(model, cfg.pos_init)
     run = _Run(cfg, model, make_optimizer(model, cfg), task, device, rank, world, out, eval_fn)
     if out is not None and rank == 0:
@@ -228,7 +229,6 @@ def _train(model_cfg, cfg: TrainConfig, out: Path | None, eval_fn, report_fn, re
 
         run.ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     run.loop()
-    model.tokenizer = tokenizer
     summary = {"steps": cfg.steps, "tokens_seen": run.tokens_seen, "world_size": world, "device": str(device),
                "wall_time": run.wall_time()}
     if out is not None and rank == 0:

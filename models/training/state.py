@@ -1,9 +1,10 @@
 """Resumable training state on disk: checkpoint schedule, checkpoint folders, resuming, metrics.jsonl.
 
 A checkpoint is a folder `checkpoints/step-000123/` written atomically (`atomic_write_dir`) holding
-`config.json` + `model.safetensors` (a loadable model, `models.load(folder)`), `optimizer.safetensors`
-(AdamW moments and step counts, plus the torch/cuda RNG states as uint8 tensors) and `trainer_state.json`
-(step, tokens seen, wall time, optimizer hyper-parameters, Python and NumPy RNG states). No pickle anywhere.
+`config.json` + `model.safetensors` + `tokenizer.json` (a loadable model, `models.load(folder)`),
+`optimizer.safetensors` (AdamW moments and step counts, plus the torch/cuda RNG states as uint8 tensors) and
+`trainer_state.json` (step, tokens seen, wall time, optimizer hyper-parameters, Python and NumPy RNG states). No
+pickle anywhere.
 """
 
 from __future__ import annotations
@@ -167,11 +168,7 @@ def save_checkpoint(out_dir, step: int, model, opt, trainer_state: dict) -> Path
             tensors[f"rng.cuda.{i}"] = s
     state = dict(trainer_state, step=step, param_groups=groups, rng=rng_state_json())
     extra = {OPTIMIZER_FILE: st_save(tensors), STATE_FILE: json.dumps(state, indent=1)}
-    tok, model.tokenizer = model.tokenizer, None  # the tokenizer lives once, beside the final model
-    try:
-        return save(model, step_dir(out_dir, step), extra_files=extra)
-    finally:
-        model.tokenizer = tok
+    return save(model, step_dir(out_dir, step), extra_files=extra)  # with the tokenizer: a checkpoint loads alone
 
 
 def resumable_checkpoints(out_dir) -> list[Path]:
