@@ -545,7 +545,7 @@ def environment() -> dict:
         return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
     cpu = next((ln.split(":", 1)[1].strip() for ln in run("lscpu").splitlines() if ln.startswith("Model name")), "")
-    return {"commit": run("git", "rev-parse", "HEAD"), "dirty": bool(run("git", "status", "--porcelain")),
+    return {"commit": run("git", "rev-parse", "HEAD"), "dirty": bool(run("git", "status", "--porcelain", "--", ".", ":!docs/migration/results.*")),
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "python": platform.python_version(),
             "cpu": cpu, **{p: version(p) for p in ("torch", "transformer-lens", "transformers", "circuitsvis",
                                                     "plotly", "nbclient", "ipykernel")}}
@@ -596,11 +596,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cell-timeout", type=int, default=300, help="seconds per cell before the kernel is interrupted")
     args = ap.parse_args(argv)
     kernel_environment()
+    env = environment()
     with tempfile.TemporaryDirectory() as tmp:
         tl2 = tl2_state_dicts(Path(tmp))
         results = [run_source(name, args, tl2) for name in (args.only or SOURCES)]
     out = Path(args.out)
-    record = {"environment": environment(), "sources": results}
+    record = {"environment": env, "sources": results}
     (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     (out / "results.md").write_text(markdown(results, record["environment"]))
     print(markdown(results, record["environment"]).split("\n\n")[1])
