@@ -545,7 +545,8 @@ def environment() -> dict:
         return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
     cpu = next((ln.split(":", 1)[1].strip() for ln in run("lscpu").splitlines() if ln.startswith("Model name")), "")
-    return {"commit": run("git", "rev-parse", "HEAD"), "dirty": bool(run("git", "status", "--porcelain", "--", ".", ":!docs/migration/results.*")),
+    dirty = bool(run("git", "status", "--porcelain", "--", ".", ":!docs/migration/results.*"))
+    return {"commit": run("git", "rev-parse", "HEAD"), "dirty": dirty,
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "python": platform.python_version(),
             "cpu": cpu, **{p: version(p) for p in ("torch", "transformer-lens", "transformers", "circuitsvis",
                                                     "plotly", "nbclient", "ipykernel")}}
