@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: modules imported as `models.<name>` (TransformerLens 2.x's module paths; models/__init__.py puts the folder on the
+#: package's search path)
+TL_PATHS = ROOT / "models" / "tl_paths"
 
 #: Bottom to top: a module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -25,6 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("io", ("models.io",)),
     ("training", ("models.training",)),
     ("accel", ("models.accel",)),  # opt-in speed code, on top of everything; none has earned its place today
+    ("tl_paths", tuple(f"models.{p.stem}" for p in sorted(TL_PATHS.glob("*.py")))),  # re-exports, read by users only
 ]
 
 #: The written exceptions: a model's own conveniences that call down the stack (in-function imports only):
@@ -47,6 +51,8 @@ def layer_of(module: str) -> int:
 
 
 def _module_name(path: Path) -> str:
+    if path.parent == TL_PATHS:
+        return f"models.{path.stem}"
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 

@@ -1,11 +1,19 @@
 """Hookable toy transformers: config, model, positional schemes, tokenizers, data, training, checkpoints and the
 model zoo. The names below load on first use (`models.lazy`), so `circuits --help` answers without importing torch."""
 
+import os
 from typing import TYPE_CHECKING
 
 from .lazy import lazy_exports
 
+# The module paths TransformerLens 2.x code imports (`transformer_lens.utils`, `.hook_points`, `.patching`,
+# `.past_key_value_caching`) are files of models/tl_paths/, imported as `models.utils`, `models.hook_points`, …: that
+# folder (no __init__.py) is on this package's search path, so changing the package name is the whole migration.
+__path__.append(os.path.join(os.path.dirname(__file__), "tl_paths"))
+
 if TYPE_CHECKING:
+    from transformer_lens import ActivationCache, FactoredMatrix
+
     from .arch.config import HookedTransformerConfig
     from .arch.encoder import EncoderConfig, HookedEncoder
     from .arch.encoder_decoder import HookedEncoderDecoder

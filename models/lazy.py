@@ -12,6 +12,19 @@ import ast
 import sys
 from importlib import import_module
 from pathlib import Path
+from types import ModuleType
+
+
+class LazyPackage(ModuleType):
+    """The class of a package with lazy exports: an export not loaded yet is loaded even where the normal attribute
+    look-up would find something else first. (nnsight 0.8 gives every object a `save` method, which would otherwise
+    answer `models.save` with a bound method of the module before the package's `__getattr__` is asked.)"""
+
+    def __getattribute__(self, name: str):
+        namespace = ModuleType.__getattribute__(self, "__dict__")
+        if name not in namespace and name in namespace.get("__lazy_exports__", ()):
+            return namespace["__getattr__"](name)
+        return ModuleType.__getattribute__(self, name)
 
 
 def lazy_exports(package: str, init_file: str):
@@ -35,4 +48,7 @@ def lazy_exports(package: str, init_file: str):
     def __dir__() -> list[str]:
         return sorted(set(vars(sys.modules[package])) | set(exports))
 
+    module = sys.modules[package]
+    module.__lazy_exports__ = frozenset(exports)
+    module.__class__ = LazyPackage
     return sorted(exports), __getattr__, __dir__

@@ -239,3 +239,41 @@ def test_generation_under_each_attention_direction(direction, positions):
             model.generate(prompt, max_new_tokens=8, temperature=0, use_past_kv_cache=True)
     else:
         assert torch.equal(model.generate(prompt, max_new_tokens=8, temperature=0, use_past_kv_cache=True), want)
+
+
+def test_a_tl2_notebook_needs_only_the_package_name_changed():
+    """The imports of ARENA 1.2 and TransformerLens 2.18's demos with `transformer_lens` replaced by `models`: the
+    same TransformerLens objects (utils, hook points) or ours (model, config, cache), and TransformerLens' patching
+    run on our model equals patching by hand."""
+    import models.patching as patching
+    import models.utils as utils
+    import transformer_lens
+    from models.hook_points import HookedRootModule, HookPoint
+    from models.past_key_value_caching import HookedTransformerKeyValueCache
+
+    from models import ActivationCache, FactoredMatrix, HookedTransformerConfig  # noqa: F401
+    from models import utils as same_utils
+
+    assert same_utils is utils and HookPoint is transformer_lens.hook_points.HookPoint
+    assert HookedRootModule is transformer_lens.HookedRootModule and FactoredMatrix is transformer_lens.FactoredMatrix
+    assert HookedTransformerKeyValueCache is models.HookedTransformerKeyValueCache
+    assert utils.get_act_name("pattern", 1) == "blocks.1.attn.hook_pattern"
+    assert utils.lm_cross_entropy_loss is getattr(transformer_lens, "utilities", transformer_lens).lm_cross_entropy_loss
+    model = models.load("attn-only-2l")
+    assert isinstance(model, HookedRootModule)
+    clean = model.to_tokens("a b c d e f a b c")
+    corrupt = clean.clone()
+    corrupt[0, 1:4] = clean[0, 4:7]
+    assert clean.shape == corrupt.shape
+    _, cache = model.run_with_cache(clean)
+    metric = lambda logits: logits[0, -1, 5]  # noqa: E731
+    grid = patching.get_act_patch_resid_pre(model, corrupt, cache, metric)
+    assert grid.shape == (model.cfg.n_layers, clean.shape[1])
+    name = utils.get_act_name("resid_pre", 1)
+
+    def patch(resid, hook, p=3):
+        resid[:, p] = cache[name][:, p]
+        return resid
+
+    by_hand = metric(model.run_with_hooks(corrupt, fwd_hooks=[(name, patch)]))
+    assert torch.allclose(grid[1, 3], by_hand, atol=1e-5)
