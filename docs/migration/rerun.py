@@ -189,6 +189,11 @@ EDITS: dict[str, dict[int, dict]] = {
         51: {"subs": [("for layer in range(12) for head in range(12)",
                        "for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)")],
              "why": _LAYERS, "whose": "inherent"},
+        59: {"subs": [("model_for_this_checkpoint.cfg.checkpoint_value",
+                       'int(os.path.basename(_zoo_checkpoint("attn-only-2l", index)).split("-")[1])')],
+             "why": "a zoo checkpoint's config has no checkpoint_value (TL 2.x sets checkpoint_index / _value / "
+                    "_label_type on a checkpoint load): the edit reads the step from the folder name",
+             "whose": "ours"},
         52: {"subs": [("model.to_string(256)", "model.to_string([256])")],
              "why": "to_string does not take an int token id", "whose": "ours"},
     },
@@ -256,9 +261,9 @@ FAILS: dict[str, dict[int, dict]] = {
     "Main_Demo": {
         57: {"why": "get_checkpoint_labels lists hub models' checkpoint schedules (no zoo counterpart)",
              "whose": "inherent"},
-        59: {"why": "a checkpoint folder's config has no checkpoint_value (TL 2.x sets it on checkpoint loads); past "
-                    "it, evals.induction_loss draws ids 100-20000 over 2 x 384 positions, beyond the zoo's 512 ids "
-                    "and 128-token context", "whose": "ours + inherent"},
+        59: {"why": "past the checkpoint_value edit (ours), evals.induction_loss (TL 4.x's, as `models` has no "
+                    "evals) draws ids 100-20000 over 2 x 384 positions, beyond the zoo's 512 ids and 128-token "
+                    "context", "whose": "inherent"},
     },
     "Head_Detector_Demo": {
     },
