@@ -465,6 +465,12 @@ def _local_paths(text: str) -> str:
     return text.replace(str(ROOT), "<repo>")
 
 
+def _printed(nb, k: int) -> str:
+    """What cell k printed (its stdout), shortened: a trace of what the code computed on the zoo model."""
+    text = "".join(o.text for o in nb.cells[k].outputs if o.output_type == "stream" and o.name == "stdout")
+    return _local_paths(text[:600] + (" ..." if len(text) > 600 else ""))
+
+
 def _execute(client, nb, k: int, source: str) -> str | None:
     """Run notebook cell k with `source`; its first error as "Name: first line of the message", or None."""
     cell = nb.cells[k]
@@ -520,6 +526,7 @@ def run_cells(name: str, cells: list[dict], prelude: str, work: Path, cell_timeo
                 known = FAILS.get(name, {}).get(c["index"], {})
                 row.update(status="failed", error=error, why=known.get("why"), whose=known.get("whose"))
             row["seconds"] = round(time.monotonic() - t0, 2)
+            row["printed"] = _printed(nb, k)
             rows.append(row)
             print(f"  {name} [{c['index']}] {row['status']} {row['seconds']}s {row.get('error', '')}", flush=True)
     return rows
