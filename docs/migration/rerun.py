@@ -291,7 +291,8 @@ def _our_names() -> set[str]:
     import models
 
     return {n for n in ("utils", "HookedRootModule", "HookPoint", "FactoredMatrix", "ActivationCache", "patching",
-                        "evals", "head_detector") if hasattr(models, n)} | set(models.__all__)
+                        "evals", "head_detector") if hasattr(models, n) or _has_module(f"models.{n}")} | \
+        set(models.__all__)
 
 
 def tl4_imports(src: str) -> str:
