@@ -263,7 +263,9 @@ FAILS: dict[str, dict[int, dict]] = {
              "whose": "inherent"},
         59: {"why": "past the checkpoint_value edit (ours), evals.induction_loss (TL 4.x's, as `models` has no "
                     "evals) draws ids 100-20000 over 2 x 384 positions, beyond the zoo's 512 ids and 128-token "
-                    "context", "whose": "inherent"},
+                    "context", "whose": "ours + inherent"},
+        60: {"why": "plots cell 59's induction losses against tokens seen: cell 59 failed after recording one "
+                    "checkpoint's step and no loss", "whose": "inherent"},
     },
     "Head_Detector_Demo": {
     },
@@ -525,6 +527,8 @@ def run_cells(name: str, cells: list[dict], prelude: str, work: Path, cell_timeo
                            whose=" + ".join(dict.fromkeys(r["whose"] for r in used)))
             if error:
                 known = FAILS.get(name, {}).get(c["index"], {})
+                if row["status"] == "edited":
+                    row["edits_tried"] = row["why"]
                 row.update(status="failed", error=error, why=known.get("why"), whose=known.get("whose"))
             row["seconds"] = round(time.monotonic() - t0, 2)
             row["printed"] = _printed(nb, k)
