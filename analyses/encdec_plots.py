@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import torch
 
+from .labels import figure_text
 from .plots import _layer_head_grid
 
 
 def _ticks(ax, labels_x, labels_y, fontsize=7):
     rotate = max(map(len, labels_x), default=0) > 2
-    ax.set_xticks(range(len(labels_x)), labels_x, fontsize=fontsize, rotation=90 if rotate else 0)
-    ax.set_yticks(range(len(labels_y)), labels_y, fontsize=fontsize)
+    ax.set_xticks(range(len(labels_x)), [figure_text(x) for x in labels_x], fontsize=fontsize,
+                  rotation=90 if rotate else 0)
+    ax.set_yticks(range(len(labels_y)), [figure_text(y) for y in labels_y], fontsize=fontsize)
 
 
 def plot_cross_patterns(patterns: torch.Tensor, aligned: torch.Tensor | None, src_labels: list[str],

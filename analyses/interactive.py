@@ -6,6 +6,9 @@ from a CDN; here every view inlines the bundle instead, so a page or notebook ou
 
 - `attention_view(model, tokens)`: every head's attention pattern (`AttentionHeads`: pick a head, hover a token to
   see where it attends);
+Token labels reach CircuitsVis HTML-escaped (`analyses.labels.html_text`): its components set a token's text as
+HTML. The props are JSON escaped for a `<script>` (`json_for_script`).
+
 - `token_values_view(labels, values, names)`: one value per token and per series (`ColoredTokensMulti`), e.g.
   `direct_logit_attribution`, each head's push on the logit of each next token;
 - `html_fragment(views)`: several views sharing one copy of the bundle (the HTML report uses it);
@@ -24,6 +27,8 @@ import torch
 
 from models.arch.model import head_label
 
+from .labels import html_text
+
 
 @lru_cache(maxsize=1)
 def circuitsvis_bundle() -> str:
@@ -34,12 +39,26 @@ def circuitsvis_bundle() -> str:
     return src.replace("</script>", "<\\/script>")
 
 
+#: JSON inside an HTML `<script>`: these characters could end the script (`</script>`), open a comment that swallows
+#: the page (`<!--` then `<script>`), start an entity, or end a JavaScript line (U+2028/U+2029); as `\\uXXXX` escapes
+#: they are the same JSON strings.
+_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def json_for_script(obj) -> str:
+    """`obj` as JSON that is safe inside an HTML `<script>` element whatever its strings hold."""
+    text = json.dumps(obj)
+    for c, esc in _SCRIPT_ESCAPES.items():
+        text = text.replace(c, esc)
+    return text
+
+
 def _props(props: dict) -> str:
-    """JSON for a script: tensors as lists, and `</` escaped so a token's text cannot end the script."""
+    """JSON for a script (`json_for_script`): tensors as lists."""
     def plain(v):
         return v.tolist() if isinstance(v, torch.Tensor) else v
 
-    return json.dumps({k: plain(v) for k, v in props.items() if v is not None}).replace("</", "<\\/")
+    return json_for_script({k: plain(v) for k, v in props.items() if v is not None})
 
 
 @dataclass
@@ -96,7 +115,8 @@ def attention_view(model, tokens, heads: list[tuple[int, int]] | None = None, ti
     pat = attention_patterns(model, t)[:, 0]  # [layer, head, q, k]
     heads = heads or [(l, h) for l in range(pat.shape[0]) for h in range(pat.shape[1])]
     labels = token_labels(model, t[0].tolist())
-    props = {"attention": torch.stack([pat[l, h] for l, h in heads]).round(decimals=4), "tokens": labels,
+    props = {"attention": torch.stack([pat[l, h] for l, h in heads]).round(decimals=4),
+             "tokens": [html_text(x) for x in labels],
              "attentionHeadNames": [head_label(l, h) for l, h in heads], "maxValue": 1.0, "minValue": 0.0}
 
     def static():
@@ -129,7 +149,7 @@ def token_values_view(labels: list[str], values: torch.Tensor, names: list[str],
     """Tokens coloured by one of several value series (`values [tokens, series]`), as CircuitsVis'
     `ColoredTokensMulti`: pick a series, hover a token for all its values. Static twin: a heatmap."""
     values = torch.as_tensor(values, dtype=torch.float32)
-    props = {"tokens": labels, "values": values.round(decimals=4), "labels": names}
+    props = {"tokens": [html_text(x) for x in labels], "values": values.round(decimals=4), "labels": names}
 
     def static():
         return plot_token_values(labels, values, names, title)
@@ -141,13 +161,15 @@ def plot_token_values(labels: list[str], values: torch.Tensor, names: list[str],
     """A `[series, tokens]` heatmap of `values [tokens, series]`, diverging around 0, one colour bar."""
     import matplotlib.pyplot as plt
 
+    from .labels import figure_text
+
     v = torch.as_tensor(values, dtype=torch.float32).T  # [series, tokens]
     lim = float(v.abs().max()) or 1.0
     fig, ax = plt.subplots(figsize=(max(6.0, 0.16 * len(labels) + 2.5), 0.35 * len(names) + 1.8),
                            layout="constrained")
     im = ax.imshow(v.numpy(), cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
     ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+    ax.set_xticks(range(len(labels)), [figure_text(x) for x in labels], rotation=90, fontsize=7)
     ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, label="value", shrink=0.9)
     return fig

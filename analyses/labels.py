@@ -1,16 +1,64 @@
-"""Readable token labels for figures and interactive views: whitespace as visible marks, partial UTF-8 as bytes.
+"""Token text is data from a model folder: the one place that makes it safe wherever it lands.
 
-`token_label("\\n        ")` is `"⏎␣×8"`, `token_label(" self")` is `"␣self"`, a tab is the two characters `\\t`, other
-control characters are `\\xNN`; `token_labels(model, ids)` does it for token ids, writing a byte-level token that
-is only part of a UTF-8 character (which decodes to U+FFFD) as its byte, `<0xE2>`, instead of a stray glyph.
+- `token_label(s)`: the visible form for the terminal, figure labels and interactive views: `token_label("\\n  ")`
+  is `"⏎␣␣"`, `token_label(" self")` is `"␣self"`, a tab is the two characters `\\t`, other control and format
+  characters (ESC, C1 controls, bidi overrides, U+2028/U+2029) are `\\xNN` / `\\uNNNN`; `token_labels(model, ids)`
+  does it for token ids, writing a byte-level token that is only part of a UTF-8 character (which decodes to
+  U+FFFD) as its byte, `<0xE2>`, instead of a stray glyph; `util.token_str` is `token_labels` of one id.
+- `markdown_text(s)`: text as Markdown that renders as exactly that text (no link, image, HTML tag, emphasis or
+  math), control characters made visible; report.md's tables pass every text cell through it, and report.html
+  renders that Markdown with raw HTML off.
+- `html_text(s)`: text as HTML, for CircuitsVis, whose components render a token's text as HTML.
+- `figure_text(s)`: a label matplotlib draws as plain text (a `$` would start mathtext).
 """
 
 from __future__ import annotations
 
+import unicodedata
 from functools import lru_cache
 
 #: Visible stand-ins: newline ⏎ (U+23CE), space ␣ (U+2423); both are in matplotlib's default DejaVu Sans.
 NEWLINE, SPACE = "⏎", "␣"
+
+
+def _invisible(c: str) -> bool:
+    """A control or format character (C0/C1 controls, ESC, bidi overrides, zero-width marks) or a line/paragraph
+    separator: it would act on a terminal or a page instead of showing."""
+    return unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
+
+
+def _escaped(c: str) -> str:
+    return f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+
+
+def visible_controls(s: str) -> str:
+    """`s` with every control or format character written as `\\xNN` / `\\uNNNN` (nothing else changed)."""
+    return "".join(_escaped(c) if _invisible(c) else c for c in s)
+
+
+#: Characters with a meaning in Markdown or HTML (links, images, tags, entities, emphasis, code, tables, math,
+#: strikethrough); CommonMark lets a backslash escape any ASCII punctuation.
+_MARKDOWN_SPECIAL = set("\\`*_[]<>&!|~$")
+
+
+def markdown_text(s) -> str:
+    """`s` (any value; its `str`) as Markdown that renders as that text: control characters made visible
+    (`visible_controls`), then each Markdown/HTML special character backslash-escaped. The one escaping of data
+    into report.md (and through it report.html)."""
+    return "".join("\\" + c if c in _MARKDOWN_SPECIAL else c for c in visible_controls(str(s)))
+
+
+def html_text(s) -> str:
+    """`s` as HTML that shows that text: control characters made visible, `& < > " '` as entities. For token labels
+    handed to CircuitsVis, whose components set a token's text as HTML (`dangerouslySetInnerHTML`)."""
+    import html
+
+    return html.escape(visible_controls(str(s)), quote=True)
+
+
+def figure_text(s: str) -> str:
+    """A label that matplotlib draws as plain text: `$` escaped (two would parse as mathtext, and `$a^{$` fails)."""
+    return str(s).replace("$", "\\$")
 
 
 def token_label(s: str, max_len: int = 12) -> str:
@@ -34,8 +82,8 @@ def token_label(s: str, max_len: int = 12) -> str:
             out.append("\\t")
         elif c == "\r":
             out.append("\\r")
-        elif ord(c) < 32 or ord(c) == 127:
-            out.append(f"\\x{ord(c):02x}")
+        elif _invisible(c):
+            out.append(_escaped(c))
         else:
             out.append(c)
         i += 1

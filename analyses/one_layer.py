@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformer_lens import FactoredMatrix
 
 from circuits.checks import as_tokens, check_head_pair
 from circuits.diagonal import diagonal_rank_stats
@@ -19,6 +18,7 @@ from circuits.eigen import copying_scores, positive_eigenvalue_fraction
 from circuits.factored import full_ov_circuit, full_qk_circuit
 from circuits.interface import positional_scheme
 from models.arch.model import head_label
+from models.arch.tl_compat import FactoredMatrix
 
 from .scores import attention_patterns, copying_scores_behavioural
 from .sequences import bos_token_id, random_tokens, token_pool

@@ -21,6 +21,7 @@ from circuits.eigen import eigenvalues
 from circuits.factored import full_ov_circuit
 from models.arch.model import head_label
 
+from .labels import figure_text
 from .sequences import repeated_tokens
 from .util import weight_view
 
@@ -103,8 +104,9 @@ def plot_token_patterns(pattern, labels: list[str], titles: list[str]):
         im = ax.imshow(pat, cmap="viridis", vmin=0, vmax=1)
         ax.set_title(title, fontsize=10)
         if named:
-            ax.set_xticks(range(P), labels, rotation=90, fontsize=8 if n == 1 else 7)
-            ax.set_yticks(range(P), labels, fontsize=8 if n == 1 else 7)
+            shown = [figure_text(x) for x in labels]
+            ax.set_xticks(range(P), shown, rotation=90, fontsize=8 if n == 1 else 7)
+            ax.set_yticks(range(P), shown, fontsize=8 if n == 1 else 7)
         else:
             for axis in (ax.xaxis, ax.yaxis):
                 axis.set_major_locator(MaxNLocator(5, integer=True))

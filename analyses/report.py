@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,13 +88,18 @@ def _train_config(folder: Path | None) -> dict:
 
 
 def training_corpus(model, folder: Path | None):
-    """The token corpus the model was trained on (`train_config.json`'s data, else the standard library), or None
-    when the model has no tokenizer, trained on synthetic data, or the corpus fails."""
+    """The token corpus the model was trained on (`train_config.json`'s data, resolved inside the folder by
+    `models.data.corpora.recorded_data`, else the standard library), or None when the model has no tokenizer,
+    trained on synthetic data, or the corpus fails. A `data` naming anything outside the folder raises
+    `CorpusError`."""
     tok = getattr(model, "tokenizer", None)
     if tok is None or not hasattr(tok, "vocab_size"):
         return None
-    data = _train_config(folder).get("data", "stdlib") or "stdlib"
-    if isinstance(data, str) and data.startswith("synthetic"):
+    from models.data.corpora import recorded_data
+
+    data = _train_config(folder).get("data") if folder is not None else None
+    data = recorded_data(folder, data) if folder is not None else "stdlib"  # CorpusError: a name outside the folder
+    if isinstance(data, str) and data.startswith(("synthetic", "seq2seq")):
         return None
     try:
         from models.data.corpora import build_token_corpus
@@ -185,12 +191,71 @@ def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text
     rd = Path(run_dir) if run_dir is not None else folder
     if rd is not None and not (rd / "metrics.jsonl").is_file():
         rd = None
-    stage = Path(tempfile.mkdtemp(prefix=".report-tmp-", dir=out))  # published in one go at the end
-    try:
+    with staging_folder(out) as stage:  # published in one go at the end
         return _write(model, name, out, stage, text, win, vocab, rd, seed, corpus, folder, sections, progress, html,
                       parallel)
+
+
+STAGE_PREFIX = ".report-tmp-"
+_STAGE_LOCK = ".lock"
+
+
+@contextmanager
+def staging_folder(out: Path):
+    """A hidden staging folder `out/.report-tmp-PID-XXXX` for the duration of the body, removed after it. This
+    run holds `fcntl.flock` on its `.lock` file while it lasts (forked section workers share it). First, staging
+    folders that earlier runs left (a SIGKILL skips their cleanup) are removed when provably dead: their lock is
+    free (the kernel drops a dead process's locks), or, before a lock exists, no process has their PID. A folder
+    whose run may be alive, or without our naming, is left alone."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): staging folders of killed runs stay
+        fcntl = None
+    if fcntl is not None:
+        _remove_dead_stages(out, fcntl)
+    stage = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=out))
+    fd = None
+    try:
+        if fcntl is not None:
+            fd = os.open(stage / _STAGE_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield stage
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        if fd is not None:
+            os.close(fd)
+
+
+def _remove_dead_stages(out: Path, fcntl) -> None:
+    for stage in out.glob(STAGE_PREFIX + "*"):
+        pid = stage.name[len(STAGE_PREFIX):].split("-", 1)[0]
+        if stage.is_symlink() or not stage.is_dir() or not pid.isdigit():
+            continue
+        try:
+            fd = os.open(stage / _STAGE_LOCK, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:  # killed before it locked, or still starting: dead only if its PID is
+            if _pid_alive(int(pid)):
+                continue
+        except OSError:
+            continue
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held: a live report
+                continue
+            finally:
+                os.close(fd)
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
 
 
 def _write(model, name, out, stage, text, win, vocab, rd, seed, corpus, folder, sections, progress, html,

@@ -11,6 +11,7 @@ import torch
 
 from models.arch.model import head_label
 
+from .labels import markdown_text
 from .util import fmt, markdown_table
 
 
@@ -215,7 +216,7 @@ def skip_trigram_section(ctx: Context) -> str:
         out += ["", f"**{head_label(l, h)}**", "", t.markdown()]
         for b in bugs:
             extra = f" ({len(b.unseen_in_corpus)} never occur as a bigram in the text)" if b.unseen_in_corpus else ""
-            out.append(f"\n- bug ({b.kind}): {'; '.join(b.crossed[:4])}{extra}")
+            out.append(f"\n- bug ({b.kind}): {'; '.join(markdown_text(c) for c in b.crossed[:4])}{extra}")
     out.append("\nA 'shared source' bug: the OV circuit depends on the source only, so every destination that "
                "attends to it gets all its outs (the Framework's 'keep … in mind' + 'keep … at bay' ⇒ 'keep … in "
                "bay'). A 'shared destination' bug: one destination attends to several sources with different outs.")
@@ -295,7 +296,8 @@ def _icl_caveat(ctx: Context, n: int, early: int, late: int) -> str:
     """Why this model's ICL score is not the paper's number, from what the report knows of its training."""
     tc = ctx.train_config
     parts = [f"its context is {n} tokens, not 512, so the two positions are {early} and {late}",
-             f"its vocabulary has {ctx.cfg.d_vocab} ids" + (f" ({tc['tokenizer']})" if tc.get("tokenizer") else "")
+             f"its vocabulary has {ctx.cfg.d_vocab} ids"
+             + (f" ({markdown_text(tc['tokenizer'])})" if tc.get("tokenizer") else "")
              + ", not a ~50k-token BPE, so the same positions cover far less text"]
     if tc.get("repeat_fraction"):
         parts.append(f"{tc['repeat_fraction']:.0%} of its training sequences carried a synthetic repeated segment, "

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformer_lens import FactoredMatrix
 
 from circuits.diagonal import diagonal_rank_stats
 from circuits.eigen import copying_score
 from circuits.factored import full_qk_circuit
 from circuits.interface import attn_scale
 from models.arch.model import head_label
+from models.arch.tl_compat import FactoredMatrix
 
 from .sequences import token_pool
 

@@ -12,17 +12,12 @@ from circuits.interface import norms_are_trivial
 from models.errors import WeightProcessingError
 
 
-def token_str(model, i: int) -> str:
-    """A readable, quoted form of token id `i`: the tokenizer's decoding (whitespace made visible), or `#i`."""
-    tok = getattr(model, "tokenizer", None)
-    if tok is None:
-        return f"#{int(i)}"
-    try:
-        s = tok.decode([int(i)])
-    except Exception:  # a tokenizer that cannot decode a single id
-        return f"#{int(i)}"
-    s = s.replace("\n", "⏎").replace("\t", "⇥")
-    return repr(s) if s.strip() != s or not s else s
+def token_str(model, i: int, max_len: int = 24) -> str:
+    """A readable form of token id `i` for tables and the terminal: `analyses.labels.token_labels` of it (whitespace
+    and control characters made visible, at most `max_len` characters), or `#i` without a tokenizer."""
+    from .labels import token_labels
+
+    return token_labels(model, [int(i)], max_len)[0]
 
 
 def device_of(model) -> torch.device:
@@ -54,10 +49,13 @@ def check_threshold(value, name: str = "threshold") -> float:
 
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:
-    """A GitHub-flavoured markdown table; cells go through `fmt`."""
-    esc = lambda x: x.replace("|", "\\|")
-    lines = ["| " + " | ".join(esc(h) for h in headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(esc(fmt(c)) for c in row) + " |" for row in rows]
+    """A GitHub-flavoured markdown table; numbers go through `fmt`, text (headers included) through
+    `analyses.labels.markdown_text`: a cell is data (token text from a model folder) and renders as itself."""
+    from .labels import markdown_text
+
+    cell = lambda c: markdown_text(c) if isinstance(c, str) else fmt(c)
+    lines = ["| " + " | ".join(markdown_text(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 

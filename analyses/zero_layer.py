@@ -193,7 +193,7 @@ def plot_bigrams(model, tokens, n: int = 24, ax=None, table: BigramTable | None 
     scale with one colour bar; whitespace in the token labels shown as `⏎`, `␣`, `\\t`. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    from .labels import token_labels
+    from .labels import figure_text, token_labels
 
     table = table if table is not None else bigram_table(tokens, model.cfg.d_vocab)
     ids = torch.argsort(table.row_totals(), descending=True)[:n]
@@ -207,7 +207,7 @@ def plot_bigrams(model, tokens, n: int = 24, ax=None, table: BigramTable | None 
     side = max(4.5, 0.19 * len(ids) + 2.0)
     fig, axes = (plt.subplots(1, 2, figsize=(2 * side + 1.2, side + 0.3), layout="constrained") if ax is None
                  else (ax[0].figure, ax))
-    labels = token_labels(model, ids.tolist(), max_len=10)
+    labels = [figure_text(x) for x in token_labels(model, ids.tolist(), max_len=10)]
     vmax = float(max(P.max(), Q.max()))
     for a, M, title in ((axes[0], P, "corpus P(next | current)"), (axes[1], Q, "direct path softmax(W_E W_U)")):
         im = a.imshow(M.numpy(), cmap="Blues", vmin=0, vmax=vmax)

@@ -109,7 +109,7 @@ def case_copy_ours(w, repeats):
 
 
 def case_copy_tl(w, repeats):
-    from transformer_lens import FactoredMatrix
+    from models.arch.tl_compat import FactoredMatrix
 
     def run():
         scores = []
@@ -147,8 +147,9 @@ def case_comp_ours(w, repeats):
 
 
 def case_comp_tl(w, repeats):
-    from transformer_lens import FactoredMatrix
-    from transformer_lens.utilities import composition_scores
+    from models.arch.tl_compat import FactoredMatrix, utilities
+
+    composition_scores = utilities().composition_scores
 
     OV = FactoredMatrix(w.W_V, w.W_O)
     QK = FactoredMatrix(w.W_Q, w.W_K.transpose(-2, -1))
@@ -213,7 +214,9 @@ CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case
 
 def worker(name: str, threads: int, repeats: int) -> None:
     torch.set_num_threads(threads)
-    import transformer_lens.utilities  # noqa: F401  (imports are not part of any timing or memory)
+    from models.arch.tl_compat import utilities
+
+    utilities()  # imports are not part of any timing or memory
 
     import circuits
 

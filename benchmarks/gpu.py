@@ -24,7 +24,6 @@ default, no TF32), and the data-sheet dense peak where the GPU is one we know (H
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import sys
 import warnings
@@ -150,9 +149,7 @@ def run(repeats: int, dtypes: list[str]) -> dict:
     name = torch.cuda.get_device_name()
     sheet = next((p for key, p in PEAKS.items() if key in name), {})
     try:
-        import transformer_lens  # noqa: F401
-
-        tl_version = importlib.metadata.version("transformer-lens")
+        from models.arch.tl_compat import TL_VERSION as tl_version
     except ImportError as e:
         tl_version = f"not importable ({e})"
     out = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "transformer_lens": tl_version,

@@ -1,6 +1,7 @@
 """Argument checks shared by `circuits` and `analyses`: clear `TypeError` / `ValueError` messages that name the
 argument and the allowed values, instead of an `IndexError` or `AttributeError` from deep inside torch; and
-`as_tokens`, the one coercion of token input.
+`as_tokens`, the one coercion of token input. Weights and matrices without values (meta tensors, uninitialised lazy
+parameters, fake tensors) raise `ValueError` naming them (`check_materialised`) before anything reads them.
 
 Conventions (docs/RELIABILITY.md): a wrong *type* raises `TypeError`; a value of the right type outside its
 allowed range raises `ValueError`; weights or matrices holding NaN/inf raise `NonFiniteError` (a `ValueError`)
@@ -12,8 +13,8 @@ from __future__ import annotations
 import operator
 
 import torch
-from transformer_lens import FactoredMatrix
 
+from models.arch.tl_compat import FactoredMatrix
 from models.errors import ToyCircuitsError
 
 
@@ -52,11 +53,30 @@ def as_tokens(model, tokens) -> torch.Tensor:
     return (t[None] if t.ndim == 1 else t).to(model.W_E.device)
 
 
+def check_materialised(tensors: dict, what: str) -> None:
+    """Raise `ValueError` naming the first tensor of `{name: tensor}` that holds no values: a meta tensor (a
+    model built on or moved to `device="meta"`), an uninitialised lazy parameter, or a fake tensor (shapes only),
+    whose values could not be read."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        kind = ("a meta tensor" if t.is_meta else
+                "an uninitialised lazy parameter" if isinstance(t, torch.nn.parameter.UninitializedTensorMixin) else
+                "a fake tensor" if type(t).__name__ == "FakeTensor" else None)
+        if kind is not None:
+            raise ValueError(f"{what}: {name} is {kind} (shapes only, no values); load or build the model on a real "
+                             "device (e.g. models.load(..., device='cpu'), or model.to_empty(device='cpu') and load "
+                             "its weights) first")
+
+
 def check_model(model, what: str):
-    """`model` must expose `cfg` and the weight properties of the `circuits` interface."""
+    """`model` must expose `cfg` and the weight properties of the `circuits` interface, its weights materialised
+    (`check_materialised`)."""
     if not hasattr(model, "cfg") or not hasattr(model, "W_E"):
         raise TypeError(f"{what} needs a model with `cfg` and weight properties (W_E, W_Q, ...), got "
                         f"{type(model).__name__}")
+    if hasattr(model, "named_parameters"):
+        check_materialised(dict(model.named_parameters()), what)
     return model
 
 
@@ -95,6 +115,8 @@ def check_matrix(fm, what: str):
         raise ValueError(f"{what} needs a matrix (or a stack of matrices), got shape {tuple(fm.shape)}")
     if isinstance(fm, torch.Tensor) and (fm.dtype == torch.bool or fm.dtype.is_complex):
         raise TypeError(f"{what} needs a real-valued matrix, got dtype {fm.dtype}")
+    check_materialised({"the matrix": fm} if isinstance(fm, torch.Tensor) else {"factor A": fm.A, "factor B": fm.B},
+                       what)
     return fm
 
 
@@ -104,6 +126,7 @@ def check_finite(tensors: dict, what: str) -> None:
     Each tensor is first summed (one read, no mask): a NaN or ±inf entry makes the sum NaN or ±inf (IEEE
     arithmetic), so a finite sum clears the tensor; a non-finite sum (also possible by overflow of finite
     entries) is settled by testing every entry."""
+    check_materialised(tensors, what)
     for name, t in tensors.items():
         if t is None or not isinstance(t, torch.Tensor) or not (t.dtype.is_floating_point or t.dtype.is_complex):
             continue

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 
 import torch
-from transformer_lens import FactoredMatrix
+
+from models.arch.tl_compat import FactoredMatrix
 
 from .checks import check_finite, check_int, check_model, check_model_finite
 from .interface import f64, serial_ops, warn_if_unfolded

@@ -24,8 +24,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-from transformer_lens import FactoredMatrix
 
+from models.arch.tl_compat import FactoredMatrix
 from models.errors import ConfigError
 
 from .eigen import copying_scores

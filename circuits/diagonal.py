@@ -7,7 +7,8 @@ import functools
 from collections.abc import Iterable
 
 import torch
-from transformer_lens import FactoredMatrix
+
+from models.arch.tl_compat import FactoredMatrix
 
 from .checks import analysis_dtype, as_index, check_finite, check_matrix
 from .interface import serial_ops

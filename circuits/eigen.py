@@ -8,9 +8,9 @@ matrix. Computed in float64 (complex128 results), returned on the input's device
 from __future__ import annotations
 
 import torch
-from transformer_lens import FactoredMatrix
 
 from models.arch.products import matmul
+from models.arch.tl_compat import FactoredMatrix
 
 from .checks import analysis_dtype, check_finite, check_matrix, check_model, check_model_finite
 from .interface import serial_ops, warn_if_unfolded

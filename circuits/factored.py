@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from transformer_lens import FactoredMatrix
 
 from models.arch.positions import SCHEMES
+from models.arch.tl_compat import FactoredMatrix
 
 from .checks import check_head_pair, check_layer_head
 from .interface import positional_scheme, select, warn_if_unfolded

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("generation", ("models.generation",)),
     ("data", ("models.data",)),
     ("io", ("models.io",)),
-    ("training", ("models.training",)),
+    ("training", ("models.training", "models.sae")),
     ("accel", ("models.accel",)),  # opt-in speed code, on top of everything; none has earned its place today
     ("tl_paths", tuple(f"models.{p.stem}" for p in sorted(TL_PATHS.glob("*.py")))),  # re-exports, read by users only
 ]

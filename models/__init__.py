@@ -4,21 +4,27 @@ model zoo. The names below load on first use (`models.lazy`), so `circuits --hel
 import os
 from typing import TYPE_CHECKING
 
+from .deferred_import import TRANSFORMER_LENS, defer_package_inits
 from .lazy import lazy_exports
 
 # The module paths TransformerLens 2.x code imports (`transformer_lens.utils`, `.hook_points`, `.patching`,
-# `.past_key_value_caching`) are files of models/tl_paths/, imported as `models.utils`, `models.hook_points`, …: that
-# folder (no __init__.py) is on this package's search path, so changing the package name is the whole migration.
+# `.past_key_value_caching`, `.evals`) are files of models/tl_paths/, imported as `models.utils`, `models.hook_points`,
+# …: that folder (no __init__.py) is on this package's search path, so changing the package name is the whole
+# migration.
 __path__.append(os.path.join(os.path.dirname(__file__), "tl_paths"))
 
-if TYPE_CHECKING:
-    from transformer_lens import ActivationCache, FactoredMatrix
+# TransformerLens' package `__init__` imports transformers, datasets, pandas and pyarrow, none of which we use: its
+# classes load without it, the `__init__` running only if something asks for a name it alone makes
+# (`models.deferred_import`; TOY_CIRCUITS_EAGER_IMPORTS=1 turns this off).
+defer_package_inits(TRANSFORMER_LENS)
 
+if TYPE_CHECKING:
     from .arch.config import HookedTransformerConfig
     from .arch.encoder import EncoderConfig, HookedEncoder
     from .arch.encoder_decoder import HookedEncoderDecoder
     from .arch.encoder_decoder_config import EncoderDecoderConfig
     from .arch.model import HookedTransformer, head_label, lm_cross_entropy
+    from .arch.tl_compat import ActivationCache, FactoredMatrix
     from .errors import (
         CheckpointError,
         ConfigError,

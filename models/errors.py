@@ -45,9 +45,24 @@ class WeightProcessingError(ToyCircuitsError, ValueError):
 
 
 class UnsupportedByTransformerLens(ToyCircuitsError, NotImplementedError):
-    """The configuration has no exact TransformerLens 4.x counterpart."""
+    """The configuration has no exact TransformerLens 4.x counterpart, or the installed TransformerLens (3.x) lacks
+    the feature; the message names the version that has it."""
 
 
 class HookSwitchError(ConfigError, AssertionError):
     """An opt-in hook point used while its switch is off, or a switch this model cannot turn on. Also an
     `AssertionError`, the type TransformerLens 2.x raises there, so code written for it keeps working."""
+
+
+class MissingDependencyError(ToyCircuitsError, ImportError):
+    """An optional dependency is not installed; the message names the `pip install` that adds it."""
+
+
+class SAEError(ToyCircuitsError, ValueError):
+    """A sparse-autoencoder request that cannot work (a hook point with no activation of the right shape, an SAE
+    folder made for another model); the message names the argument and what is allowed."""
+
+
+class ContextWindowWarning(UserWarning):
+    """Text longer than the model's context: the model reads its last tokens only (one rule for every entry point
+    that takes text: `to_tokens(truncate="last")`; the command line prints it as one line on stderr)."""

@@ -8,7 +8,8 @@ modules import torch and the analyses inside `run`, so `circuits --help` stays f
 - `common`: `Command`, `UsageError`, the options every command shares, model loading (zoo name, folder, or a
   TransformerLens state dict with `--config`), head parsing, output and progress bars;
 - `train_commands`: `zoo`, `train`; `model_commands`: `info`, `report`, `attention`, `generate`;
-  `circuit_commands`: `heads`, `eigen`, `compose`, `paths`, `trigrams`; `patch_commands`: `patch`, `lens`.
+  `circuit_commands`: `heads`, `eigen`, `compose`, `paths`, `trigrams`; `patch_commands`: `patch`, `lens`;
+  `sae_commands`: `sae train`, `sae report` (SAELens, optional).
 
 Exit codes: 0 ok; 2 bad usage or bad input (a one-line message on stderr, no traceback): every
 `models.ToyCircuitsError` (`UsageError` included), missing or unreadable files, a read-only output folder and
@@ -29,7 +30,7 @@ import sys
 
 from models.deferred_import import TRANSFORMER_LENS, defer_package_inits
 
-from . import circuit_commands, model_commands, patch_commands, train_commands
+from . import circuit_commands, model_commands, patch_commands, sae_commands, train_commands
 from .common import Command, UsageError, warn
 from .common import rank as _rank
 
@@ -40,7 +41,7 @@ defer_package_inits(TRANSFORMER_LENS)
 
 __all__ = ["COMMANDS", "Command", "UsageError", "build_parser", "main"]
 
-COMMAND_MODULES = (train_commands, model_commands, circuit_commands, patch_commands)
+COMMAND_MODULES = (train_commands, model_commands, circuit_commands, patch_commands, sae_commands)
 COMMANDS: list[Command] = [c for module in COMMAND_MODULES for c in module.COMMANDS]
 
 #: File-system errors that mean bad input rather than a bug.
@@ -123,14 +124,38 @@ def main(argv=None) -> int:
 
 def _run(args) -> int:
     """`args._run(args)` with the exit codes of the module docstring."""
+    import warnings
+
     try:
-        _check_text_options(args)
-        code = args._run(args)
+        with warnings.catch_warnings():
+            _notices(f"circuits {args.command}")
+            _check_text_options(args)
+            code = args._run(args)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except (Exception, KeyboardInterrupt) as e:
         _settle()
         return _outcome(e, f"circuits {args.command}")
+
+
+def _notices(where: str) -> None:
+    """Inside `warnings.catch_warnings()`: a `ContextWindowWarning` (text longer than n_ctx: the model reads its
+    last tokens) becomes one line on stderr, each distinct message once, whatever the warning filters say."""
+    import warnings
+
+    from models.errors import ContextWindowWarning
+
+    said, show = set(), warnings.showwarning
+
+    def notice(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, ContextWindowWarning):
+            return show(message, category, filename, lineno, file, line)
+        if str(message) not in said:
+            said.add(str(message))
+            warn(f"{where}: {message}")
+
+    warnings.simplefilter("always", ContextWindowWarning)
+    warnings.showwarning = notice
 
 
 def _settle() -> None:

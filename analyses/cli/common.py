@@ -276,19 +276,10 @@ def read_text_tokens(model, text_file: str, max_tokens: int = TEXT_TOKENS):
 
 
 def check_memory(option: str, value: int, per_unit: int, limit: int | None = None) -> None:
-    """Refuse `option`=`value` when `value * per_unit` bytes (the memory it implies) exceed `limit` (default: half
-    of this machine's memory), naming the largest value allowed."""
-    import os
+    """`models.io.size_checks.check_memory` with `UsageError` (exit 2)."""
+    from models.io.size_checks import check_memory as check
 
-    if limit is None:
-        try:
-            limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-        except (ValueError, OSError, AttributeError):
-            limit = 8 << 30
-    if value * per_unit > limit:
-        raise UsageError(f"{option} {value} needs about {value * per_unit / 2**30:.1f} GiB, more than the "
-                         f"{limit / 2**30:.1f} GiB allowed here (half the memory); use {option} <= "
-                         f"{max(limit // per_unit, 1)}")
+    check(option, value, per_unit, UsageError, limit)
 
 
 def text_windows(loaded: Loaded, args, n: int, seed: int = 0):

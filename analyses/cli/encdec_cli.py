@@ -41,10 +41,9 @@ def route(args, loaded, plain: str, encdec: tuple[str, ...], run):
 
 
 def _train_config(loaded) -> dict:
-    import json
+    from ..report import _train_config as read  # a regular file of bounded size (models.io.safe_read)
 
-    path = None if loaded.folder is None else loaded.folder / "train_config.json"
-    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    return read(loaded.folder)
 
 
 def parse_cross_head(spec: str, cfg) -> tuple[int, int]:
@@ -73,6 +72,20 @@ def _source(model, text: str | None, what: str = "--source"):
         raise UsageError(f"{what} has {src.shape[1]} symbols; this model reads at most n_ctx_src="
                          f"{model.cfg.n_ctx_src}")
     return src
+
+
+def _target(model, text: str, eos: bool = False):
+    """`--target` as decoder-input ids (BOS first; `eos`: EOS appended), refused in one line past n_ctx_tgt: a
+    target, like a source, is one whole input (no window of it is a meaningful target)."""
+    import torch
+
+    tgt = model.to_tokens_tgt(text)
+    if eos:
+        tgt = torch.cat([tgt, torch.tensor([[model.cfg.eos_token_id]], device=tgt.device)], 1)
+    if tgt.shape[1] > model.cfg.n_ctx_tgt:
+        raise UsageError(f"--target has {tgt.shape[1]} symbols with BOS{' and EOS' if eos else ''}; this model reads "
+                         f"at most n_ctx_tgt={model.cfg.n_ctx_tgt}")
+    return tgt
 
 
 def info(args, loaded) -> int:
@@ -109,10 +122,7 @@ def attention(args, loaded) -> int:
     model, cfg = loaded.model, loaded.model.cfg
     src = _source(model, args.source)
     if args.target is not None:
-        tgt = model.to_tokens_tgt(args.target)
-        if tgt.shape[1] > cfg.n_ctx_tgt:
-            raise UsageError(f"--target has {tgt.shape[1] - 1} symbols; this model reads at most "
-                             f"{cfg.n_ctx_tgt - 1} after BOS")
+        tgt = _target(model, args.target)
     else:
         tgt = model.generate(src, cfg.n_ctx_tgt - 1)
         tgt = tgt[:, : int((tgt[0] != cfg.pad_token_id).sum())]
@@ -158,6 +168,9 @@ def generate(args, loaded) -> int:
     if args.top_p is not None:
         kw["top_p"] = args.top_p
     if method == "beam":
+        from models.generation.seq2seq import check_beam_memory
+
+        check_beam_memory(model, args.beams, src.shape[0], UsageError, "--beams")
         kw["beams"] = args.beams
     n = min(args.max_new_tokens, model.cfg.n_ctx_tgt - 1)
     samples = []
@@ -260,7 +273,7 @@ def paths(args, loaded) -> int:
         src = _source(model, args.source)
         if args.target is None:
             raise UsageError("--source needs --target (the target text whose tokens are scored)")
-        tgt = torch.cat([model.to_tokens_tgt(args.target), torch.tensor([[model.cfg.eos_token_id]])], 1)
+        tgt = _target(model, args.target, eos=True)
         src_mask, tgt_mask, about = None, torch.ones_like(tgt, dtype=torch.bool), "--source/--target"
     else:
         spec = seq2seq_task(model, _train_config(loaded))

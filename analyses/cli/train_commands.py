@@ -9,7 +9,6 @@ from .common import (
     Command,
     UsageError,
     add_common,
-    check_memory,
     emit,
     read_json_object,
     resolve_device,
@@ -77,25 +76,10 @@ def train_settings(args) -> tuple:
     if args.steps is not None and cfg.keep_checkpoints is not None:
         cfg.keep_checkpoints = sorted({s for s in cfg.keep_checkpoints if s <= cfg.steps} | {cfg.steps})
     cfg.validate()
-    _check_train_memory(model_cfg, cfg)
+    from models.io.size_checks import check_train_sizes
+
+    check_train_sizes(model_cfg, cfg, UsageError)  # as train() does, before the corpus is read for evaluation
     return model_cfg, cfg, about
-
-
-def _check_train_memory(model_cfg, cfg) -> None:
-    """Refuse `--batch-size` / `seq_len` whose activations (float32, kept for the backward pass: per token the
-    logits and, per layer, ~16 residual-width vectors and a row of each head's pattern) exceed half the memory."""
-    if cfg.seq_len is not None and cfg.seq_len > 1 << 20:
-        raise UsageError(f"seq_len {cfg.seq_len} is more than the {1 << 20} allowed")
-    # Encoder-decoder configs: the longer context, the larger vocabulary, both stacks' layers.
-    n_ctx = getattr(model_cfg, "n_ctx", None) or max(model_cfg.n_ctx_src, model_cfg.n_ctx_tgt)
-    d_vocab = getattr(model_cfg, "d_vocab", None) or max(model_cfg.d_vocab_src, model_cfg.d_vocab_tgt)
-    n_layers = getattr(model_cfg, "n_layers", None)
-    if n_layers is None:
-        n_layers = model_cfg.n_encoder_layers + 2 * model_cfg.n_decoder_layers  # self- and cross-attention
-    seq = cfg.seq_len or n_ctx
-    per_token = 4 * (3 * d_vocab + max(n_layers, 1) * (16 * model_cfg.d_model + 3 * model_cfg.n_heads * seq))
-    check_memory("seq_len", seq, per_token)  # one sequence
-    check_memory("--batch-size", cfg.batch_size, seq * per_token)
 
 
 def run_train(args) -> int:

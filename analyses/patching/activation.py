@@ -86,7 +86,9 @@ def tl_progress(show: bool):
     handing its module a disabled tqdm for the duration of the call."""
     import functools
 
-    from transformer_lens import patching as tlp
+    from models.arch.tl_compat import patching
+
+    tlp = patching()
 
     saved = tlp.tqdm
     if not show:
@@ -108,7 +110,7 @@ def activation_patching(model, clean, corrupt, metric, kind: str = "resid_pre", 
     "denoising" runs the corrupted prompt and patches in the clean activation (what suffices to restore the clean
     behaviour); "noising" runs the clean prompt and patches in the corrupted activation (what is necessary).
     Puts the model in eval mode. Returns a `PatchResult` (metric per cell and prompt, and both baselines)."""
-    from transformer_lens import patching as tlp
+    from models.arch.tl_compat import patching_sweep
 
     prepare(model)
     check_direction(direction)
@@ -120,10 +122,9 @@ def activation_patching(model, clean, corrupt, metric, kind: str = "resid_pre", 
     # TransformerLens stores patched metrics in float32 (its default dtype); it is handed the change from the base
     # run, so what it rounds is the effect, not the metric.
     shifted = lambda logits: evaluate(metric, logits, base.shape[0]) - base.to(logits.device)
-    sweep = getattr(tlp, _TL_SWEEPS[(kind, by_pos)])
     with tl_progress(progress), torch.no_grad():
-        res = sweep(model, base_tokens, source_cache, shifted, reduce="none")
-    per_prompt = res.values.double().cpu() + base.double().cpu()
+        values = patching_sweep(_TL_SWEEPS[(kind, by_pos)], model, base_tokens, source_cache, shifted)
+    per_prompt = values.double().cpu() + base.double().cpu()
     toks = token_strings(model, clean)
     n_kv = per_prompt.shape[axes.index("head")] if "head" in axes else None
     return PatchResult(kind, direction, metric_name(metric), axes, axis_labels(model, axes, clean.shape[1], toks, n_kv),

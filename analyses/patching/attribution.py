@@ -62,8 +62,10 @@ def attribution_patching(model, clean, corrupt, metric, kind: str = "z", by_pos:
     forward and backward pass on the base prompt (the corrupted one when denoising, the clean one when noising) and
     one forward pass on the other. With `compare` (default), also run the exact activation patching and report
     their correlation. Puts the model in eval mode."""
-    from transformer_lens.tools.analysis.attribution_patching import cache_activation_and_gradient
-    from transformer_lens.utilities import get_act_name
+    from models.arch.tl_compat import analysis_tool, utilities
+
+    cache_activation_and_gradient = analysis_tool("attribution_patching").cache_activation_and_gradient
+    get_act_name = utilities().get_act_name
 
     prepare(model)
     check_direction(direction)

@@ -43,7 +43,10 @@ def as_tokens(model, tokens, name: str = "tokens") -> torch.Tensor:
         if isinstance(tokens, str) or (isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], str)):
             if getattr(model, "tokenizer", None) is None:
                 raise PatchingError(f"{name} is text but the model has no tokenizer; pass token ids")
-            tokens = model.to_tokens(tokens)
+            if not all(isinstance(t, str) and t for t in ([tokens] if isinstance(tokens, str) else tokens)):
+                raise PatchingError(f"{name} is empty text; give a prompt")
+            tokens = model.to_tokens(tokens, truncate="last") if hasattr(model, "validate_tokens") else \
+                model.to_tokens(tokens)
         t = checked_tokens(model, tokens)
     except PatchingError:
         raise

@@ -48,7 +48,7 @@ def direct_logit_attribution(model, tokens, answer, wrong=None, by: str = "head"
     logit (difference) minus b_U. `answer`/`wrong`: one token (id or one-token string) or ids `[batch]`, or
     `[batch, pos]` with `pos=None` (every position). Returns TransformerLens' `DirectLogitAttribution`
     (`attribution [component, batch(, pos)]`, `labels`)."""
-    from transformer_lens.tools.analysis import direct_logit_attribution as tl_dla
+    from models.arch.tl_compat import analysis_tool
 
     prepare(model)
     if by not in UNITS:
@@ -63,11 +63,12 @@ def direct_logit_attribution(model, tokens, answer, wrong=None, by: str = "head"
             raise PatchingError(f"{name} holds ids outside 0..{model.cfg.d_vocab - 1}")
         return t.to(tokens.device)
 
+    answer_ids, wrong_ids = ids(answer, "answer"), None if wrong is None else ids(wrong, "wrong answer")
+    tl_dla = analysis_tool("direct_logit_attribution").direct_logit_attribution
     m = _readable(model)
     try:
         _, cache = m.run_with_cache(tokens)
-        return tl_dla(m, None, ids(answer, "answer"), None if wrong is None else ids(wrong, "wrong answer"),
-                      unit=UNITS[by], pos=pos, cache=cache)
+        return tl_dla(m, None, answer_ids, wrong_ids, unit=UNITS[by], pos=pos, cache=cache)
     except (ValueError, IndexError, RuntimeError) as e:
         raise PatchingError(f"direct logit attribution: {e}") from None
 
@@ -98,7 +99,7 @@ def logit_lens(model, tokens, top_k: int = 3) -> LensResult:
     and after the last, read through the final norm (statistics recomputed, as TransformerLens does) and the
     unembedding, as if the model stopped there. `tokens`: one prompt (ids or text). The last entry is the model's
     own prediction."""
-    from transformer_lens.tools.analysis import logit_lens as tl_lens
+    from models.arch.tl_compat import analysis_tool
 
     from .activation import token_strings
 
@@ -108,6 +109,7 @@ def logit_lens(model, tokens, top_k: int = 3) -> LensResult:
         raise PatchingError(f"the logit lens reads one prompt; got {tokens.shape[0]}")
     if not 1 <= int(top_k) <= model.cfg.d_vocab:
         raise PatchingError(f"top_k must be in 1..{model.cfg.d_vocab}, got {top_k}")
+    tl_lens = analysis_tool("logit_lens").logit_lens
     names = [f"blocks.{l}.hook_resid_pre" for l in range(model.cfg.n_layers)]
     names.append(f"blocks.{model.cfg.n_layers - 1}.hook_resid_post")
     with torch.no_grad():

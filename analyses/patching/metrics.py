@@ -79,6 +79,9 @@ def answers(model, batch: int, correct, wrong=None, positions=-1) -> Answers:
                             f"{tuple(c.shape)}" + ("" if w is None else f", wrong {tuple(w.shape)}")) from None
     if shape[0] != batch:
         raise PatchingError(f"answers are given for {shape[0]} prompts, but there are {batch}")
+    if w is not None and bool((c.expand(shape) == w.expand(shape)).any()):
+        raise PatchingError("the wrong answer equals the answer (the same token id): their logit difference is zero "
+                            "by construction; give a different wrong answer")
     return Answers(pos.expand(shape).clone(), c.expand(shape).clone(), None if w is None else w.expand(shape).clone())
 
 

@@ -15,6 +15,8 @@ import textwrap
 
 import torch
 
+from ..labels import figure_text
+
 
 def _plt():
     import matplotlib.pyplot as plt
@@ -33,8 +35,11 @@ def _share_label(result) -> str:
 
 
 def _visible(token: str) -> str:
-    """A token's text with spaces and control characters made visible."""
-    return repr(token)[1:-1].replace(" ", "␣")
+    """A token's text as a figure label: whitespace and control characters made visible
+    (`analyses.labels.token_label`), `$` escaped (`figure_text`)."""
+    from ..labels import figure_text, token_label
+
+    return figure_text(token_label(token, max_len=10**6))
 
 
 def _short(label: str, n: int = 14) -> str:
@@ -84,8 +89,9 @@ def plot_patching(result, title: str | None = None, annotate: bool | None = None
                         ax.text(j, i, f"{v:.2f}".replace("-0.00", "0.00"), ha="center", va="center", fontsize=7,
                                 color="w" if abs(v) > 0.6 * vmax else "k")
         step = max(1, math.ceil(len(cols) / 48))
-        ax.set_xticks(range(0, len(cols), step), [_short(c) for c in cols[::step]], rotation=90, fontsize=7)
-        ax.set_yticks(range(len(rows)), [_short(r) for r in rows], fontsize=7)
+        ax.set_xticks(range(0, len(cols), step), [figure_text(_short(c)) for c in cols[::step]], rotation=90,
+                      fontsize=7)
+        ax.set_yticks(range(len(rows)), [figure_text(_short(r)) for r in rows], fontsize=7)
         ax.set_xlabel(result.axes[cols_axis], fontsize=8)
         ax.set_ylabel(result.axes[rows_axis], fontsize=8)
         if name:
@@ -129,7 +135,7 @@ def plot_dla(dla, title: str | None = None):
     fig, ax = plt.subplots(figsize=(max(4.5, 0.42 * len(dla.labels) + 1.5), 3.4))
     ax.bar(range(len(v)), v.numpy(), color=["tab:red" if x > 0 else "tab:blue" for x in v.tolist()])
     ax.axhline(0, color="0.5", lw=0.8)
-    ax.set_xticks(range(len(v)), dla.labels, rotation=90, fontsize=8)
+    ax.set_xticks(range(len(v)), [_visible(x) for x in dla.labels], rotation=90, fontsize=8)
     ax.set_ylabel("direct logit attribution")
     ax.set_title(title or f"Direct logit attribution by {dla.unit}", fontsize=10)
     fig.tight_layout()

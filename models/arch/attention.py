@@ -13,13 +13,12 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformer_lens import FactoredMatrix
-from transformer_lens.hook_points import HookPoint
 
 from .config import HookedTransformerConfig
 from .positions import Rotation
 from .products import DECODE_ROWS, affine, linear, rounded_product
 from .score_bias import ScoreBias
+from .tl_compat import FactoredMatrix, HookPoint
 from .watch import hooked_path
 
 __all__ = ["Attention", "attend", "linear", "score_scale", "soft_cap"]

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformer_lens.hook_points import HookPoint
 
 from .attention import Attention
 from .attention import param_or_buffer as _param_or_buffer
@@ -21,6 +20,7 @@ from .config import HookedTransformerConfig
 from .positions import Rotation
 from .products import linear
 from .score_bias import ScoreBias
+from .tl_compat import HookPoint
 from .watch import hooked_path
 
 __all__ = ["Attention", "BlockInputs", "Embed", "MLP", "Norm", "PosEmbed", "TransformerBlock", "Unembed"]

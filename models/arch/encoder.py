@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformer_lens.hook_points import HookPoint
 
 from ..errors import ConfigError, InputError
 from .components import _ACTIVATIONS, Norm, linear
 from .config import HookedTransformerConfig
 from .encoder_decoder_config import checked_fields, from_json_object
 from .model import RETURN_TYPES, HookedTransformer, init_weights
+from .tl_compat import HookPoint
 
 
 @dataclass

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
-from transformer_lens.hook_points import HookPoint
 
 from ..errors import InputError
 from .components import (
@@ -37,6 +35,7 @@ from .encoder_decoder_config import EncoderDecoderConfig
 from .inputs import check_mask, check_tokens
 from .model import RETURN_TYPES, init_weights, lm_cross_entropy
 from .score_bias import Bidirectional, Causal, KeyPadding, combine
+from .tl_compat import ActivationCache, FactoredMatrix, HookedRootModule, HookPoint
 from .watch import decide, forced
 
 

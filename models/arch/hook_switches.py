@@ -72,7 +72,9 @@ class HookSwitches:
                           cache: dict | None = None, pos_slice=None):
         """TransformerLens' caching hooks (`run_with_cache`), for the hook points that fire only (a switched-off
         opt-in point never fires: its hook would only cost adding and removing), each a `CacheHook`."""
-        from transformer_lens.utilities.slice import Slice
+        from .tl_compat import utilities
+
+        Slice = utilities().slice.Slice
 
         cache, fwd, bwd = super().get_caching_hooks(names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice)
         off = self._switched_off()

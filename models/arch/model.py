@@ -11,8 +11,6 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
-from transformer_lens.hook_points import HookPoint
 
 from .attention import soft_cap
 from .components import BlockInputs, Embed, PosEmbed, TransformerBlock, Unembed, final_norm
@@ -21,6 +19,7 @@ from .hook_switches import HookSwitches
 from .inputs import check_tokens
 from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
+from .tl_compat import ActivationCache, FactoredMatrix, HookedRootModule, HookPoint
 from .tokens import TextMixin, int_ids  # noqa: F401  (int_ids: re-exported)
 from .watch import decide, forced, watched
 from .weight_processing import ProcessWeights
@@ -173,7 +172,7 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
         from .padding import infer_attention_mask, padding_side_of
 
         if isinstance(input, str) or (isinstance(input, list) and input and isinstance(input[0], str)):
-            input = self.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side)
+            input = self.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side, truncate="last")
         tokens = self.validate_tokens(input)  # [batch, pos]
         if self.cfg.use_hook_tokens:
             tokens = self.hook_tokens(tokens)
@@ -230,7 +229,7 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
         from `models.arch.inputs.check_tokens` for shape, dtype, range and length, shared with the encoder–decoder).
         `check_length=False` lets ids run past a learned positional table (generation slides a window over them)."""
         if isinstance(tokens, (str, list)) and (isinstance(tokens, str) or (tokens and isinstance(tokens[0], str))):
-            tokens = self.to_tokens(tokens)  # then validated like ids (the tokenizer may exceed d_vocab)
+            tokens = self.to_tokens(tokens, truncate="last")  # then validated (the tokenizer may exceed d_vocab)
         if hasattr(tokens, "__array__") and not isinstance(tokens, torch.Tensor):  # numpy arrays and memmaps
             import numpy as np
 

@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
+from ..errors import ContextWindowWarning
 from .padding import padding_side_of
+
+__all__ = ["ContextWindowWarning", "TextMixin", "int_ids"]
 
 
 class TextMixin:
@@ -27,16 +32,22 @@ class TextMixin:
         return self.tokenizer
 
     def to_tokens(self, text, prepend_bos: bool | None = None, padding_side: str | None = None,
-                  move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
+                  move_to_device: bool = True, truncate: bool | str = True) -> torch.Tensor:
         """Text (or a list of texts) to `[batch, pos]` int64 ids; a list is padded with the pad id (the BOS id
-        without one) on `padding_side` (default: the tokenizer's, else right). `truncate`: keep the first n_ctx ids;
-        `move_to_device`: on the model's device (else the CPU), as TransformerLens 2.x."""
+        without one) on `padding_side` (default: the tokenizer's, else right). `truncate`: True keeps the first
+        n_ctx ids (TransformerLens 2.x), False all of them, `"last"` the last n_ctx of each text that the model's
+        positions can read (`cfg.positions.max_context`; BOS dropped with the start), with a `ContextWindowWarning`
+        saying how many fell out of view: the rule of every entry point of this toolkit that takes text (the
+        forward pass, `validate_tokens`, the analyses and the command line). `move_to_device`: on the model's
+        device (else the CPU), as TransformerLens 2.x."""
         tok = self._need_tokenizer()
         prepend_bos = self.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
         side = padding_side_of(self, padding_side)
         texts = [text] if isinstance(text, str) else list(text)
         ids = [([tok.bos_token_id] if prepend_bos else []) + tok.encode(t) for t in texts]
-        if truncate:
+        if truncate == "last":
+            ids = self._last_window(ids)
+        elif truncate:
             ids = [x[: self.cfg.n_ctx] for x in ids]
         width = max(len(x) for x in ids)
         pad = tok.pad_token_id if getattr(tok, "pad_token_id", None) is not None else tok.bos_token_id
@@ -45,6 +56,15 @@ class TextMixin:
             if x:
                 (out[i, : len(x)] if side == "right" else out[i, width - len(x):]).copy_(torch.tensor(x))
         return out.to(self.W_E.device) if move_to_device else out
+
+    def _last_window(self, ids: list[list[int]]) -> list[list[int]]:
+        limit = self.cfg.positions.max_context
+        longest = max(len(x) for x in ids)
+        if limit is None or longest <= limit:
+            return ids
+        warnings.warn(f"the text has {longest} tokens, more than n_ctx={limit}: the model reads its last {limit} "
+                      f"(the first {longest - limit} are out of view)", ContextWindowWarning, stacklevel=4)
+        return [x[-limit:] for x in ids]
 
     def set_tokenizer(self, tokenizer, default_padding_side: str = "right") -> None:
         """Attach `tokenizer` (TransformerLens 2.x's `set_tokenizer`), one of ours (`models.data.tokenizer`: its
@@ -89,7 +109,7 @@ class TextMixin:
         if isinstance(input, list) and input and not isinstance(input[0], int):
             return [self.to_str_tokens(x, prepend_bos, padding_side) for x in input]
         if isinstance(input, str):
-            ids = self.to_tokens(input, prepend_bos, padding_side)[0]
+            ids = self.to_tokens(input, prepend_bos, padding_side, truncate="last")[0]
         else:
             ids = torch.as_tensor(input)
             if ids.ndim == 2 and ids.shape[0] != 1:
@@ -119,7 +139,8 @@ class TextMixin:
         AssertionError) if absent."""
         if mode not in ("first", "last"):
             raise ValueError(f"mode={mode!r} is not supported; allowed: ('first', 'last')")
-        tokens = self.to_tokens(input, prepend_bos, padding_side) if isinstance(input, str) else torch.as_tensor(input)
+        tokens = (self.to_tokens(input, prepend_bos, padding_side, truncate="last") if isinstance(input, str)
+                  else torch.as_tensor(input))
         if tokens.ndim == 2:
             if tokens.shape[0] != 1:
                 raise ValueError(f"get_token_position takes one sequence, got a batch of {tokens.shape[0]}")

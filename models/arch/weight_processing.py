@@ -23,9 +23,9 @@ from __future__ import annotations
 import warnings
 
 import torch
-from transformer_lens import FactoredMatrix
 
 from ..errors import WeightProcessingError
+from .tl_compat import FactoredMatrix
 
 FLAGS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases", "refactor_factored_attn_matrices")
 

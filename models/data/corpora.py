@@ -23,6 +23,9 @@ import numpy as np
 from ..errors import CorpusError
 from ..io.atomic import atomic_write_dir
 from ..io.cache_dir import default_cache_dir
+from ..io.safe_read import open_regular
+
+_ANY_SIZE = 1 << 62  # corpus files are streamed: the bound that matters is "a regular file"
 
 
 # --- text sources ---------------------------------------------------------------------------------
@@ -64,10 +67,11 @@ def stdlib_source() -> TextSource:
 
 
 def _looks_like_text(path: Path) -> bool:
+    """A regular file (a FIFO or device is never opened for reading) whose first 8 KiB hold no NUL byte."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, _ANY_SIZE, CorpusError, "corpus file") as f:
             head = f.read(8192)
-    except OSError:
+    except (OSError, CorpusError):
         return False
     return b"\x00" not in head
 
@@ -110,8 +114,47 @@ def resolve_source(data) -> TextSource:
     return folder_source(data)
 
 
+BUILT_IN = ("stdlib",)
+BUILT_IN_PREFIXES = ("synthetic:", "seq2seq:")
+
+
+def recorded_data(folder, data):
+    """The corpus a model folder's `train_config.json` names (`data`), resolved without leaving the folder: a
+    built-in name (`"stdlib"`, the default; `"synthetic:…"`, `"seq2seq:…"`) as it is, or regular files inside
+    `folder` (a relative name or a list of them, links followed only where they stay inside) as paths. Anything
+    else (a path elsewhere, a folder, a FIFO or device) raises `CorpusError` naming it: a handed-over folder's
+    metadata must not make us read outside it; text from elsewhere is the user's to name (`--text-file`)."""
+    import stat
+
+    folder = Path(folder)
+    where = folder / "train_config.json"
+    if data is None or data == "":
+        return "stdlib"
+    if isinstance(data, str) and (data in BUILT_IN or data.startswith(BUILT_IN_PREFIXES)):
+        return data
+    names = [data] if isinstance(data, str) else data
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise CorpusError(f"{where}: data {data!r} is not a corpus name or a list of file names")
+    root, files = folder.resolve(), []
+    for name in names:
+        path = (folder / name).resolve()
+        try:
+            inside = path.is_relative_to(root) and path != root
+            regular = inside and stat.S_ISREG(os.stat(path).st_mode)
+        except OSError:
+            inside = regular = False
+        if not (inside and regular):
+            why = "is outside the model folder" if not inside else "is not a regular file inside the model folder"
+            raise CorpusError(f"{where}: data {name!r} {why}; a model folder may name only a built-in corpus "
+                              f"({', '.join(BUILT_IN)}, {', '.join(p + '…' for p in BUILT_IN_PREFIXES)}) or regular "
+                              "files inside it (give other text with --text-file)")
+        files.append(path)
+    return files
+
+
 def read_text(path: Path) -> str:
-    return Path(path).read_text(encoding="utf-8", errors="replace")
+    with open_regular(path, _ANY_SIZE, CorpusError, "corpus file") as f:
+        return f.read().decode("utf-8", errors="replace")
 
 
 def iter_texts(files):
@@ -132,7 +175,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
 def _files_digest(files, h) -> None:
     for p in files:
         h.update(str(Path(p).name).encode() + b"\0")
-        with open(p, "rb") as f:
+        with open_regular(p, _ANY_SIZE, CorpusError, "corpus file") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         h.update(b"\1")

@@ -9,18 +9,16 @@ import warnings
 import torch
 
 from ..arch.padding import infer_attention_mask
+from ..arch.tokens import ContextWindowWarning
 from ..errors import InputError
 from .beam import beam_search as batched_beam_search
+from .beam import check_beams
 from .kv_cache import HookedTransformerKeyValueCache
 
 
 def _check_int(name: str, v, lo: int) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-
-
-class ContextWindowWarning(UserWarning):
-    """A prompt longer than the model's context: the model conditions on its last tokens only."""
 
 
 def check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
@@ -259,6 +257,8 @@ def beam_search(model, tokens, beams: int = 4, max_new_tokens: int = 20, use_pas
     if tokens.shape[0] != 1:
         raise ValueError(f"beam_search takes one prompt, got a batch of {tokens.shape[0]}")
     limit = model.cfg.positions.max_context
+    n_pos = tokens.shape[1] + max_new_tokens if limit is None else min(tokens.shape[1] + max_new_tokens, limit)
+    check_beams(beams, 1, model.cfg.d_vocab, model.cfg.d_model, 2 * model.cfg.n_layers * n_pos, InputError)
     cached = use_past_kv_cache and (limit is None or tokens.shape[1] + max_new_tokens <= limit)
     seqs, scores = batched_beam_search(_Steps(model, cached), tokens, beams, max_new_tokens)
     kept = scores[0] > float("-inf")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import InputError
-from .beam import beam_search
+from .beam import beam_search, check_beams
 from .generate import _check_int, filter_logits
 from .kv_cache import HookedTransformerKeyValueCache
 
@@ -43,6 +43,15 @@ class _Decoder:
             self.cache.select(rows)
 
 
+def check_beam_memory(model, beams: int, batch: int, error: type[Exception], option: str = "beams") -> None:
+    """`check_beams` for an encoder-decoder: per beam, the memory it carries (`n_ctx_src` rows), the cross-attention
+    keys and values of each decoder layer (2 × `n_ctx_src`) and its cached self-attention keys and values
+    (2 × `n_ctx_tgt`)."""
+    cfg = model.cfg
+    rows = cfg.n_ctx_src + 2 * cfg.n_decoder_layers * (cfg.n_ctx_src + cfg.n_ctx_tgt)
+    check_beams(beams, batch, cfg.d_vocab_tgt, cfg.d_model, rows, error, option)
+
+
 @torch.no_grad()
 def generate(model, src, max_new_tokens: int = 20, method: str = "greedy", src_mask=None, temperature: float = 1.0,
              top_k: int = 5, top_p: float = 0.9, beams: int = 4, seed: int | None = None, use_cache: bool = True,
@@ -69,6 +78,8 @@ def generate(model, src, max_new_tokens: int = 20, method: str = "greedy", src_m
     if limit is not None:
         max_new_tokens = min(max_new_tokens, limit - 1)
     src, src_mask = model.validate_src(src, src_mask)
+    if method == "beam":
+        check_beam_memory(model, beams, src.shape[0], InputError)
     memory = model._encode(src, src_mask)  # the encoder runs once
     step = _Decoder(model, memory, src_mask, use_cache)
     tgt = torch.full((src.shape[0], 1), cfg.bos_token_id, dtype=torch.long, device=src.device)

@@ -122,6 +122,12 @@ WEIGHTS_LIMIT = 1 << 40  # 1 TiB: a bound on a weight file's size, not a memory 
 def safetensors_numel(path) -> int:
     """The number of weights a safetensors file holds, from its header's tensor table (nothing else read); checks
     that `path` is a regular file first."""
+    return sum(math.prod(shape) for shape in safetensors_shapes(path).values())
+
+
+def safetensors_shapes(path) -> dict[str, list[int]]:
+    """`{name: shape}` of the tensors a safetensors file holds, from its header alone; checks that `path` is a
+    regular file first."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: missing or not a file")
@@ -138,12 +144,12 @@ def safetensors_numel(path) -> int:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
-    total = 0
+    shapes = {}
     for k, v in (table.items() if isinstance(table, dict) else ()):
         shape = v.get("shape") if isinstance(v, dict) and k != "__metadata__" else None
         if isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
-            total += math.prod(shape)
-    return total
+            shapes[k] = shape
+    return shapes
 
 
 def read_safetensors(path) -> dict[str, torch.Tensor]:
@@ -168,7 +174,7 @@ def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransform
     cfg = read_config(folder / CONFIG_FILE)
     if device is not None:
         cfg.device = device
-    check_size(cfg, safetensors_numel(folder / WEIGHTS_FILE), str(folder / CONFIG_FILE))
+    check_size(cfg, safetensors_shapes(folder / WEIGHTS_FILE), str(folder / CONFIG_FILE))  # weights and layers
     state = read_safetensors(folder / WEIGHTS_FILE)
     model = model_class(cfg)(cfg)
     load_state_dict(model, state, source=str(folder / WEIGHTS_FILE))

@@ -62,9 +62,7 @@ _NATIVE_ACT = {"gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
 def to_transformer_lens(model):
     """A `TransformerBridge.boot_native(...)` carrying `model`'s weights (same logits, same hook names) and its
     tokenizer (the same ids from `to_tokens`)."""
-    from transformer_lens import TransformerBridge
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+    from ..arch.tl_compat import transformer_bridge
 
     cfg = model.cfg
     positions, kind = cfg.positions, cfg.positional_embedding_type
@@ -84,6 +82,7 @@ def to_transformer_lens(model):
     if unmapped:
         raise UnsupportedByTransformerLens(f"{unmapped} have no counterpart in TransformerLens 4.x's native model "
                                            "(it would compute something else); analyse this model with this toolkit")
+    TransformerBridge, TransformerBridgeConfig, convert_tl_checkpoint = transformer_bridge()  # 4.x, else refused
     tl_cfg = TransformerBridgeConfig(
         d_model=cfg.d_model, d_head=cfg.d_head, n_layers=cfg.n_layers, n_ctx=cfg.n_ctx, n_heads=cfg.n_heads,
         d_vocab=cfg.d_vocab, d_mlp=cfg.d_mlp, act_fn=_NATIVE_ACT.get(cfg.act_fn, cfg.act_fn),

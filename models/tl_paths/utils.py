@@ -1,24 +1,12 @@
 """`models.utils`: TransformerLens 2.x's `transformer_lens.utils` (`get_act_name`, `to_numpy`, `test_prompt`,
 `lm_cross_entropy_loss`, `tokenize_and_concatenate`, …), so that `import transformer_lens.utils as utils` becomes
 `import models.utils as utils`. The names are TransformerLens' own, read on first use from where the installed version
-keeps them: `transformer_lens.utilities` (4.x, which renamed the module) or `transformer_lens.utils` (3.x).
+keeps them (`models.arch.tl_compat.utilities`: `transformer_lens.utilities`, which 2.x called `utils`).
 Importing this module imports nothing heavy; the first name asked for imports TransformerLens' module."""
 
 from __future__ import annotations
 
-from importlib import import_module
-
-SOURCES = ("transformer_lens.utilities", "transformer_lens.utils")
-
-
-def _source():
-    for name in SOURCES:
-        try:
-            return import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name not in (name, name.rpartition(".")[0]):
-                raise
-    raise ModuleNotFoundError(f"neither of {SOURCES} is importable: is transformer-lens installed?")
+from models.arch.tl_compat import utilities as _source
 
 
 def __getattr__(name: str):

@@ -31,6 +31,7 @@ from ..data.seq2seq import Seq2SeqBatches, make_task
 from ..data.tokenizer import load_tokenizer
 from ..errors import TrainConfigError
 from ..io.checkpoint import atomic_write_dir, config_from_json, load, model_class, save
+from ..io.size_checks import check_train_sizes
 from . import state as ts
 from .config import TrainConfig, lr_at
 from .tasks import LanguageModelling, MaskedLM, Seq2Seq
@@ -185,6 +186,7 @@ def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: 
     if isinstance(model_cfg, dict):
         model_cfg = config_from_json(json.dumps(model_cfg))  # by its model_type
     cfg.validate()
+    check_train_sizes(model_cfg, cfg, TrainConfigError)  # before anything is built or read
     rank = dist_info()[0]
     out = ts.check_out_dir(cfg.out_dir) if cfg.out_dir else None
     with ts.run_lock(out if rank == 0 else None):
@@ -219,6 +221,7 @@ def _train(model_cfg, cfg: TrainConfig, out: Path | None, eval_fn, report_fn, re
         out.mkdir(parents=True, exist_ok=True)
     found = ts.resumable_checkpoints(out) if (resume and out is not None) else []
     if resume and out is not None and (done := ts.finished_run(out, cfg.steps, found)) is not None:
+        ts.resume_changes(out, cfg, model, found)  # a finished run is resumed only with its own model and settings
         return load(out, device=device), done
     run.step, run.tokens_seen, run.wall_before = ts.restore(out, cfg, model, run.opt, found, rank)
     if out is not None and rank == 0:

@@ -213,7 +213,7 @@ RESUME_SCHEDULE = ("steps", "lr", "min_lr_ratio", "warmup_steps")
 _MODEL_FREE = ("device", "extra")  # run-time choices and provenance, not architecture
 
 
-def _resume_changes(out_dir: Path, cfg: TrainConfig, model, found: list[Path]) -> dict:
+def resume_changes(out_dir: Path, cfg: TrainConfig, model, found: list[Path]) -> dict:
     """`{setting: [old, new]}` of the schedule changes between the saved run and `cfg`; raises `TrainConfigError`
     naming the fields where the model config or another training setting differs."""
     saved = TrainConfig.from_json(read_text(out_dir / RUN_MARK, JSON_LIMIT, TrainConfigError)).to_dict()
@@ -228,8 +228,11 @@ def _resume_changes(out_dir: Path, cfg: TrainConfig, model, found: list[Path]) -
             break
         except CheckpointError:
             continue
-    else:
-        old_model = model.cfg.to_dict()  # nothing readable: restore() reports the damage
+    else:  # no readable checkpoint: the finished model's own config, else restore() reports the damage
+        try:
+            old_model = read_config(out_dir / CONFIG_FILE).to_dict()
+        except (CheckpointError, OSError):
+            old_model = model.cfg.to_dict()
     new_model = model.cfg.to_dict()
     bad = [k for k in new_model if k not in _MODEL_FREE and old_model.get(k) != new_model[k]]
     if bad:
@@ -245,7 +248,7 @@ def restore(out_dir: Path | None, cfg: TrainConfig, model, opt, found: list[Path
     line on stderr; the model config must match and training settings may differ only in `RESUME_SCHEDULE` and
     `RESUME_FREE`), or (0, 0, 0.0) for a fresh run, whose old metrics and checkpoints in `out_dir` are removed."""
     if found:
-        changes = _resume_changes(out_dir, cfg, model, found)
+        changes = resume_changes(out_dir, cfg, model, found)
         for folder in reversed(found):
             try:
                 state = load_checkpoint(folder, model, opt)

@@ -57,6 +57,7 @@ def test_one_layer_model_has_no_mechanistic_columns():
     assert detect_induction_heads(random_model(n_layers=0, d_vocab=40, n_ctx=64)).table == []
 
 
+@pytest.mark.tl4
 def test_on_transformer_lens_bridge():
     from models import to_transformer_lens
 

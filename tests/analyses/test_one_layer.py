@@ -45,7 +45,7 @@ def test_skip_trigrams_recovers_the_built_triples():
     assert top == [(3, 5, 7), (3, 8, 7), (2, 9, 12)]
     assert table.rows[0].outs[0][0] == "#7" and table.rows[0].outs[1][0] == "#11"
     assert table.rows[0].strength > table.rows[1].strength > table.rows[2].strength > 0
-    assert "[#3] … [#5] → [#7]" in table.markdown()
+    assert r"\[#3\] … \[#5\] → \[#7\]" in table.markdown()  # token text escaped for Markdown (renders as [#3] …)
     assert "Skip-trigrams of L0H0" in str(table)
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformer_lens import patching as tlp
 
 import models
 from analyses import patching as P
 from analyses.patching.activation import _TL_SWEEPS, KINDS
 from circuits.testing import random_model
+from models.arch.tl_compat import patching
+
+tlp = patching()
 
 
 def _model(**kw):
@@ -90,6 +92,7 @@ def test_patching_where_the_prompts_agree_changes_nothing():
     assert r.share().shape == r.values.shape and r.labels[0] == ("0", "1")
 
 
+@pytest.mark.tl4
 def test_our_model_and_its_bridge_agree():
     m = _model(normalization=None, attn_only=True, biases=False)
     bridge = models.to_transformer_lens(m)

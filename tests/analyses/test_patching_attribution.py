@@ -48,7 +48,9 @@ def test_attribution_is_exact_on_a_linear_path(linear_model, kind, by_pos, direc
 def test_denoising_head_outputs_equal_transformer_lens_node_attribution():
     """TransformerLens' `attribution_patch` scores each head's output at each position (denoising); ours by
     position is the same number, averaged over the prompt pairs."""
-    from transformer_lens.tools.analysis import attribution_patch
+    from models.arch.tl_compat import analysis_tool
+
+    attribution_patch = analysis_tool("attribution_patching").attribution_patch
 
     m = random_model(n_layers=2, n_heads=3, positional="standard", normalization="LN", attn_only=False).eval()
     g = torch.Generator().manual_seed(0)
@@ -86,6 +88,7 @@ def test_comparison_on_the_zoo_model_is_reported():
     assert pat.estimate.values.shape == pat.exact.values.shape == (2, 4, 21)
 
 
+@pytest.mark.tl4
 def test_our_model_and_its_bridge_agree():
     m = random_model(n_layers=2, n_heads=3, positional="standard", normalization="LN", attn_only=False,
                      dtype="float32").eval()

@@ -31,6 +31,7 @@ def test_dla_components_sum_to_the_logit_difference(norm):
     torch.testing.assert_close(every.attribution.sum(0), target)
 
 
+@pytest.mark.tl4
 @pytest.mark.parametrize("norm,biases", [(None, True), ("LN", False), ("RMS", True)])
 def test_dla_equals_transformer_lens_on_a_bridge_in_compatibility_mode(norm, biases):
     m = random_model(n_layers=2, n_heads=3, positional="standard", normalization=norm, attn_only=False,
@@ -47,6 +48,7 @@ def test_dla_equals_transformer_lens_on_a_bridge_in_compatibility_mode(norm, bia
         torch.testing.assert_close(a.attribution, b.attribution, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.tl4
 @pytest.mark.parametrize("name", ["attn-only-2l", "gelu-2l"])
 def test_logit_lens_ends_at_the_models_prediction(name):
     m = models.load(name)
@@ -64,6 +66,7 @@ def test_logit_lens_ends_at_the_models_prediction(name):
         torch.testing.assert_close(lens.next_prob[0], direct[:-1].gather(-1, t[0, 1:, None])[:, 0], atol=1e-6, rtol=0)
 
 
+@pytest.mark.tl4
 def test_logit_lens_on_a_bridge_equals_our_model():
     m = random_model(n_layers=2, n_heads=3, positional="standard", normalization="LN", dtype="float32").eval()
     bridge = models.to_transformer_lens(m)
@@ -107,6 +110,7 @@ def test_mean_and_resample_ablation_replace_with_the_reference():
     assert together.per_prompt.shape == (1, 1, 2) and together.together == "L0H1+L1H2"
 
 
+@pytest.mark.tl4
 def test_ablation_on_a_bridge_equals_our_model():
     m = random_model(n_layers=2, n_heads=3, positional="standard", normalization=None, dtype="float32").eval()
     bridge = models.to_transformer_lens(m)

@@ -75,6 +75,7 @@ def test_path_patching_sender_and_receiver_sets():
     assert both.labels[1:] == (("L0H0+L0H1",), ("L1H0+L1H1",))
 
 
+@pytest.mark.tl4
 def test_our_model_and_its_bridge_agree():
     model, _, clean, corrupt, met = _induction_setup("standard")
     bridge = models.to_transformer_lens(model)
@@ -91,8 +92,9 @@ def _gpt2_bridge():
 
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
-    from transformer_lens import TransformerBridge
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    from models.arch.tl_compat import transformer_bridge
 
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=40, n_positions=16, n_embd=32, n_layer=3, n_head=4, attn_implementation="eager",
@@ -103,12 +105,15 @@ def _gpt2_bridge():
         PreTrainedTokenizerFast(tokenizer_object=words, bos_token="t0", eos_token="t0", unk_token="t0"
                                 ).save_pretrained(d)
         tok = PreTrainedTokenizerFast.from_pretrained(d)
-        bridge = TransformerBridge.boot_transformers("gpt2", hf_model=hf, tokenizer=tok, device="cpu")
+        bridge = transformer_bridge()[0].boot_transformers("gpt2", hf_model=hf, tokenizer=tok, device="cpu")
     return bridge.eval()
 
 
+@pytest.mark.tl4
 def test_denoising_path_equals_transformer_lens_direct_path_patching():
-    from transformer_lens import patching as tlp
+    from models.arch.tl_compat import patching
+
+    tlp = patching()
 
     bridge = _gpt2_bridge()
     g = torch.Generator().manual_seed(0)

@@ -55,6 +55,12 @@ def test_plot_patching_panels_share_one_scale():
     assert [ax.get_xlabel() for ax in fig.axes if ax.images] == ["pos"] * 3  # positions run along x
     a = P.attribution_patching(m, clean, corrupt, met, kind="z", progress=False)
     assert "r = " in P.plot_attribution(a).axes[0].get_title()
-    lens = P.logit_lens(m, clean[:1])
-    assert P.plot_logit_lens(lens).axes[0].images[0].get_clim() == (0, 1)
     P.plot_dla(P.direct_logit_attribution(m, clean, answer=1))
+
+
+@pytest.mark.tl4
+def test_plot_logit_lens_scale_is_probability():
+    m = random_model(n_layers=3, n_heads=2, positional="standard").eval()
+    clean = torch.randint(0, m.cfg.d_vocab, (1, 6), generator=torch.Generator().manual_seed(0))
+    lens = P.logit_lens(m, clean)
+    assert P.plot_logit_lens(lens).axes[0].images[0].get_clim() == (0, 1)

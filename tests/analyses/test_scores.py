@@ -5,12 +5,14 @@ import types
 
 import pytest
 import torch
-from transformer_lens.head_detector import detect_head
 
 from analyses import scores as S
 from analyses.sequences import bos_token_id, repeated_tokens, special_token_ids, token_pool
 from models import HookedTransformer, HookedTransformerConfig
+from models.arch.tl_compat import head_detector
 from models.data.tokenizer import ByteTokenizer
+
+detect_head = head_detector().detect_head
 
 
 def make_model(n_layers=1, n_heads=4, d_vocab=64, n_ctx=128, d_model=32, norm=None, pos="standard", seed=0, **kw):
@@ -188,6 +190,7 @@ def test_copying_score_known_answers():
     assert -1.0 <= sc[0, 0].item() <= 1.0
 
 
+@pytest.mark.tl4
 def test_copying_score_random_model_is_low_and_bridge_agrees():
     from models import to_transformer_lens
 

@@ -4,11 +4,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformer_lens import FactoredMatrix
-from transformer_lens.utilities import composition_scores as tl_composition_scores
 
 import circuits
 from circuits.testing import random_model
+from models.arch.tl_compat import FactoredMatrix, utilities
+
+tl_composition_scores = utilities().composition_scores
 
 
 def _dense_scores(model, kind):
@@ -76,6 +77,7 @@ def test_agrees_with_transformer_lens_utility(kind):
     assert torch.allclose(circuits.composition_scores(m, kind), torch.where(mask, tl, 0.0), atol=1e-10)
 
 
+@pytest.mark.tl4
 def test_agrees_with_bridge_all_composition_scores():
     from models import to_transformer_lens
 

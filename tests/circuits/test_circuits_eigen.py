@@ -4,10 +4,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformer_lens import FactoredMatrix
 
 import circuits
 from circuits.testing import random_model
+from models.arch.tl_compat import FactoredMatrix
 
 SETTINGS = settings(max_examples=40, deadline=None)
 

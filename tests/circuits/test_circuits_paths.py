@@ -160,6 +160,7 @@ def bridge_pair():
     return m, to_transformer_lens(m)
 
 
+@pytest.mark.tl4
 def test_path_expansion_on_bridge_matches_ours(bridge_pair):
     m, bridge = bridge_pair
     tokens = _tokens()
@@ -170,6 +171,7 @@ def test_path_expansion_on_bridge_matches_ours(bridge_pair):
         assert torch.allclose(ours.terms[name], theirs.terms[name], atol=1e-10), name
 
 
+@pytest.mark.tl4
 def test_score_decomposition_and_weight_circuits_on_bridge_match_ours(bridge_pair):
     m, bridge = bridge_pair
     tokens = _tokens()
@@ -191,6 +193,7 @@ def test_score_decomposition_and_weight_circuits_on_bridge_match_ours(bridge_pai
     assert all(torch.equal(stats[0][k], stats[1][k]) for k in (1, 5))
 
 
+@pytest.mark.tl4
 @pytest.mark.slow
 def test_rotary_bridge_score_decomposition():
     from models import to_transformer_lens

@@ -197,8 +197,8 @@ def test_training_checkpoints_carry_the_tokenizer(tmp_path):
     assert models.load(steps[-1]).to_tokens("ab").tolist() == [[256, 97, 98]]
 
 
+@pytest.mark.tl4
 def test_bridge_carries_the_tokenizer():
-    pytest.importorskip("transformer_lens.model_bridge")
     model = models.load("gelu-2l")
     bridge = models.to_transformer_lens(model)
     texts = ["Hello world, def f(x): return x", "short"]
@@ -258,6 +258,9 @@ def test_a_tl2_notebook_needs_only_the_package_name_changed():
     assert HookedRootModule is transformer_lens.HookedRootModule and FactoredMatrix is transformer_lens.FactoredMatrix
     assert HookedTransformerKeyValueCache is models.HookedTransformerKeyValueCache
     assert utils.get_act_name("pattern", 1) == "blocks.1.attn.hook_pattern"
+    from models import evals
+
+    assert evals.induction_loss is __import__("transformer_lens.evals").evals.induction_loss
     assert utils.lm_cross_entropy_loss is getattr(transformer_lens, "utilities", transformer_lens).lm_cross_entropy_loss
     model = models.load("attn-only-2l")
     assert isinstance(model, HookedRootModule)

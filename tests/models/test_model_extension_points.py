@@ -81,6 +81,7 @@ def test_a_scheme_declared_in_one_place_works_everywhere(new_schemes):
     torch.testing.assert_close(parts.total(q, k), direct)
 
 
+@pytest.mark.tl4
 def test_a_scheme_with_rotation_and_score_bias(new_schemes):
     _, rot_alibi = new_schemes
     both, rotary = _model(rot_alibi.name), _model("rotary")

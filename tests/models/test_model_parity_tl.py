@@ -95,11 +95,13 @@ def assert_parity(model, n_pos=7):
 GRID = list(itertools.product(POS, [None, "LN", "RMS"], [False, True]))
 
 
+@pytest.mark.tl4
 @pytest.mark.parametrize("pos,norm,mlp", GRID)
 def test_parity(pos, norm, mlp):
     assert_parity(make(pos, norm, mlp))
 
 
+@pytest.mark.tl4
 @pytest.mark.parametrize("pos", POS)
 def test_parity_gqa(pos):
     model = make(pos, "RMS", True, gqa=True)
@@ -107,15 +109,18 @@ def test_parity_gqa(pos):
     assert_parity(model)
 
 
+@pytest.mark.tl4
 @pytest.mark.parametrize("pos", POS)
 def test_parity_bidirectional(pos):
     assert_parity(make(pos, "LN", False, attention_dir="bidirectional"))
 
 
+@pytest.mark.tl4
 def test_parity_bidirectional_gqa_attn_only():
     assert_parity(make("rotary-adjacent", None, False, attention_dir="bidirectional", gqa=True))
 
 
+@pytest.mark.tl4
 def test_parity_detects_a_difference():
     """The check can fail: a bridge built from a perturbed copy disagrees."""
     model = make("standard")

@@ -336,6 +336,7 @@ def test_bridge_refuses_what_its_native_model_cannot_compute(kw):
         to_transformer_lens(make(dtype="float32", **kw))
 
 
+@pytest.mark.tl4
 def test_bridge_takes_gelu_fast_as_its_tanh_gelu():
     from models import to_transformer_lens
 

@@ -28,7 +28,9 @@ def test_dtype_is_torch_dtype_and_json_keeps_the_name(model):
 
 
 def test_transformer_lens_detect_head_runs(model):
-    from transformer_lens.head_detector import detect_head
+    from models.arch.tl_compat import head_detector
+
+    detect_head = head_detector().detect_head
 
     scores = detect_head(model, "the cat sat on the mat", "previous_token_head")
     assert scores.shape == (model.cfg.n_layers, model.cfg.n_heads)

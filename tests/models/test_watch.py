@@ -9,11 +9,11 @@ import pytest
 import torch
 from helpers import randomize
 from torch.nn.modules.module import register_module_forward_hook
-from transformer_lens.hook_points import HookPoint
 
 from models import HookedTransformer, HookedTransformerConfig
 from models.arch.positions import ALiBiBias
 from models.arch.score_bias import Bidirectional, Causal, Padding, combine
+from models.arch.tl_compat import HookPoint
 from models.arch.watch import hooked_path, watched
 
 CONFIGS = {

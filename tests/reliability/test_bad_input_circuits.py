@@ -7,10 +7,10 @@ import warnings
 
 import pytest
 import torch
-from transformer_lens import FactoredMatrix
 
 import circuits
 from circuits.checks import NonFiniteError
+from models.arch.tl_compat import FactoredMatrix
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -63,7 +63,7 @@ def peak():
 DIAG_CHILD = PROBE + r"""
 import torch
 torch.set_num_threads(2)
-from transformer_lens import FactoredMatrix
+from models.arch.tl_compat import FactoredMatrix
 import circuits
 V, dh = 50257, 64
 g = torch.Generator().manual_seed(0)

@@ -1,0 +1,183 @@
+"""`circuits sae train | report`: sparse autoencoders on a model's hook point, through SAELens (`models.sae`;
+optional: `pip install sae-lens`). torch and SAELens are imported inside the `run_*` functions (fast `--help`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .common import (
+    Command,
+    UsageError,
+    add_common,
+    add_model,
+    emit,
+    load_model,
+    positive_int,
+    read_text_tokens,
+    save_figure,
+    setup,
+    warn,
+)
+
+#: Tokens of the training split (or --text-file) the activation source draws windows from.
+TRAIN_TOKENS = 2_000_000
+
+
+def _positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {s}")
+    return v
+
+
+def _sae_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="sae_command", metavar="{train,report}", required=True)
+    t = sub.add_parser("train", help="train an SAE on one hook point (SAELens' standard SAE and trainer)",
+                       description="Train SAELens' standard SAE on one hook point of MODEL and write a folder "
+                                   "SAELens' SAE.load_from_disk reads (cfg.json, sae_weights.safetensors, "
+                                   "training.json).")
+    add_model(t)
+    t.add_argument("--hook", required=True, help="hook point, e.g. blocks.1.hook_mlp_out, blocks.0.hook_resid_post, "
+                   "blocks.1.attn.hook_z (concatenated over heads)")
+    t.add_argument("--out", required=True, metavar="DIR", help="new (or empty) folder for the SAE; never overwritten")
+    t.add_argument("--steps", type=positive_int, default=1000, help="training batches (default 1000)")
+    t.add_argument("--expansion", type=positive_int, default=8, help="d_sae / d_in (default 8)")
+    t.add_argument("--l1", type=_positive_float, default=5.0,
+                   help="L1 coefficient (SAELens' l1_coefficient; default 5)")
+    t.add_argument("--batch-size", type=positive_int, default=4096, help="token activations per batch (default 4096)")
+    t.add_argument("--lr", type=_positive_float, default=4e-4, help="Adam learning rate (default 4e-4)")
+    t.add_argument("--text-file", metavar="FILE", help="training text (default: the training split of the model's "
+                   "training corpus)")
+    add_common(t)
+    r = sub.add_parser("report", help="FVU, L0, dead features, spliced loss and the top features of an SAE",
+                       description="Measure an SAE on MODEL's validation text and write sae_report.md and "
+                                   "sae_report.png into --out.")
+    add_model(r)
+    r.add_argument("sae_dir", metavar="SAE_DIR", help="a folder `circuits sae train` (or SAELens) wrote")
+    r.add_argument("--out", required=True, metavar="DIR", help="folder for sae_report.md and sae_report.png")
+    r.add_argument("--windows", type=positive_int, default=32, help="validation windows of n_ctx tokens (default 32)")
+    r.add_argument("--top", type=positive_int, default=8, help="features shown (default 8)")
+    r.add_argument("--text-file", metavar="FILE",
+                   help="validation text (default: the validation split of the model's training corpus)")
+    add_common(r)
+
+
+def run_sae(args) -> int:
+    return run_train(args) if args.sae_command == "train" else run_report(args)
+
+
+def _bos(model):
+    from ..sequences import bos_token_id
+
+    return bos_token_id(model) if model.tokenizer is not None else None
+
+
+def _text(loaded, args, split: str, max_tokens: int):
+    """A 1-D token stream: --text-file, else the `split` ("train" / "val") of the model's training corpus."""
+    import torch
+
+    if args.text_file:
+        return read_text_tokens(loaded.model, args.text_file, max_tokens), args.text_file
+    from ..report import training_corpus
+
+    corpus = training_corpus(loaded.model, loaded.folder)
+    if corpus is None:
+        raise UsageError(f"{loaded.name} has no training text here (no tokenizer, synthetic data or its corpus is "
+                         "unavailable); pass --text-file FILE")
+    arr = corpus.train if split == "train" else corpus.val
+    what = f"the {'training' if split == 'train' else 'validation'} split of {corpus.name}"
+    return torch.from_numpy(arr[:max_tokens].astype("int64")), what
+
+
+def run_train(args) -> int:
+    from models.sae import save_sae, train_sae
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} exists and is not an empty folder; give a new folder (nothing is overwritten)")
+    device = setup(args)
+    loaded = load_model(args, device)
+    if not hasattr(loaded.model, "firing_hook_names") or hasattr(loaded.model, "cross_W_Q"):
+        raise UsageError(f"{loaded.name} is not a decoder-only model; SAEs here read a HookedTransformer")
+    tokens, what = _text(loaded, args, "train", TRAIN_TOKENS)
+    trained = train_sae(loaded.model, args.hook, tokens, steps=args.steps, expansion=args.expansion, l1=args.l1,
+                        batch_size=args.batch_size, lr=args.lr, seed=args.seed, bos=_bos(loaded.model),
+                        progress=not args.no_progress)
+    trained.settings["text"] = what
+    save_sae(trained, out)
+    obj = {"model": loaded.name, "sae": str(out), **trained.settings}
+    emit(args, obj, f"wrote {out}: SAE on {args.hook} of {loaded.name}, d_sae {trained.settings['d_sae']}, "
+                    f"{args.steps} steps in {trained.seconds:.0f} s; `circuits sae report {args.model} {out} --out "
+                    "DIR` measures it")
+    return 0
+
+
+def run_report(args) -> int:
+    import json
+
+    import torch
+
+    from models.sae import TRAINING_FILE, load_sae
+
+    from ..sae_report import analyse, markdown, plot
+    from ..util import windows
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    device = setup(args)
+    loaded = load_model(args, device)
+    sae_dir = Path(args.sae_dir)
+    if not sae_dir.is_dir():
+        raise UsageError(f"SAE_DIR {sae_dir} is not a folder")
+    sae = load_sae(sae_dir, loaded.model)
+    settings = None
+    if (sae_dir / TRAINING_FILE).is_file():
+        try:
+            settings = json.loads((sae_dir / TRAINING_FILE).read_text())
+        except (ValueError, UnicodeDecodeError):
+            warn(f"circuits sae report: {sae_dir / TRAINING_FILE} is not valid JSON; left out")
+        if not isinstance(settings, dict):
+            settings = None
+    n_ctx = loaded.model.cfg.n_ctx
+    stream, what = _text(loaded, args, "val", max(400_000, args.windows * n_ctx))
+    bos = _bos(loaded.model)
+    if stream.numel() < n_ctx:
+        raise UsageError(f"the validation text holds {stream.numel()} tokens; need at least {n_ctx} (n_ctx)")
+    win = windows(stream, n_ctx, args.windows, args.seed, bos=bos).to(device)
+    with torch.no_grad():
+        report = analyse(loaded.model, sae, win, bos, top=args.top)
+    out.mkdir(parents=True, exist_ok=True)
+    md_path, png_path = out / "sae_report.md", out / "sae_report.png"
+    save_figure(plot(report, loaded.name), png_path)
+    text = markdown(report, loaded.name, settings, f"{args.windows} windows of {n_ctx} tokens of {what}")
+    text += f"\n![feature densities and losses]({png_path.name})\n"
+    tmp = out / f".sae_report.md.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, md_path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    obj = {"model": loaded.name, "sae": str(sae_dir), "report": str(md_path), "figure": str(png_path),
+           **report.stats, "losses": report.losses,
+           "features": [{"index": f.index, "frequency": f.frequency, "max_act": f.max_act,
+                         "contexts": [{"before": b, "token": t, "after": a, "activation": v} for b, t, a, v in
+                                      f.contexts],
+                         "promoted": None if f.promoted is None else [{"token": t, "logit_weight": v}
+                                                                      for t, v in f.promoted]}
+                        for f in report.features]}
+    lo = report.losses
+    emit(args, obj, f"wrote {md_path} and {png_path}: FVU {report.stats['fvu']:.3f}, L0 {report.stats['l0']:.1f}, "
+                    f"dead {report.stats['dead']}/{report.stats['d_sae']}, loss clean {lo['clean']:.3f} / spliced "
+                    f"{lo['spliced']:.3f} / zero-ablated {lo['zero_ablated']:.3f}")
+    return 0
+
+
+COMMANDS = [Command("sae", "sparse autoencoders through SAELens: `sae train` on a hook point, `sae report` on one",
+                    _sae_args, run_sae)]

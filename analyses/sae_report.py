@@ -1,0 +1,171 @@
+"""What a sparse autoencoder on a model's hook point does (`circuits sae report`): how well it reconstructs (FVU, L0,
+dead features), how much of the model's loss survives it spliced in, and, for its top features, the contexts that
+activate them most and the tokens their decoder direction promotes through `W_U`. Markdown and one PNG.
+
+The SAE is SAELens' (`models.sae`); the measures are `models.sae.feature_stats` and `models.sae.sae_losses`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from models.sae import feature_stats, sae_losses
+
+from .labels import token_labels
+from .util import markdown_table
+
+#: Characters CommonMark reads as markup inside a table cell (`|` is escaped by `markdown_table`).
+_MD_ACTIVE = re.compile(r"([\\`*_\[\]<>#!~&])")
+
+
+def md_text(s: str) -> str:
+    """Token text as literal Markdown: each markup character backslash-escaped (CommonMark escapes any ASCII
+    punctuation so)."""
+    return _MD_ACTIVE.sub(r"\\\1", s)
+
+
+def residual_direction(model, hook_name: str, direction: torch.Tensor) -> torch.Tensor | None:
+    """The residual-stream vector `[d_model]` an SAE decoder row at `hook_name` writes: the row itself at a hook
+    in residual space (`hook_resid_*`, `hook_mlp_out`, `hook_attn_out`), through each head's `W_O` at `hook_z`
+    (concatenated heads); None elsewhere."""
+    last = hook_name.rsplit(".", 1)[-1]
+    if last in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_mlp_out", "hook_attn_out",
+                "hook_embed", "hook_pos_embed"):
+        return direction
+    if last == "hook_z" and hook_name.startswith("blocks."):
+        layer = int(hook_name.split(".")[1])
+        W_O = model.W_O[layer]  # [head, d_head, d_model]
+        return torch.einsum("hd,hdm->m", direction.reshape(W_O.shape[0], W_O.shape[1]).to(W_O.dtype), W_O)
+    return None
+
+
+@dataclass
+class Feature:
+    index: int
+    frequency: float
+    max_act: float
+    contexts: list[tuple[str, str, str, float]]  # (before, token, after, activation)
+    promoted: list[tuple[str, float]] | None  # (token, logit weight)
+
+
+@dataclass
+class SAEReport:
+    """The measures (`stats`: FVU, L0, dead, d_sae, tokens; `losses`; `frequency [d_sae]`), the top `features`, and
+    the files written."""
+
+    stats: dict
+    losses: dict
+    frequency: torch.Tensor
+    features: list[Feature] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+
+def analyse(model, sae, windows: torch.Tensor, bos: int | None, top: int = 8, contexts: int = 5,
+            promoted: int = 6, before: int = 10, after: int = 2) -> SAEReport:
+    """Measure `sae` on `windows` `[n, n_ctx]` (BOS first when `bos` is given: that position is left out) and pick
+    the `top` features by total activation (frequency × mean activation when active: what the SAE spends most of
+    its output on), each with its `contexts` highest-activating positions (`before` tokens of context, the token,
+    `after` tokens) and the `promoted` tokens of largest logit weight (decoder direction · `W_U`; Bricken et al. 2023,
+    "Towards Monosemanticity", "logit weights"; the final norm's scale is left out)."""
+    from models.sae import activations
+
+    hook = sae.cfg.metadata.hook_name
+    skip = int(bos is not None)
+    x = activations(model, hook, windows, skip=skip)
+    st = feature_stats(sae, x)
+    losses = sae_losses(model, sae, windows, bos)
+    n, n_ctx = windows.shape
+    span = n_ctx - skip
+    mass = st.acts.double().sum(0)
+    order = [int(i) for i in torch.argsort(mass, descending=True)[:top] if mass[i] > 0]
+    feats = []
+    for f in order:
+        col = st.acts[:, f]
+        best = torch.argsort(col, descending=True)[:contexts]
+        ctx = []
+        for k in best.tolist():
+            if col[k] <= 0:
+                break
+            w, p = divmod(k, span)
+            p += skip
+            row = windows[w].tolist()
+            lo = max(skip, p - before)
+            labels = token_labels(model, row[lo: p + after + 1], max_len=12)
+            cut = p - lo
+            ctx.append(("".join(labels[:cut]), labels[cut], "".join(labels[cut + 1:]), float(col[k])))
+        d = residual_direction(model, hook, sae.W_dec[f].detach())
+        prom = None
+        if d is not None:
+            logits = d.to(model.W_U.dtype) @ model.W_U
+            vals, ids = torch.topk(logits, min(promoted, logits.numel()))
+            prom = list(zip(token_labels(model, ids.tolist()), vals.tolist()))
+        feats.append(Feature(f, float(st.frequency[f]), float(col.max()), ctx, prom))
+    stats = {"fvu": st.fvu, "l0": st.l0, "dead": st.dead, "d_sae": int(st.frequency.numel()), "tokens": int(x.shape[0]),
+             "hook_name": hook}
+    return SAEReport(stats, losses, st.frequency, feats)
+
+
+def markdown(report: SAEReport, name: str, settings: dict | None, text: str) -> str:
+    s, lo = report.stats, report.losses
+    md = [f"# Sparse autoencoder on {md_text(name)} at `{s['hook_name']}`", "",
+          f"Measured on {s['tokens']} token positions of {md_text(text)} (the BOS position left out). "
+          "Losses are mean next-token cross-entropy in nats per token.", ""]
+    if settings:
+        keys = ("steps", "expansion", "l1", "batch_size", "lr", "d_in", "d_sae", "tokens_seen", "seconds", "sae_lens")
+        md += ["Training: " + ", ".join(f"{k} {settings[k]}" for k in keys if k in settings) + ".", ""]
+    md += ["## Reconstruction", "",
+           markdown_table(["measure", "value", "what it is"], [
+               ["FVU", s["fvu"], "fraction of variance unexplained, Σ‖x − x̂‖² / Σ‖x − mean x‖²"],
+               ["L0", s["l0"], "features active per token (mean)"],
+               ["dead features", f"{s['dead']} of {s['d_sae']}", "never active on these tokens"]]), "",
+           "## Loss with the SAE spliced in", "",
+           markdown_table(["run", "loss (nats)"], [
+               ["clean (the model)", lo["clean"]], ["SAE reconstruction spliced in", lo["spliced"]],
+               ["zero-ablated (the hook's output set to 0)", lo["zero_ablated"]],
+               ["loss recovered, (zero − spliced) / (zero − clean)", lo["recovered"]]]), "",
+           "## Top features", "",
+           "By total activation on these tokens. Contexts: the tokens before, **[the token]**, and after (whitespace "
+           "shown as ␣ and ⏎); promoted: the tokens of largest logit weight (decoder direction · W_U).", ""]
+    for f in report.features:
+        md += [f"### Feature {f.index}", "",
+               f"Active on {f.frequency:.2%} of tokens; largest activation {f.max_act:.3f}.", ""]
+        md += [markdown_table(["context", "activation"],
+                              [[f"{md_text(b)}**[{md_text(t)}]**{md_text(a)}", v] for b, t, a, v in f.contexts]), ""]
+        if f.promoted:
+            md += ["Promotes: " + ", ".join(f"{md_text(t)} ({v:+.2f})" for t, v in f.promoted), ""]
+    return "\n".join(md)
+
+
+def plot(report: SAEReport, name: str):
+    """Feature densities (log10 of the fraction of tokens each fires on; dead features at the red line) and the
+    three losses."""
+    import matplotlib.pyplot as plt
+
+    frequency = report.frequency
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [3, 2]})
+    n_tok = report.stats["tokens"]
+    floor = -float(torch.log10(torch.tensor(float(n_tok)))) - 0.5
+    logf = torch.where(frequency > 0, frequency.clamp_min(1e-30).log10(), torch.tensor(floor, dtype=frequency.dtype))
+    a.hist(logf.numpy(), bins=40, color="tab:blue")
+    a.axvline(floor, color="tab:red", lw=1)
+    a.set_xlabel("log10 fraction of tokens the feature fires on (red line: dead)", fontsize=9)
+    a.set_ylabel("features", fontsize=9)
+    a.set_title(f"feature density, {report.stats['d_sae']} features, L0 {report.stats['l0']:.1f}", fontsize=10)
+    lo = report.losses
+    names = ["clean", "SAE spliced", "zero-ablated"]
+    vals = [lo["clean"], lo["spliced"], lo["zero_ablated"]]
+    bars = b.bar(names, vals, color=["tab:green", "tab:blue", "tab:gray"])
+    for bar, v in zip(bars, vals):
+        b.text(bar.get_x() + bar.get_width() / 2, v, f"{v:.3f}", ha="center", va="bottom", fontsize=8)
+    b.set_ylabel("loss (nats per token)", fontsize=9)
+    b.set_ylim(0, max(vals) * 1.15)
+    b.set_title(f"FVU {report.stats['fvu']:.3f}, loss recovered {lo['recovered']:.1%}", fontsize=10)
+    b.tick_params(labelsize=8)
+    fig.suptitle(f"SAE on {name} at {report.stats['hook_name']}", fontsize=11)
+    fig.tight_layout()
+    return fig

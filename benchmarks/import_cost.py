@@ -1,0 +1,75 @@
+"""What `import models` and the first model use cost, against `import torch` alone (issue 33, "Lighter").
+
+Each configuration runs in a fresh Python process, alternating configuration by configuration for `--rounds` rounds,
+and is measured by the child's CPU time (user + system, `resource.getrusage(RUSAGE_CHILDREN)`, less sensitive to a
+busy machine than wall time) and wall time; medians and the ratio to `import torch` are printed with the CPU model.
+
+    python benchmarks/import_cost.py [--rounds 7]
+
+- torch: `import torch`;
+- models: `import models`, load the zoo's attn-only-1l and run it on a short text (TransformerLens' package `__init__`
+  deferred: `models.deferred_import`);
+- models, eager: the same with TOY_CIRCUITS_EAGER_IMPORTS=1 (TransformerLens' `__init__` run on import, as before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+HEAVY = "('transformers', 'datasets', 'pandas', 'pyarrow')"
+USE = ("import models, sys; m = models.load('attn-only-1l'); m(m.to_tokens('def f(x): return x')); "
+       f"print(len(sys.modules), sorted(k for k in {HEAVY} if k in sys.modules))")
+CONFIGS = {"torch": ("import torch, sys; print(len(sys.modules), [])", {}),
+           "models": (USE, {}),
+           "models, eager": (USE, {"TOY_CIRCUITS_EAGER_IMPORTS": "1"})}
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(code: str, env: dict) -> tuple[float, float, str]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True, timeout=600)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, wall, out.stdout.strip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    results = {name: [] for name in CONFIGS}
+    seen = {}
+    for _ in range(args.rounds):
+        for name, (code, env) in CONFIGS.items():
+            cpu, wall, out = run(code, env)
+            results[name].append((cpu, wall))
+            seen[name] = out
+    print(f"CPU: {cpu_model()}; load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds, alternating")
+    base = statistics.median(c for c, _ in results["torch"])
+    for name, rows in results.items():
+        cpu, wall = statistics.median(c for c, _ in rows), statistics.median(w for _, w in rows)
+        print(f"{name:15s} CPU {cpu:6.2f} s ({cpu / base:4.2f}x torch)   wall {wall:6.2f} s   modules, heavy ones "
+              f"imported: {seen[name]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Source of notebooks/07_sparse_autoencoders.ipynb (build with `python notebooks/build.py 07` in an environment with
+SAELens: `pip install -e ".[dev,sae]"`)."""
+# ruff: noqa: E402  (notebook cells import after setup lines)
+
+# %% [markdown]
+# # Sparse autoencoders on the zoo, through SAELens
+#
+# A sparse autoencoder (SAE) rewrites one activation of a model as a sparse sum of learned directions, its
+# *features*: `x ≈ b_dec + Σ_f a_f(x) W_dec[f]` with `a(x) = ReLU(W_enc (x − b_dec) + b_enc)` and an L1 penalty that
+# keeps few `a_f` non-zero (Bricken et al. 2023, "Towards Monosemanticity"; Cunningham et al. 2023). The features
+# are often more interpretable than neurons or residual directions.
+#
+# The training, the SAE classes and the splicing are SAELens' (the field's SAE library); `models.sae` connects our
+# models to it: `with_saes(model)` gives a zoo model SAELens' `HookedSAETransformer` methods (`add_sae`,
+# `run_with_saes`, `run_with_cache_with_saes`, ...), and `ActivationSource` feeds SAELens' `SAETrainer` with
+# activations of our models on our corpora. We train two SAEs:
+#
+# 1. on `gelu-2l`'s second MLP output, `blocks.1.hook_mlp_out`;
+# 2. on `attn-only-2l`'s layer-1 attention output, `blocks.1.attn.hook_z` concatenated over heads, as Kissane et
+#    al. 2024 ("Interpreting Attention Layer Outputs with Sparse Autoencoders") did on a two-layer attention-only
+#    model: each feature's decoder row then splits into one part per head, which says which heads write it.
+#
+# and ask: how well do they reconstruct (FVU, L0), how much of the model's loss survives them spliced in, and what
+# are the features? CPU, offline; `circuits sae train` / `circuits sae report` do the same from the command line.
+
+# %%
+import warnings
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
+warnings.filterwarnings("ignore", category=DeprecationWarning)  # SAELens imports transformer_lens.utils (3.x)
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import sae_lens
+import torch
+
+import models
+from analyses.report import training_corpus
+from analyses.sae_report import analyse, plot
+from analyses.sequences import bos_token_id, repeated_tokens
+from analyses.util import windows
+from models.io.checkpoint import resolve
+from models.sae import train_sae, with_saes
+
+torch.set_num_threads(1)  # small tensors: one thread is fastest, and polite on a shared CPU
+plt.rcParams["figure.dpi"] = 72
+print("SAELens", sae_lens.__version__)
+
+
+def text_of(name):
+    """The zoo model, its training corpus' training split (what the SAE trains on) and validation windows (what
+    it is measured on), BOS first as the model was trained."""
+    model = models.load(name).eval()
+    corpus = training_corpus(model, resolve(name))
+    bos = bos_token_id(model)
+    train = torch.from_numpy(corpus.train[:1_000_000].astype("int64"))
+    val = windows(torch.from_numpy(corpus.val[:200_000].astype("int64")), model.cfg.n_ctx, 24, 0, bos=bos)
+    return model, train, val, bos
+
+
+def show(report, model, k=4):
+    """The top features: how often each fires, its strongest contexts (the token in [brackets]), what it promotes."""
+    for f in report.features[:k]:
+        print(f"feature {f.index}: active on {f.frequency:.1%} of tokens, max {f.max_act:.2f}")
+        for before, tok, after, act in f.contexts[:4]:
+            print(f"   {act:6.2f}  …{before}[{tok}]{after}")
+        if f.promoted:
+            print("   promotes: " + "  ".join(f"{t} ({v:+.2f})" for t, v in f.promoted[:5]))
+
+
+# %% [markdown]
+# ## 1. An SAE on gelu-2l's MLP output
+#
+# `gelu-2l` (two layers, d_model 128, byte tokenizer, trained on the Python standard library). The SAE has
+# `8 × 128 = 1024` features; 300 batches of 2048 token activations (BOS positions left out), L1 coefficient 5 on
+# activations normalised to mean squared norm `d_in` (SAELens' `expected_average_only_in`, folded back at the end).
+
+# %%
+gelu, train, val, bos = text_of("gelu-2l")
+t0 = time.perf_counter()
+mlp = train_sae(gelu, "blocks.1.hook_mlp_out", train, steps=300, expansion=8, l1=5.0, batch_size=2048, bos=bos,
+                progress=False)
+mlp_seconds = time.perf_counter() - t0
+print(f"trained in {mlp_seconds:.0f} s: {mlp.settings['tokens_seen']} token activations, d_sae {mlp.settings['d_sae']}")
+
+# %% [markdown]
+# Measured on 24 validation windows of 128 tokens (3,048 positions): the fraction of variance unexplained
+# `Σ‖x − x̂‖² / Σ‖x − mean x‖²`, L0 (features active per token), dead features, and the loss with the
+# reconstruction spliced in for the real activation (SAELens' `run_with_saes` on our model) against the clean model and
+# the hook zero-ablated. "Loss recovered" is `(zero − spliced) / (zero − clean)`.
+
+# %%
+mlp_report = analyse(gelu, mlp.sae, val, bos, top=8)
+s, lo = mlp_report.stats, mlp_report.losses
+print(f"FVU {s['fvu']:.3f}, L0 {s['l0']:.1f}, dead {s['dead']} of {s['d_sae']}")
+print(f"loss: clean {lo['clean']:.4f}, spliced {lo['spliced']:.4f}, zero-ablated {lo['zero_ablated']:.4f}, "
+      f"recovered {lo['recovered']:.1%}")
+fig = plot(mlp_report, "gelu-2l")
+plt.show()
+
+# %% [markdown]
+# What the features are: for the features that carry the most activation, the contexts where each fires hardest
+# (whitespace shown as ␣ and ⏎) and the tokens its decoder direction promotes through `W_U` (its "logit weights").
+
+# %%
+show(mlp_report, gelu)
+
+# %% [markdown]
+# ## 2. An SAE on attn-only-2l's attention output (hook_z, concatenated)
+#
+# Layer 1 of `attn-only-2l` holds its induction heads (notebook 02: L1H1 and L1H2, fed by the previous-token head
+# L0H1). Following Kissane et al. 2024, the SAE reads `hook_z` of all 8 heads concatenated (8 × 16 = 128 inputs),
+# the attention layer's output before `W_O`. A feature's decoder row splits into 8 blocks of 16, one per head: the
+# share of its squared norm in each block says which heads write it.
+
+# %%
+attn, train_a, val_a, bos_a = text_of("attn-only-2l")
+t0 = time.perf_counter()
+zsae = train_sae(attn, "blocks.1.attn.hook_z", train_a, steps=300, expansion=8, l1=5.0, batch_size=2048, bos=bos_a,
+                 progress=False)
+z_seconds = time.perf_counter() - t0
+z_report = analyse(attn, zsae.sae, val_a, bos_a, top=8)
+s, lo = z_report.stats, z_report.losses
+print(f"trained in {z_seconds:.0f} s; FVU {s['fvu']:.3f}, L0 {s['l0']:.1f}, dead {s['dead']} of {s['d_sae']}")
+print(f"loss: clean {lo['clean']:.4f}, spliced {lo['spliced']:.4f}, zero-ablated {lo['zero_ablated']:.4f}, "
+      f"recovered {lo['recovered']:.1%}")
+fig = plot(z_report, "attn-only-2l")
+plt.show()
+
+# %%
+H, d_head = attn.cfg.n_heads, attn.cfg.d_head
+W_dec = zsae.sae.W_dec.detach().reshape(-1, H, d_head)
+head_share = (W_dec ** 2).sum(-1) / (W_dec ** 2).sum((-2, -1))[:, None]  # [feature, head]
+alive = z_report.frequency > 0
+top_head = head_share.argmax(1)
+counts = torch.bincount(top_head[alive], minlength=H)
+fig, ax = plt.subplots(figsize=(6, 2.6))
+ax.bar([f"L1H{h}" for h in range(H)], counts.tolist(), color="tab:blue")
+ax.set_ylabel("live features", fontsize=9)
+ax.set_title("the head holding most of each live feature's decoder norm", fontsize=10)
+plt.show()
+show(z_report, attn)
+for f in z_report.features[:4]:
+    share = head_share[f.index]
+    print(f"feature {f.index}: head shares " + " ".join(f"H{h} {share[h]:.2f}" for h in range(H)))
+
+# %% [markdown]
+# ## 3. The features on a repeated sequence (SAELens' HookedSAETransformer surface)
+#
+# `with_saes(model)` gives our model SAELens' own methods. `run_with_cache_with_saes` splices the SAE in for one
+# run and caches its hook points under SAELens' names (`blocks.1.attn.hook_z.hook_sae_acts_post`). On random tokens
+# repeated twice, the first copy cannot be predicted and the second can, by induction: which features switch on in
+# the second copy?
+
+# %%
+m = with_saes(attn)
+rep = repeated_tokens(attn, 20, 2, batch=8, seed=0)
+with torch.no_grad():
+    logits, cache = m.run_with_cache_with_saes(rep, saes=[zsae.sae])
+acts = cache["blocks.1.attn.hook_z.hook_sae_acts_post"]  # [batch, pos, d_sae]
+first, second = acts[:, 1:21].mean((0, 1)), acts[:, 21:].mean((0, 1))
+induction = torch.argsort(second - first, descending=True)[:5]
+print("features most active on the second copy:", induction.tolist())
+for f in induction.tolist():
+    print(f"feature {f}: mean activation first copy {first[f]:.3f}, second copy {second[f]:.3f}; head shares "
+          + " ".join(f"H{h} {head_share[f, h]:.2f}" for h in range(H)))
+fig, ax = plt.subplots(figsize=(8, 2.6))
+for f in induction[:3].tolist():
+    ax.plot(acts[:, :, f].mean(0).numpy(), label=f"feature {f}")
+ax.axvline(20.5, color="gray", lw=1, ls="--")
+ax.set_xlabel("position (BOS, first copy 1–20, second copy 21–40)", fontsize=9)
+ax.set_ylabel("mean activation", fontsize=9)
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# ## Summary (measured in this run)
+
+# %%
+for name, r, sec in (("gelu-2l blocks.1.hook_mlp_out", mlp_report, mlp_seconds),
+                      ("attn-only-2l blocks.1.attn.hook_z", z_report, z_seconds)):
+    s, lo = r.stats, r.losses
+    print(f"{name}: d_sae {s['d_sae']}, FVU {s['fvu']:.3f}, L0 {s['l0']:.1f}, dead {s['dead']}, loss clean "
+          f"{lo['clean']:.3f} / spliced {lo['spliced']:.3f} / zero-ablated {lo['zero_ablated']:.3f} "
+          f"(recovered {lo['recovered']:.1%}), trained in {sec:.0f} s")
