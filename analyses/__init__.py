@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .patching.paths import path_patching, path_patching_matrix
     from .report import Report, build_report
     from .scores import (  # behavioural head scores and the in-context-learning score
+        arena_induction_scores,
         attention_patterns,
         copying_scores_behavioural,
         current_token_scores,

@@ -20,6 +20,7 @@ from models.arch.model import head_label
 
 from .one_layer import positional_r2
 from .scores import (
+    arena_induction_scores,
     copying_scores_behavioural,
     current_token_scores,
     first_token_scores,
@@ -36,9 +37,10 @@ ARENA_THRESHOLD = 0.4
 
 @dataclass
 class HeadEvidence:
-    """One head's evidence. Behavioural: `induction` (ARENA induction score, R drawn from the probe pool: the
-    ids seen in training when the detector is given them), `induction_arena` (the same score by ARENA's recipe, R
-    uniform over every non-special id of the vocabulary), `prefix_matching` (Olsson),
+    """One head's evidence. Behavioural: `induction` (`analyses.induction_scores`: second copy of [BOS] + R + R
+    → the token after the first occurrence, R drawn from the probe pool: the ids seen in training when the
+    detector is given them), `induction_arena` (`analyses.arena_induction_scores`: ARENA 1.2's literal stripe
+    mean, two first-copy entries included, R uniform over every non-special id), `prefix_matching` (Olsson),
     `copying` (Olsson's behavioural copying score), `previous` / `current` / `first` token scores.
     Mechanistic: `partner` (the earlier head it K-composes with most, previous-token heads first),
     `k_composition` (that composition score minus the random baseline), `qk_same_matching` (Σλ/Σ|λ| of the
@@ -84,7 +86,7 @@ class DetectionResult:
     def markdown(self, only_positive: bool = False) -> str:
         rows = [r for r in self.table if r.positive or not only_positive]
         if self.kind == "induction":
-            headers = ["head", "induction (seen ids)", "induction (ARENA: all ids)", "prefix matching",
+            headers = ["head", "induction (2nd copy, seen ids)", "ARENA stripe (all ids)", "prefix matching",
                        "copying (behav.)", "K-comp partner", "K-comp − baseline", "QK same-matching", "QK positive λ",
                        "OV copying", "mechanism", "verdict"]
             cells = [[r.label, r.induction, r.induction_arena, r.prefix_matching, r.copying,
@@ -130,14 +132,16 @@ def detect_previous_token_heads(model, tokens=None, threshold: float = ARENA_THR
 def detect_induction_heads(model, seq_len: int = 50, batch: int = 10, seed: int = 0, tokens_from=None,
                            threshold: float = ARENA_THRESHOLD, prefix_threshold: float = ARENA_THRESHOLD,
                            prev_tokens=None, mechanistic: bool = True) -> DetectionResult:
-    """Induction heads: the ARENA induction score on `[BOS] + R + R` (|R| = `seq_len`) ≥ `threshold` **and**
+    """Induction heads: the induction score (`analyses.induction_scores`: second copy of `[BOS] + R + R` → the
+    token after the first occurrence, |R| = `seq_len`) ≥ `threshold` **and**
     Olsson's prefix-matching score on 25 random tokens × 4 ≥ `prefix_threshold`. Requiring both periods (50 and
     25) guards against a positional shortcut ("attend `seq_len` − 1 back"), which scores on one period only.
     Where n_ctx is too short, |R| shrinks to (n_ctx − 1) // 2 and the prefix-matching block to (n_ctx − 1) // 4
     (the thresholds dict names the lengths used).
 
-    `induction_arena` is the induction score by ARENA's recipe beside it: R uniform over every non-special id
-    (`tokens_from=None`), which for a vocabulary with never-trained ids reads lower than the seen-ids probe.
+    `induction_arena` is ARENA's score beside it (`analyses.arena_induction_scores`: ARENA 1.2's literal stripe
+    mean, two first-copy entries included) with R uniform over every non-special id (`tokens_from=None`), which
+    for a vocabulary with never-trained ids reads lower than the seen-ids probe.
 
     Mechanistic evidence (attention-only reading of the weights, norms folded): every head's OV copying score,
     and for each head in layer ≥ 1, its
@@ -154,7 +158,7 @@ def detect_induction_heads(model, seq_len: int = 50, batch: int = 10, seed: int 
     seq_len = min(seq_len, (model.cfg.n_ctx - 1) // 2)  # short contexts: the longest R + R that fits
     pl = min(25, (model.cfg.n_ctx - 1) // 4)
     ind = induction_scores(model, seq_len, batch, seed, tokens_from)
-    arena = ind if tokens_from is None else induction_scores(model, seq_len, batch, seed, None)
+    arena = arena_induction_scores(model, seq_len, batch, seed, None)
     pm = prefix_matching_scores(model, pl, 4, batch, seed, tokens_from)
     cop = copying_scores_behavioural(model, pl, 4, min(batch, 4), seed, tokens_from)
     mech = _mechanistic(model, prev_tokens, seed) if mechanistic else None

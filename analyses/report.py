@@ -78,7 +78,7 @@ def _load(model_or_name_or_path):
     return m, getattr(m.cfg, "model_name", None) or type(m).__name__, None
 
 
-def _train_config(folder: Path | None) -> dict:
+def read_train_config(folder: Path | None) -> dict:
     if folder is not None and (Path(folder) / "train_config.json").is_file():
         from models.errors import CheckpointError
         from models.io.safe_read import JSON_LIMIT, read_text
@@ -97,7 +97,7 @@ def training_corpus(model, folder: Path | None):
         return None
     from models.data.corpora import recorded_data
 
-    data = _train_config(folder).get("data") if folder is not None else None
+    data = read_train_config(folder).get("data") if folder is not None else None
     data = recorded_data(folder, data) if folder is not None else "stdlib"  # CorpusError: a name outside the folder
     if isinstance(data, str) and data.startswith(("synthetic", "seq2seq")):
         return None
@@ -263,7 +263,7 @@ def _write(model, name, out, stage, text, win, vocab, rd, seed, corpus, folder, 
     """Run the sections into the staging folder `stage`, then publish: each figure, then report.md last, moved
     into `out` by atomic renames. A full disk or any error before that leaves the previous report untouched."""
     ctx = S.Context(model, name, stage, text, win, vocab, rd, seed,
-                    train_text=None if corpus is None else corpus.train, train_config=_train_config(folder))
+                    train_text=None if corpus is None else corpus.train, train_config=read_train_config(folder))
     encdec = hasattr(model, "cross_W_Q")
     table = ENCDEC_SECTIONS if encdec else SECTIONS  # the section set is picked by model type
     chosen = [s for s in table if (sections is None or s[0] in sections) and s[2](ctx)]

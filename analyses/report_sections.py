@@ -129,7 +129,7 @@ def attention(ctx: Context) -> str:
     first = first_token_scores(ctx.model, ctx.windows[:8] if ctx.windows is not None else None, ctx.seed)
     dup = duplicate_token_scores(ctx.model, seed=ctx.seed, tokens_from=ctx.vocab,
                                  seq_len=min(25, (ctx.cfg.n_ctx - 1) // 4))
-    panels = {"induction": ind_s, "induction (ARENA)": arena, "prefix matching": pm_s, "previous token": prev_s,
+    panels = {"induction": ind_s, "ARENA stripe": arena, "prefix matching": pm_s, "previous token": prev_s,
               "first token": first, "duplicate token": dup}
     rows = [[head_label(l, h)] + [float(v[l, h]) for v in panels.values()] for l in range(L) for h in range(H)]
     seq = min(50, (ctx.cfg.n_ctx - 1) // 2)
@@ -142,10 +142,11 @@ def attention(ctx: Context) -> str:
                       f"[BOS] + R + R, |R| = {seq}."),
            "Six behavioural scores per head, each a mean attention weight in [0, 1]:",
            f"- **induction**: from each token of the second copy of [BOS] + R + R (|R| = {seq}, 10 sequences) to "
-           f"the token right after its first occurrence (ARENA's score, threshold 0.4), R drawn from {_pool(ctx)} "
+           f"the token right after its first occurrence (threshold 0.4, ARENA's), R drawn from {_pool(ctx)} "
            "(distinct within R);",
-           "- **induction (ARENA)**: the same by ARENA's recipe, R uniform over every non-special id of the "
-           "vocabulary (ids never seen in training included);",
+           "- **ARENA stripe**: ARENA 1.2's `induction_attn_detector` literally, the mean of the whole stripe "
+           "`pattern.diagonal(1 − |R|)`, which adds two first-copy queries (one of them to BOS) to the above, with R "
+           "uniform over every non-special id of the vocabulary (ids never seen in training included);",
            "- **prefix matching** (Olsson et al.): the same on 25 random tokens repeated 4 times (shorter when the "
            "context is short), counting every earlier occurrence;",
            "- **previous token**: from position i to i − 1 on validation text (random tokens when there is none);",

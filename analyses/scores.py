@@ -22,8 +22,9 @@ from .sequences import bos_token_id, random_tokens, repeated_tokens
 from .util import windows
 
 __all__ = [
-    "attention_patterns", "induction_scores", "prefix_matching_scores", "previous_token_scores",
-    "current_token_scores", "first_token_scores", "duplicate_token_scores", "copying_scores_behavioural",
+    "attention_patterns", "induction_scores", "arena_induction_scores", "prefix_matching_scores",
+    "previous_token_scores", "current_token_scores", "first_token_scores", "duplicate_token_scores",
+    "copying_scores_behavioural",
     "in_context_learning_score", "in_context_learning_differences", "icl_positions", "icl_windows",
     "position_losses", "ICL_EXAMPLES",
 ]
@@ -64,20 +65,42 @@ def _masked_attention_mass(pattern: torch.Tensor, mask: torch.Tensor) -> torch.T
     return (mass * rows).sum((1, 3)) / n
 
 
-def induction_scores(model, seq_len: int = 50, batch: int = 10, seed: int = 0, tokens_from=None) -> torch.Tensor:
-    """ARENA 1.2 induction score per head, `[n_layers, n_heads]`.
-
-    Tokens `[BOS] + R + R`, R uniform random of length `seq_len` (see `analyses.sequences`). Score =
-    mean over batch and over the stripe `pattern.diagonal(offset=1 - seq_len)`, i.e. the attention from the
-    token at position i to position i − seq_len + 1: for i in the second copy, the token right after the
-    current token's first occurrence. As in ARENA's `induction_attn_detector`, the stripe also holds its two
-    first entries (queries seq_len−1 and seq_len, at the end of the first copy, to keys 0 and 1): seq_len + 2
-    entries in all. Source: ARENA 1.2 "Induction heads"; threshold 0.4, its induction heads score > 0.6.
-    """
+def _induction_stripe(model, seq_len: int, batch: int, seed: int, tokens_from) -> torch.Tensor:
+    """`pattern.diagonal(offset=1 − seq_len)` on `[BOS] + R + R`: `[layer, batch, head, seq_len + 2]`, entry j the
+    attention from query seq_len − 1 + j to key j. Entries 0 and 1 are first-copy queries (to keys 0 = BOS and 1);
+    entries 2 … seq_len + 1 are the second copy's queries, each to the token after its first occurrence."""
     tokens = repeated_tokens(model, seq_len, 2, batch, seed, tokens_from)
     pattern = attention_patterns(model, tokens)  # [layer, batch, head, q, k]
-    stripe = pattern.diagonal(offset=1 - seq_len, dim1=-2, dim2=-1)  # [layer, batch, head, seq_len + 2]
-    return stripe.mean((1, 3))
+    return pattern.diagonal(offset=1 - seq_len, dim1=-2, dim2=-1)
+
+
+def induction_scores(model, seq_len: int = 50, batch: int = 10, seed: int = 0, tokens_from=None) -> torch.Tensor:
+    """Induction score per head, `[n_layers, n_heads]`: on `[BOS] + R + R` (R = `seq_len` random tokens, see
+    `analyses.sequences`), the attention from each token of the **second** copy to the token right after its
+    first occurrence, pattern[seq_len + j, j + 1] for j = 1 … seq_len, averaged over those seq_len queries and
+    the batch. In [0, 1]; 1 for a perfect induction head.
+
+    This is the stripe `pattern.diagonal(offset=1 − seq_len)` of ARENA 1.2 ("Induction heads",
+    `induction_attn_detector`) restricted to the queries of the second copy: ARENA's mean also holds the stripe's
+    two first-copy entries (queries seq_len − 1 → BOS and seq_len → position 1), which are no induction and
+    reward attention to BOS; `arena_induction_scores` keeps that literal recipe. Threshold (ARENA): 0.4.
+    """
+    return _induction_stripe(model, seq_len, batch, seed, tokens_from)[..., 2:].mean((1, 3))
+
+
+def arena_induction_scores(model, seq_len: int = 50, batch: int = 10, seed: int = 0,
+                           tokens_from=None) -> torch.Tensor:
+    """ARENA's induction score per head, `[n_layers, n_heads]`, exactly the formula of ARENA 1.2 ("Induction
+    heads", `induction_attn_detector` / `induction_score_hook`): the mean over the batch and over the whole stripe
+    `pattern.diagonal(offset=1 − seq_len)` of `[BOS] + R + R`, seq_len + 2 entries.
+
+    How it differs from `induction_scores` (the documented "second copy → token after the first occurrence"):
+    the stripe's first two entries are first-copy queries, seq_len − 1 → key 0 (BOS) and seq_len → key 1, so
+    a head that rests on BOS scores ≈ 1/(seq_len + 2) and a perfect induction head ≈ (seq_len + 1)/(seq_len + 2)
+    or less. Probe: as `induction_scores` (R distinct within a row, special ids never drawn; ARENA draws R with
+    replacement from all of GPT-2's 50k ids, where repeats inside R are rare). Threshold (ARENA): 0.4.
+    """
+    return _induction_stripe(model, seq_len, batch, seed, tokens_from).mean((1, 3))
 
 
 def prefix_matching_scores(model, seq_len: int = 25, n_repeats: int = 4, batch: int = 10, seed: int = 0,

@@ -185,16 +185,17 @@ def card_results(model, metrics, summary, corpus) -> tuple[list[str], dict]:
         if L >= 1 and key in last:
             s = last[key]
             numbers[key] = s
-            lines.append(f"- induction scores on [BOS]+R+R, |R| = {p} (R drawn from ids seen in training), layer "
+            lines.append(f"- induction scores (second copy of [BOS]+R+R → the token after the first occurrence), "
+                         f"|R| = {p} (R drawn from ids seen in training), layer "
                          f"{L - 1} heads: {_fmt_heads(s, L - 1)} (max **{max(s[L - 1]):.3f}**)")
     if L >= 1 and 1 + 2 * 50 <= model.cfg.n_ctx:
-        from .scores import induction_scores
+        from .scores import arena_induction_scores
 
-        s = _rounded(induction_scores(model, 50, 10, 0))
+        s = _rounded(arena_induction_scores(model, 50, 10, 0))
         numbers["induction_scores_arena_50"] = s
-        lines.append(f"- induction scores by ARENA's recipe (|R| = 50, batch 10, R uniform over every non-special id, "
-                     f"never-trained ones included), layer {L - 1} heads: {_fmt_heads(s, L - 1)} (max "
-                     f"**{max(s[L - 1]):.3f}**)")
+        lines.append(f"- ARENA's induction score (ARENA 1.2's stripe mean, its two first-copy entries included; "
+                     f"|R| = 50, batch 10, R uniform over every non-special id, never-trained ones included), layer "
+                     f"{L - 1} heads: {_fmt_heads(s, L - 1)} (max **{max(s[L - 1]):.3f}**)")
     if L >= 2:
         onset = induction_onset(metrics, 0.4)
         numbers["induction_onset_step"] = onset["step"] if onset else None

@@ -88,11 +88,14 @@ def run_heads(args) -> int:
             f"the {vocab.numel()} ids of {'--text-file' if args.text_file else 'the training split'}")
     obj["thresholds"] = {k.replace("the given ids", pool): v for k, v in obj["thresholds"].items()}
     obj["induction_probe"] = f"[BOS] + R + R, |R| = 50, batch 10, R from {pool}"
-    obj["induction_arena_probe"] = "[BOS] + R + R, |R| = 50, batch 10, R from all non-special ids (ARENA's recipe)"
+    obj["induction_arena_probe"] = ("ARENA 1.2's induction_attn_detector: mean of the whole stripe "
+                                    "pattern.diagonal(1 - |R|) of [BOS] + R + R (two first-copy queries included), "
+                                    "|R| = 50, batch 10, R from all non-special ids")
     crit = "; ".join(f"{k} ≥ {v}" for k, v in obj["thresholds"].items())
     notes = [("induction", "attention from each token of the second copy of [BOS] + R + R (|R| = 50, 10 sequences) "
               f"to the token after its first occurrence; R from {pool}"),
-             ("ind. ARENA", "the same with R uniform over all non-special ids (ARENA's recipe)"),
+             ("ind. ARENA", "ARENA 1.2's induction_attn_detector: the mean of the whole stripe, which adds two "
+              "first-copy queries (one to BOS); R uniform over all non-special ids"),
              ("prefix-match", "the same on 25 random tokens repeated 4 times (Olsson et al.)"),
              ("prev-token", "attention to position i-1 on " + ("random tokens" if text is None else "text")),
              ("copy behav.", "Olsson's behavioural copying score in [-1, 1]: +1 raises exactly the attended token, "

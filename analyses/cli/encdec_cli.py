@@ -41,7 +41,7 @@ def route(args, loaded, plain: str, encdec: tuple[str, ...], run):
 
 
 def _train_config(loaded) -> dict:
-    from ..report import _train_config as read  # a regular file of bounded size (models.io.safe_read)
+    from ..report import read_train_config as read  # a regular file of bounded size (models.io.safe_read)
 
     return read(loaded.folder)
 

@@ -31,9 +31,12 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
-    p.add_argument("--seed", type=int)
+    seed = p.add_mutually_exclusive_group()
+    seed.add_argument("--seed", type=int)
+    seed.add_argument("--seeds", help="a seed sweep: one model per seed, trained together in one process "
+                      "(models.training.sweep), e.g. 0-7 or 0,3,5; --out then holds seed-K/ per seed and sweep.json")
     p.add_argument("--data", help="'stdlib' (default), a text folder or file, 'synthetic:repeat', or for "
-                   "encoder-decoder models 'seq2seq:copy|reverse|sort|date'")
+                   "encoder-decoder models 'seq2seq:copy|reverse|sort|cumsum|date'")
     p.add_argument("--tokenizer", help="'bpe-2048' (default), 'bytes', or a tokenizer.json")
     p.add_argument("--repeat-fraction", type=float, help="fraction of sequences with a repeated segment")
     p.add_argument("--label-smoothing", type=float)
@@ -92,7 +95,17 @@ def run_train(args) -> int:
 
     if args.device is not None:  # checked as the analyses check it (case-insensitive; exit 2 when absent)
         args.device = "auto" if args.device.lower() == "auto" else str(resolve_device(args.device))
+    seeds = None
+    if args.seeds is not None:
+        from models.training.sweep import parse_seeds
+
+        seeds = parse_seeds(args.seeds)  # TrainConfigError: exit 2, one line
     model_cfg, cfg, about = train_settings(args)
+    if seeds is not None:
+        from models.training.stacked import check_stackable
+
+        check_stackable(model_cfg)
+        args.seed_list = seeds
     if args.device is None and cfg.device != "auto":  # a device from --config / --train-config
         resolve_device(cfg.device)
     command = "circuits " + shlex.join(["train"] + list(args.argv))
@@ -106,12 +119,50 @@ def run_train(args) -> int:
         if not args.no_scores and type(model_cfg) is HookedTransformerConfig:  # scores of next-token predictors
             eval_fn = make_eval_fn(tok, val, seen, periods=(50, 100))
         report_fn = make_report_fn(name, about, command, cfg, corpus, val, seen)
+    if args.seeds is not None:
+        return _run_sweep(args, model_cfg, cfg, eval_fn, tok, command, name, about, corpus, val, seen)
     model, summary = train(model_cfg, cfg, eval_fn=eval_fn, report_fn=report_fn, resume=args.resume, tokenizer=tok)
     em = f", held-out exact match {summary['final_exact_match']:.2%}" if "final_exact_match" in summary else ""
     emit(args, dict(summary, out=args.out),
          f"trained {args.preset or 'model'}: {summary['steps']} steps, {summary['tokens_seen']} tokens, "
          f"{summary['wall_time']:.0f} s, final validation loss "
          f"{summary.get('final_val_loss', float('nan')):.4f}{em} → {args.out}")
+    return 0
+
+
+def score_definitions() -> dict:
+    """Which functions computed the checkpoint scores a run records (each named with its docstring's first
+    paragraph)."""
+    from .. import scores
+
+    return {"induction_scores_{p}": _first_line(scores.induction_scores),
+            "previous_token_scores": _first_line(scores.previous_token_scores),
+            "icl_score": _first_line(scores.in_context_learning_differences)}
+
+
+def _first_line(fn) -> str:
+    first = (fn.__doc__ or "").strip().split("\n\n")[0]  # the docstring's first paragraph
+    return f"{fn.__module__}.{fn.__qualname__}: " + " ".join(first.split())
+
+
+def _run_sweep(args, model_cfg, cfg, eval_fn, tok, command, name, about, corpus, val, seen) -> int:
+    """`circuits train --seeds ...`: the members' cards as a single run's, each with its own seed and folder."""
+    from models.training.sweep import train_sweep
+
+    from ..train_metrics import make_report_fn
+
+    def report_fn_for(member_cfg):
+        return make_report_fn(name, about, command, member_cfg, corpus, val, seen)
+
+    sweep = train_sweep(model_cfg, cfg, args.seed_list, eval_fn=eval_fn, report_fn_for=report_fn_for,
+                        resume=args.resume, tokenizer=tok, command=command, notes=score_definitions())
+    ok = [m for m in sweep["members"] if m["status"] == "finished"]
+    losses = ", ".join(f"seed {m['seed']} {m['final_val_loss']:.4f}" for m in ok)
+    failed = [str(m["seed"]) for m in sweep["members"] if m["status"] == "failed"]
+    emit(args, dict(sweep, out=args.out),
+         f"trained a sweep of {len(sweep['members'])} {args.preset or 'model'}s ({sweep['steps']} steps each, "
+         f"{sweep.get('wall_time', 0):.0f} s): final validation loss {losses}"
+         + (f"; failed (diverged): seed {', '.join(failed)}" if failed else "") + f" → {args.out}")
     return 0
 
 
@@ -131,7 +182,58 @@ def run_zoo(args) -> int:
     return 0
 
 
+# --- sweep --------------------------------------------------------------------------------------------
+SWEEP_OUTPUTS = ("sweep.json", "sweep.md", "sweep.png")
+
+
+def _sweep_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sweep", help="a seed-sweep folder (`circuits train --seeds ... --out OUT`); an unfinished or "
+                   "running sweep is read up to its newest checkpoint")
+    p.add_argument("--out", help="also write sweep.json (the sweep's record with this analysis under 'analysis'), "
+                   "sweep.md (the report section) and sweep.png (the figure) into this folder; it must be new or hold "
+                   "only those files")
+    p.add_argument("--no-copying", action="store_true", help="skip the OV copying scores (which load each seed's "
+                   "weights)")
+    p.add_argument("--json", action="store_true", help="print the analysis as JSON")
+
+
+def run_sweep(args) -> int:
+    import json
+    import os
+    from pathlib import Path
+
+    from models.training.sweep import SWEEP_FILE, read_sweep
+
+    from ..sweep import plot_sweep, sweep_markdown, sweep_summary
+    from .common import save_figure
+
+    folder = Path(args.sweep)
+    if not (folder / SWEEP_FILE).is_file():
+        raise UsageError(f"{args.sweep} is not a seed sweep (no {SWEEP_FILE}); give the --out folder of "
+                         "`circuits train --seeds`")
+    dest = None
+    if args.out:
+        dest = Path(args.out)
+        if dest.exists() and (not dest.is_dir() or any(f.name not in SWEEP_OUTPUTS for f in dest.iterdir())):
+            raise UsageError(f"--out {args.out} holds other files than {', '.join(SWEEP_OUTPUTS)}; give a new folder "
+                             "(nothing was written)")
+    s = sweep_summary(folder, copying=not args.no_copying)
+    text = sweep_markdown(s)
+    if dest is not None:
+        dest.mkdir(parents=True, exist_ok=True)
+        record = dict(read_sweep(folder), analysis=s)
+        for name, data in (("sweep.json", json.dumps(record, indent=1)), ("sweep.md", text)):
+            tmp = dest / f".{name}.tmp-{os.getpid()}"
+            tmp.write_text(data)
+            os.replace(tmp, dest / name)
+        save_figure(plot_sweep(s), dest / "sweep.png")
+    emit(args, s, text + (f"\nwrote {', '.join(SWEEP_OUTPUTS)} → {dest}" if dest is not None else ""))
+    return 0
+
+
 COMMANDS = [
     Command("zoo", "list the shipped models with one-line cards", _zoo_args, run_zoo),
     Command("train", "train a model (a zoo preset or a config) with checkpoints and metrics", _train_args, run_train),
+    Command("sweep", "a seed sweep's formation points, circuits and their spread across seeds, with a figure",
+            _sweep_args, run_sweep),
 ]

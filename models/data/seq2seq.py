@@ -1,7 +1,8 @@
 """Synthetic sequence-to-sequence tasks for encoder–decoder models, with their character vocabularies and batches.
 
 Tasks (`TASKS`): `copy`, `reverse` and `sort` strings of `n_symbols` letters of a length drawn from
-`[min_len, max_len]`, and `date`, a character-level date-format translation ("nov 23, 2023" → "2023-11-23") whose
+`[min_len, max_len]`; `cumsum`, their running sum mod `n_symbols` (each target token depends on the one before it);
+and `date`, a character-level date-format translation ("nov 23, 2023" → "2023-11-23") whose
 source and target vocabularies differ. Every vocabulary starts with the specials PAD = 0, BOS = 1, EOS = 2 (the
 defaults of `models.EncoderDecoderConfig`).
 
@@ -106,6 +107,18 @@ class Sort(Task):
         return np.sort(src)[:, None] == src[None, :]
 
 
+class CumSum(Task):
+    """The running sum mod k = `n_symbols` of the source's symbol values (letter a = 0, b = 1, ...): target symbol
+    y_j = (y_{j−1} + x_j) mod k with y_{−1} = 0, so each target token is the previous one plus the aligned source
+    token. Not a rearrangement of the source (no alignment)."""
+
+    name = "cumsum"
+
+    def target(self, src):
+        first = len(SPECIALS)
+        return (np.cumsum(np.asarray(src, dtype=np.int64) - first) % self.n_symbols) + first
+
+
 class Date(Task):
     """Date-format translation: "mon d, yyyy" (e.g. "nov 3, 2023") → ISO 8601 "yyyy-mm-dd", dates 1950–2049."""
 
@@ -129,7 +142,7 @@ class Date(Task):
                 np.asarray(self.tokenizer.target.encode(tgt), dtype=np.int64))
 
 
-TASKS: dict[str, type[Task]] = {t.name: t for t in (Copy, Reverse, Sort, Date)}
+TASKS: dict[str, type[Task]] = {t.name: t for t in (Copy, Reverse, Sort, CumSum, Date)}
 
 
 def make_task(spec: str, n_symbols: int = 10, min_len: int = 1, max_len: int = 8) -> Task:

@@ -36,7 +36,7 @@ class TrainConfig:
     repeat_fill: bool = False  # the segment repeats to the end of the sequence (Mixture.fill)
     synthetic_steps: int = 0  # curriculum: the first N steps train on `[BOS] + R + R + ...` of the corpus's ids
     repeat_until: int | None = None  # repeated segments only before this step; natural text only from it on
-    task_symbols: int = 10  # seq2seq:copy / reverse / sort: the alphabet's size (letters a, b, ...)
+    task_symbols: int = 10  # seq2seq:copy / reverse / sort / cumsum: the alphabet's size (letters a, b, ...)
     task_min_len: int = 1  # seq2seq:copy / reverse / sort: source lengths drawn from [task_min_len, task_max_len]
     task_max_len: int = 8
     exact_match_sequences: int = 512  # seq2seq: held-out sources decoded greedily at every checkpoint

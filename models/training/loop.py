@@ -37,7 +37,8 @@ from .config import TrainConfig, lr_at
 from .tasks import LanguageModelling, MaskedLM, Seq2Seq
 
 __all__ = ["train", "TrainConfig", "TrainConfigError", "lr_at", "init_positions", "pick_device",
-           "dist_info", "adamw", "make_optimizer", "build_data", "check_setup", "evaluate_loss", "finalize"]
+           "dist_info", "adamw", "make_optimizer", "optimizer_groups", "build_data", "check_setup", "evaluate_loss",
+           "finalize"]
 
 
 @torch.no_grad()
@@ -74,21 +75,28 @@ def dist_info() -> tuple[int, int, int]:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on the weight matrices (`W_*` except `W_pos`), none on norms and biases; one
-    parameter group per (decay, lr multiplier), the multiplier stored in the group as `lr_scale`."""
-    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_parameters()}
+    """AdamW over `optimizer_groups(model.named_parameters(), cfg)`."""
+    return adamw(optimizer_groups(model.named_parameters(), cfg), lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def optimizer_groups(named_parameters, cfg: TrainConfig) -> list[dict]:
+    """AdamW's parameter groups for `(name, parameter)` pairs: weight decay on the weight matrices (`W_*` except
+    `W_pos`), none on norms and biases; one group per (decay, lr multiplier), the multiplier stored in the group as
+    `lr_scale`. A seed sweep passes its stacked parameters under the single model's names, so its groups and their
+    order are a single run's (`models.training.sweep`)."""
+    named = list(named_parameters)
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in named}
     unknown = sorted(set(cfg.lr_multipliers) - leaves)
     if unknown:
         raise TrainConfigError(f"lr_multipliers name parameters this model does not have: {unknown}; its "
                                f"parameters: {sorted(leaves)}")
     groups: dict = {}
-    for name, p in model.named_parameters():
+    for name, p in named:
         leaf = name.rsplit(".", 1)[-1]
         decay = cfg.weight_decay if leaf.startswith("W_") and leaf != "W_pos" else 0.0
         scale = float(cfg.lr_multipliers.get(leaf, 1.0))
         groups.setdefault((decay, scale), []).append(p)
-    param_groups = [{"params": ps, "weight_decay": d, "lr_scale": s} for (d, s), ps in sorted(groups.items())]
-    return adamw(param_groups, lr=cfg.lr, betas=tuple(cfg.betas))
+    return [{"params": ps, "weight_decay": d, "lr_scale": s} for (d, s), ps in sorted(groups.items())]
 
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch documents its fused AdamW

@@ -113,17 +113,17 @@ def test_ablation_standard_error_is_over_sequences():
 
 # --- induction scores two ways, and OV copying of one-layer models -----------------------------------------
 def test_arena_recipe_beside_the_seen_ids_probe():
-    from analyses import detect_induction_heads, induction_scores
+    from analyses import arena_induction_scores, detect_induction_heads, induction_scores
 
     m, info = build_induction_model(d_vocab=40, n_ctx=64)
     pool = torch.arange(1, 20)
     res = detect_induction_heads(m, tokens_from=pool)
-    arena = induction_scores(m, 31, 10, 0, None)
+    arena = arena_induction_scores(m, 31, 10, 0, None)
     seen = induction_scores(m, 31, 10, 0, pool)
     for r in res.table:
         assert r.induction == pytest.approx(float(seen[r.layer, r.head]))
         assert r.induction_arena == pytest.approx(float(arena[r.layer, r.head]))
-    assert "induction (ARENA: all ids)" in res.markdown()
+    assert "ARENA stripe (all ids)" in res.markdown()
 
 
 def test_heads_command_on_a_one_layer_model(tmp_path):

@@ -128,18 +128,42 @@ def test_offset_scores_known_answers():
     assert prev.shape == (2, 4)
 
 
-def test_induction_score_counts_the_arena_stripe():
+def test_induction_score_counts_the_second_copy_and_arena_the_whole_stripe():
     n = 20
     m = make_model(n_layers=2)
     ind = lambda P: induction_pattern(P, n)
     with forcing(m, [ind, prev_pattern, bos_pattern, uniform_pattern]):
         score = S.induction_scores(m, seq_len=n, batch=3)
-    # stripe = queries n-1 .. 2n: n genuine ones (1 each), query n-1 -> key 0 (BOS, 1), query n -> key 1 (0)
-    assert score[0, 0].item() == pytest.approx((n + 1) / (n + 2))
-    assert score[0, 1].item() == 0.0  # previous-token head: off the stripe
-    assert score[0, 2].item() == pytest.approx(1 / (n + 2))  # BOS head: only the query n-1 entry
-    uni = sum(1 / (q + 1) for q in range(n - 1, 2 * n + 1)) / (n + 2)
+        arena = S.arena_induction_scores(m, seq_len=n, batch=3)
+    # second copy, queries n+1 .. 2n, each to the key after its first occurrence
+    assert score[0, 0].item() == pytest.approx(1.0)
+    assert score[0, 1].item() == 0.0 and score[0, 2].item() == 0.0  # previous-token head, BOS head
+    uni = sum(1 / (q + 1) for q in range(n + 1, 2 * n + 1)) / n
     assert score[1, 3].item() == pytest.approx(uni, rel=1e-5)
+    # ARENA's stripe = queries n-1 .. 2n: the n above, query n-1 -> key 0 (BOS, 1 here), query n -> key 1 (0)
+    assert arena[0, 0].item() == pytest.approx((n + 1) / (n + 2))
+    assert arena[0, 1].item() == 0.0
+    assert arena[0, 2].item() == pytest.approx(1 / (n + 2))  # BOS head: only the query n-1 entry
+    uni = sum(1 / (q + 1) for q in range(n - 1, 2 * n + 1)) / (n + 2)
+    assert arena[1, 3].item() == pytest.approx(uni, rel=1e-5)
+
+
+def test_induction_scores_match_a_loop_over_the_documented_positions():
+    n, b = 9, 3
+    m = make_model(n_layers=2)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    tokens = repeated_tokens(m, n, 2, batch=b, seed=4)
+    pat = S.attention_patterns(m, tokens).double()  # [layer, batch, head, q, k]
+    second = torch.zeros(2, m.cfg.n_heads, dtype=torch.float64)
+    whole = torch.zeros_like(second)
+    for j in range(1, n + 1):  # second-copy query n + j (token R[j-1]); first occurrence at j, next token j + 1
+        second += pat[:, :, :, n + j, j + 1].mean(1) / n
+    for q in range(n - 1, 2 * n + 1):  # ARENA: every entry of the diagonal offset 1 - n
+        whole += pat[:, :, :, q, q - n + 1].mean(1) / (n + 2)
+    torch.testing.assert_close(S.induction_scores(m, n, b, 4).double(), second, atol=1e-6, rtol=0)
+    torch.testing.assert_close(S.arena_induction_scores(m, n, b, 4).double(), whole, atol=1e-6, rtol=0)
 
 
 def test_prefix_matching_and_duplicate_match_oracle():

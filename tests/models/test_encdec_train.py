@@ -33,7 +33,16 @@ def tiny_train(out=None, **kw) -> TrainConfig:
     return TrainConfig(**d)
 
 
-@pytest.mark.parametrize("name", ["copy", "reverse", "sort", "date"])
+def running_sum(ids, k):
+    """The running sum mod k of symbol ids (letter a = id 3 = value 0), one symbol at a time, integers only."""
+    out, total = [], 0
+    for t in ids:
+        total = (total + int(t) - 3) % k
+        out.append(total + 3)
+    return out
+
+
+@pytest.mark.parametrize("name", ["copy", "reverse", "sort", "cumsum", "date"])
 def test_tasks_targets_and_held_out_split(name):
     task = make_task(f"seq2seq:{name}", n_symbols=6, min_len=2, max_len=7)
     batches = Seq2SeqBatches(task, 12, 12)
@@ -54,11 +63,20 @@ def test_tasks_targets_and_held_out_split(name):
             text, iso = tok.source.decode(s), tok.target.decode(body)
             day = datetime.date.fromisoformat(iso)
             assert Date.formats(day) == (text, iso)
+        elif name == "cumsum":
+            assert body.tolist() == running_sum(s, 6) and task.alignment(s) is None
         else:
             expected = {"copy": s, "reverse": s[::-1], "sort": np.sort(s)}[name]
             assert np.array_equal(body, expected)
             a = task.alignment(s)  # [target, source]: where each target token may come from
             assert a.any(1).all() and all(set(s[row]) == {x} for row, x in zip(a, body))
+
+
+def test_cumsum_by_hand():
+    """"cab" with 3 symbols: values 2, 0, 1 → running sums 2, 2, 0 mod 3 → "cca"."""
+    task = make_task("seq2seq:cumsum", n_symbols=3)
+    src = np.asarray(task.tokenizer.source.encode("cab"))
+    assert task.tokenizer.target.decode(task.target(src)) == "cca"
 
 
 def test_task_settings_are_checked():

@@ -239,14 +239,13 @@ def test_beam_search_api_refuses_beams_beyond_memory(tiny):
 
 # --- row 15: meta (non-materialised) tensors at the circuits entry points --------------------------------------------
 def test_circuits_entry_points_refuse_meta_models_by_name():
-    from transformer_lens import FactoredMatrix
-
     from circuits.composition import composition_score, composition_scores
     from circuits.diagonal import diagonal_rank_stats
     from circuits.eigen import copying_score, copying_scores, eigenvalues, positive_eigenvalue_fraction
     from circuits.factored import ov_circuit, qk_circuit
     from circuits.paths import path_expansion
     from circuits.score_decomposition import attention_score_decomposition
+    from models.arch.tl_compat import FactoredMatrix
 
     model = models.load("attn-only-2l").to("meta")
     fm = FactoredMatrix(torch.randn(6, 3, device="meta"), torch.randn(3, 6, device="meta"))

@@ -1,0 +1,211 @@
+"""Exposure bias of an encoder–decoder, measured per target position, and the statistics over training seeds.
+
+A model trained with teacher forcing only ever reads true target prefixes; decoding, it reads its own, so one mistake
+can lead to more (exposure bias; scheduled sampling, Bengio et al. 2015, "Scheduled Sampling for Sequence Prediction
+with Recurrent Neural Networks", trains on a mixture of both, `models.training.tasks.sampling_probability`). The
+measures, each one function, on a batch split by `models.data.seq2seq.Seq2SeqBatches.split`:
+
+- `gold_prefix_errors`: is the greedy (argmax) prediction of target symbol j wrong, given the true symbols 0 .. j − 1?
+- `free_running_errors`: is symbol j of greedy decoding wrong, the decoder reading its own earlier predictions?
+- `injected_errors`: the same after one wrong symbol (`wrong_tokens`) replaces true symbol k in the decoder's input,
+  the later inputs true (`free=False`) or the model's own continuation (`free=True`), beside the base rate of the
+  same positions without the injection.
+
+"Position j" is the j-th symbol of the target (0-based; BOS and EOS left out); a row counts at j when its target has a
+symbol j; errors are against the true target. A model is any callable `model(src, tgt, src_mask, tgt_mask)` returning
+next-token logits `[batch, tgt_pos, vocab]`, as `HookedEncoderDecoder`'s forward, so hand-built oracles test the
+measures. `t_interval` (Student's t over seeds), `welch_difference` and `detectable_difference` (the smallest
+difference a two-sided Welch test finds with the given power) summarise runs; `train_to_accuracy` stops a run where
+its teacher-forced accuracy first reaches a threshold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+import torch
+
+from models.data.seq2seq import EOS
+from models.training.loop import train
+
+FIRST_SYMBOL = EOS + 1  # ids below are PAD, BOS, EOS (models.data.seq2seq)
+
+
+def symbols_of(tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(gold [batch, n], valid [batch, n])`: target symbols at positions j = 0 .. n − 1 (n = target width − 2) and
+    where a row has one (not EOS or padding)."""
+    gold = tgt[:, 1:-1]
+    return gold, gold >= FIRST_SYMBOL
+
+
+@torch.no_grad()
+def _next_tokens(model, src, prefix, src_mask) -> torch.Tensor:
+    """`[batch, pos]`: the argmax token after each prefix position (the decoder reads `prefix` whole, causally)."""
+    return model(src, prefix, src_mask, None).argmax(-1)
+
+
+@torch.no_grad()
+def greedy_from(model, src, src_mask, prefix: torch.Tensor, width: int) -> torch.Tensor:
+    """Greedy decoding continued from `prefix [batch, p]` (BOS first) to `width` tokens, re-reading the whole prefix
+    each step (as `generate(use_cache=False)`); EOS does not stop it (every position is compared)."""
+    out = prefix
+    while out.shape[1] < width:
+        out = torch.cat([out, _next_tokens(model, src, out, src_mask)[:, -1:]], 1)
+    return out
+
+
+@torch.no_grad()
+def gold_prefix_errors(model, src, tgt, src_mask, tgt_mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(errors, valid)`, bool `[batch, n]`: the prediction of symbol j from the true prefix is wrong (teacher
+    forcing)."""
+    gold, valid = symbols_of(tgt)
+    pred = model(src, tgt, src_mask, tgt_mask).argmax(-1)[:, : gold.shape[1]]
+    return (pred != gold) & valid, valid
+
+
+@torch.no_grad()
+def free_running_errors(model, src, tgt, src_mask, tgt_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(errors, valid)`, bool `[batch, n]`: symbol j of greedy decoding from BOS differs from the true one."""
+    gold, valid = symbols_of(tgt)
+    out = greedy_from(model, src, src_mask, tgt[:, :1], gold.shape[1] + 1)
+    return (out[:, 1:] != gold) & valid, valid
+
+
+def wrong_tokens(gold: torch.Tensor, n_symbols: int, generator: torch.Generator) -> torch.Tensor:
+    """A symbol other than `gold`, uniform over the other n_symbols − 1: FIRST + (gold − FIRST + r) mod n_symbols,
+    r uniform in 1 .. n_symbols − 1."""
+    r = torch.randint(1, n_symbols, gold.shape, generator=generator)
+    return FIRST_SYMBOL + (gold - FIRST_SYMBOL + r.to(gold.device)) % n_symbols
+
+
+@torch.no_grad()
+def injected_errors(model, src, tgt, src_mask, tgt_mask, k: int, n_symbols: int, generator: torch.Generator,
+                    free: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(errors, base, valid)`, bool `[batch, n]`, at positions j > k of rows that have a symbol k + 1: `errors`
+    after symbol k of the decoder's input is replaced by a wrong one (`wrong_tokens`), `base` without. The inputs
+    after k are the true symbols (`free=False`, teacher forcing) or the model's own greedy continuation
+    (`free=True`, from the prefix through position k)."""
+    gold, valid = symbols_of(tgt)
+    n = gold.shape[1]
+    valid = valid & (torch.arange(n, device=tgt.device) > k) & valid[:, k + 1 : k + 2]
+    injected = tgt.clone()
+    injected[:, 1 + k] = wrong_tokens(gold[:, k], n_symbols, generator)
+    if free:
+        runs = [greedy_from(model, src, src_mask, t[:, : 2 + k], n + 1)[:, 1:] for t in (injected, tgt)]
+    else:
+        runs = [model(src, t, src_mask, tgt_mask).argmax(-1)[:, :n] for t in (injected, tgt)]
+    return (runs[0] != gold) & valid, (runs[1] != gold) & valid, valid
+
+
+def rate(errors: torch.Tensor, valid: torch.Tensor, dim: int | None = 0) -> torch.Tensor:
+    """Errors over the rows counted: per position (`dim=0`, NaN where none) or over everything (`dim=None`)."""
+    if dim is None:
+        return errors.sum() / valid.sum()
+    return errors.sum(dim) / valid.sum(dim)
+
+
+def compounded(rates) -> torch.Tensor:
+    """The free-running error each position would have if every error from true prefixes were independent and carried
+    forward to every later symbol: 1 − Π_{i ≤ j} (1 − e_i), for per-position error rates e."""
+    r = torch.as_tensor(rates, dtype=torch.float64)
+    return 1 - torch.cumprod(1 - r, 0)
+
+
+def _t_cdf(x: float, df: float) -> float:
+    """Student's t distribution function: ½ + the integral of its density from 0 to x, by Simpson's rule
+    (2,000 panels, float64)."""
+    if x == 0:
+        return 0.5
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    n = 2000
+    t = np.linspace(0.0, abs(x), n + 1)
+    f = (1 + t * t / df) ** (-(df + 1) / 2)
+    half = c * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum()) * (abs(x) / n) / 3
+    return 0.5 + half if x > 0 else 0.5 - half
+
+
+@functools.lru_cache(maxsize=1024)
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t with `df` degrees of freedom (bisection on `_t_cdf`, to 1e-9)."""
+    lo, hi = -200.0, 200.0
+    while hi - lo > 1e-9:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _mean_var(values) -> tuple[float, float, int]:
+    v = torch.as_tensor(values, dtype=torch.float64)
+    return float(v.mean()), float(v.var(unbiased=True)) if v.numel() > 1 else math.nan, v.numel()
+
+
+def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
+    """`(mean, low, high)`: the Student t confidence interval of the mean of per-seed values,
+    mean ± t_{(1+c)/2, n−1} · s / √n (Student 1908; s the sample standard deviation)."""
+    m, var, n = _mean_var(values)
+    if n < 2:
+        return m, math.nan, math.nan
+    half = t_quantile((1 + confidence) / 2, n - 1) * math.sqrt(var / n)
+    return m, m - half, m + half
+
+
+def _welch(a, b) -> tuple[float, float, float]:
+    """`(mean(a) − mean(b), its standard error, Welch–Satterthwaite degrees of freedom)` (Welch 1947)."""
+    ma, va, na = _mean_var(a)
+    mb, vb, nb = _mean_var(b)
+    se2 = va / na + vb / nb
+    df = se2**2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1)) if se2 > 0 else float(na + nb - 2)
+    return ma - mb, math.sqrt(se2), df
+
+
+def welch_difference(a, b, confidence: float = 0.95) -> tuple[float, float, float]:
+    """`(difference, low, high)`: mean(a) − mean(b) with Welch's t confidence interval (Welch 1947)."""
+    d, se, df = _welch(a, b)
+    half = t_quantile((1 + confidence) / 2, df) * se
+    return d, d - half, d + half
+
+
+def detectable_difference(a, b, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true difference of means a two-sided Welch test at level `alpha` detects with probability
+    `power`, given the observed between-seed variances and the numbers of seeds:
+    (t_{1−α/2, ν} + t_{power, ν}) · √(s_a²/n_a + s_b²/n_b) (Cohen 1988, "Statistical Power Analysis for the
+    Behavioral Sciences", §2.3, with t in place of normal quantiles; ν Welch's degrees of freedom)."""
+    _, se, df = _welch(a, b)
+    return (t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) * se
+
+
+def teacher_forced_accuracy(model, src, tgt, src_mask, tgt_mask) -> float:
+    """Per-symbol accuracy under teacher forcing (1 − `gold_prefix_errors`' rate over every position)."""
+    was = model.training
+    model.eval()
+    errors, valid = gold_prefix_errors(model, src, tgt, src_mask, tgt_mask)
+    model.train(was)
+    return 1.0 - float(rate(errors, valid, None))
+
+
+def train_to_accuracy(model_cfg, train_cfg, stop_split, threshold: float):
+    """Train (`models.training.loop.train`, no output folder) and stop after the first step at which the
+    teacher-forced per-symbol accuracy on `stop_split = (src, tgt, src_mask, tgt_mask)` reaches `threshold`, or at
+    `train_cfg.steps`. The accuracy is measured after every step (a checkpoint every step, no files). Returns
+    `(model in eval mode, steps trained, accuracies after steps 1, 2, ...)`."""
+    history, kept = [], {}
+
+    class Reached(Exception):  # noqa: N818  (ends the run: train() has no early stop of its own)
+        pass
+
+    def check(model):
+        history.append(teacher_forced_accuracy(model, *stop_split))
+        kept["model"] = model
+        if history[-1] >= threshold:
+            raise Reached
+        return {"teacher_forced_accuracy": history[-1]}
+
+    cfg = dataclasses.replace(train_cfg, checkpoint_every=1, log_checkpoints=0, out_dir=None, progress=False)
+    try:
+        model, _ = train(model_cfg, cfg, eval_fn=check)
+    except Reached:
+        model = kept["model"]
+    return model.eval(), len(history), history

@@ -1,0 +1,281 @@
+"""A seed sweep's science (`circuits train --seeds`, `models.training.sweep`): per seed, when the induction heads
+formed and which heads became the circuit; across seeds, the mean and a 95 % interval of each number; one figure of
+every seed's curves.
+
+Per seed (read from `OUT/seed-K/metrics.jsonl` and the member's newest weights):
+- formation point: the first checkpoint whose best layer ≥ 1 induction score (|R| = 50) is ≥ `FORMED` (0.4,
+  ARENA's threshold), as step and tokens, and the loss bump (`analyses.dynamics.loss_bump`) in tokens;
+- the circuit at the newest checkpoint: the layer-0 head with the highest previous-token score, the layer ≥ 1 heads
+  whose induction score is ≥ 0.4, and the OV copying score (Σλ/Σ|λ| of W_E W_V W_O W_U, `circuits.eigen`) of
+  the best induction head;
+- the final ICL score and validation loss.
+
+Across seeds: the mean and Student's t 95 % interval, mean ± t₀.₉₇₅,ₙ₋₁ · s/√n (Student 1908), over the seeds that
+have the number (a seed whose heads never formed has no formation point: the count says how many do); proportions
+(how many seeds form an induction head, how many share the most common previous-token head) with Wilson's 95 % score
+interval (Wilson 1927). Olsson et al. (2022, "In-context Learning and Induction Heads", §3) report the phase change
+in every small attention-only model they trained, abrupt and within a narrow window of tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+from pathlib import Path
+
+from models.arch.model import head_label
+from models.training.state import read_metrics
+from models.training.sweep import SWEEP_FILE, read_sweep
+
+from .dynamics import FORMED, loss_bump
+
+__all__ = ["sweep_summary", "t_interval", "wilson_interval", "plot_sweep", "sweep_markdown", "student_t_quantile"]
+
+INDUCTION_KEY = "induction_scores_50"
+
+
+# --- intervals ------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=256)
+def student_t_quantile(p: float, df: int) -> float:
+    """The `p` quantile of Student's t distribution with `df` degrees of freedom: the CDF (the density
+    Γ((ν+1)/2) / (√(νπ) Γ(ν/2)) · (1 + x²/ν)^(−(ν+1)/2) integrated by Simpson's rule on a substitution that maps
+    the half line to [0, 1)) inverted by bisection; accurate to ~1e-9 for ν ≥ 1 (t₀.₉₇₅,₇ = 2.364624)."""
+    if not 0 < p < 1 or df < 1:
+        raise ValueError(f"need 0 < p < 1 and df >= 1, got p={p}, df={df}")
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def upper_tail(t: float) -> float:  # P(T > t) for t ≥ 0: x = t + u / (1 − u), u in [0, 1)
+        n = 1200
+        total = 0.0
+        for i in range(n + 1):
+            u = i / n * (1 - 1e-12)
+            x = t + u / (1 - u)
+            f = math.exp(log_c - (df + 1) / 2 * math.log1p(x * x / df)) / (1 - u) ** 2
+            total += f * (1 if i in (0, n) else 4 if i % 2 else 2)
+        return total / (3 * n)
+
+    q = p if p >= 0.5 else 1 - p
+    lo, hi = 0.0, 1.0
+    while upper_tail(hi) > 1 - q:
+        hi *= 2
+    for _ in range(48):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if upper_tail(mid) > 1 - q else (lo, mid)
+    t = (lo + hi) / 2
+    return t if p >= 0.5 else -t
+
+
+def t_interval(values: list[float], level: float = 0.95) -> dict:
+    """`{"n", "mean", "sd", "low", "high"}`: Student's t interval mean ± t · s/√n (None bounds below 2 values)."""
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    n = len(v)
+    if n == 0:
+        return {"n": 0, "mean": None, "sd": None, "low": None, "high": None}
+    mean = sum(v) / n
+    if n < 2:
+        return {"n": 1, "mean": mean, "sd": None, "low": None, "high": None}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1))
+    half = student_t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "sd": sd, "low": mean - half, "high": mean + half}
+
+
+def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> dict:
+    """`{"k", "n", "fraction", "low", "high"}`: Wilson's score interval for k successes in n trials (95 % with
+    the default z, the normal 0.975 quantile)."""
+    if n == 0:
+        return {"k": 0, "n": 0, "fraction": None, "low": None, "high": None}
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return {"k": k, "n": n, "fraction": p, "low": max(0.0, centre - half), "high": min(1.0, centre + half)}
+
+
+# --- per seed -------------------------------------------------------------------------------------------------
+def _member_folder(out: Path, member: dict) -> Path:
+    """The member's folder, which must be `seed-K` inside `out` (sweep.json is data: no path leaves the sweep)."""
+    name = member.get("folder")
+    if not isinstance(name, str) or name != f"seed-{member.get('seed')}":
+        raise ValueError(f"{out / SWEEP_FILE}: member folder {name!r} is not seed-<its seed>")
+    return out / name
+
+
+def _best_induction(scores) -> float:
+    rows = scores[1:] if len(scores) > 1 else scores
+    return max(max(r) for r in rows)
+
+
+def member_numbers(folder: Path, batch_tokens: int, copying: bool = True) -> dict:
+    """The per-seed numbers of the module docstring from one member's folder."""
+    recs = read_metrics(folder / "metrics.jsonl")
+    scored = [r for r in recs if INDUCTION_KEY in r and "tokens" in r]
+    curve = [(r["step"], r["tokens"], _best_induction(r[INDUCTION_KEY])) for r in scored]
+    formed = next(((s, t, v) for s, t, v in curve if v >= FORMED), None)
+    val = [(int(r["tokens"]), float(r["val_loss"])) for r in recs if "val_loss" in r and "tokens" in r]
+    bump, slopes = loss_bump(val)
+    out = {"steps_reached": max((r.get("step", 0) for r in recs if "failed" not in r), default=0),
+           "formation_step": formed[0] if formed else None, "formation_tokens": formed[1] if formed else None,
+           "loss_bump_tokens": bump, "loss_bump_step": None if bump is None else bump // batch_tokens,
+           "loss_bump_slopes": list(slopes) if slopes else None,
+           "induction_curve": [[s, t, v] for s, t, v in curve],
+           "val_loss_curve": [[t, v] for t, v in val],
+           "train_loss_curve": [[int(r["tokens"]), float(r["train_loss"])] for r in recs if "train_loss" in r]}
+    last = scored[-1] if scored else {}
+    out["scored_step"] = last.get("step")
+    out["final_val_loss"] = val[-1][1] if val else None
+    out["final_icl_score"] = last.get("icl_score")
+    prev = last.get("previous_token_scores")
+    if prev:
+        h = max(range(len(prev[0])), key=lambda i: prev[0][i])
+        out["previous_token_head"], out["previous_token_score"] = head_label(0, h), prev[0][h]
+    ind = last.get(INDUCTION_KEY)
+    if ind:
+        heads = [(layer, h, v) for layer, row in enumerate(ind) for h, v in enumerate(row) if layer >= 1]
+        out["induction_heads"] = [head_label(layer, h) for layer, h, v in heads if v >= FORMED]
+        best = max(heads, key=lambda x: x[2])
+        out["best_induction_head"], out["best_induction_score"] = head_label(best[0], best[1]), best[2]
+        if copying:
+            out["copying_score_best_induction_head"] = _copying(folder, last["step"], best[0], best[1])
+    return out
+
+
+def _copying(folder: Path, step: int, layer: int, head: int) -> float | None:
+    """OV copying score of one head in the member's weights at `step` (final model, else that checkpoint)."""
+    from circuits.eigen import copying_scores
+    from models.io.checkpoint import load
+
+    for where in (folder / "checkpoints" / f"step-{step:06d}", folder):
+        if (where / "model.safetensors").is_file():
+            return float(copying_scores(load(where, device="cpu"))[layer, head])
+    return None
+
+
+# --- across seeds ---------------------------------------------------------------------------------------------
+SUMMARISED = ("formation_step", "formation_tokens", "loss_bump_tokens", "final_icl_score", "final_val_loss",
+              "previous_token_score", "best_induction_score", "copying_score_best_induction_head")
+
+
+def sweep_summary(out, copying: bool = True) -> dict:
+    """Per-seed numbers and their distribution across the seeds of the sweep in folder `out` (see the module
+    docstring). A member still training (or killed) is read up to its newest scored checkpoint (`scored_step`);
+    a failed member is listed and left out of the statistics."""
+    out = Path(out)
+    sweep = read_sweep(out)
+    tc = sweep.get("train_config", {})
+    n_ctx = (sweep.get("model_config") or {}).get("n_ctx")
+    batch_tokens = int(tc.get("batch_size", 1)) * int(tc.get("seq_len") or n_ctx or 1)
+    seeds = []
+    for m in sweep["members"]:
+        row = {"seed": m.get("seed"), "status": m.get("status")}
+        if m.get("status") == "failed":
+            row.update(failed_at_step=m.get("failed_at_step"), reason=m.get("reason"))
+        else:
+            row.update(member_numbers(_member_folder(out, m), batch_tokens, copying))
+        seeds.append(row)
+    ok = [r for r in seeds if r["status"] != "failed"]
+    across = {k: t_interval([r.get(k) for r in ok]) for k in SUMMARISED}
+    n_formed = sum(r.get("formation_step") is not None for r in ok)
+    prev = Counter(r.get("previous_token_head") for r in ok if r.get("previous_token_head"))
+    common = prev.most_common(1)[0] if prev else (None, 0)
+    return {"sweep": str(out), "status": sweep.get("status"), "steps": sweep.get("steps"), "n_seeds": len(seeds),
+            "n_failed": len(seeds) - len(ok), "threshold": FORMED, "induction_key": INDUCTION_KEY,
+            "score_definitions": sweep.get("notes", {}), "batch_tokens": batch_tokens,
+            "model_name": (sweep.get("model_config") or {}).get("model_name"),
+            "steps_reached": min((r["steps_reached"] for r in ok), default=0),
+            "interval": "95 % Student t interval over seeds (mean ± t·s/√n); proportions: Wilson score interval",
+            "formed": wilson_interval(n_formed, len(ok)),
+            "previous_token_formed": wilson_interval(
+                sum((r.get("previous_token_score") or 0) >= FORMED for r in ok), len(ok)),
+            "previous_token_heads": dict(sorted(prev.items())),
+            "most_common_previous_token_head": {"head": common[0], **wilson_interval(common[1], len(ok))},
+            "induction_heads": dict(sorted(Counter(h for r in ok for h in r.get("induction_heads", [])).items())),
+            "across_seeds": across, "seeds": seeds}
+
+
+def _fmt(v, digits=3) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float) and abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def sweep_markdown(s: dict) -> str:
+    """The report section of a sweep summary: a table per seed, the distribution across seeds."""
+    from .util import markdown_table
+
+    reached = s["steps_reached"]
+    head = [f"## Seed sweep: {s['n_seeds']} seeds of {s.get('model_name') or 'the model'}", "",
+            f"Training steps reached: {reached:,} of {s['steps']:,} per seed" +
+            ("" if reached >= (s["steps"] or 0) else " (the sweep is unfinished: numbers at its newest checkpoint)") +
+            f"; failed (diverged): {s['n_failed']}. Formation: the first checkpoint whose best layer-1 induction "
+            f"score reaches {s['threshold']}.", ""]
+    rows = [[r["seed"], r["status"], _fmt(r.get("formation_step")), _fmt(r.get("formation_tokens")),
+             _fmt(r.get("loss_bump_tokens")), r.get("previous_token_head", "–"),
+             _fmt(r.get("previous_token_score")), ", ".join(r.get("induction_heads", [])) or "none",
+             _fmt(r.get("best_induction_score")), _fmt(r.get("copying_score_best_induction_head")),
+             _fmt(r.get("final_icl_score")), _fmt(r.get("final_val_loss"), 4)] for r in s["seeds"]]
+    table = markdown_table(["seed", "status", "formation step", "formation tokens", "loss bump (tokens)",
+                            "prev-token head", "score", "induction heads (≥ 0.4)", "best induction",
+                            "copying (best ind.)", "ICL", "val loss"], rows)
+    f, p = s["formed"], s["previous_token_formed"]
+    c = s["most_common_previous_token_head"]
+    lines = [f"- induction heads formed in **{f['k']} of {f['n']}** seeds (Wilson 95 %: "
+             f"{_fmt(f['low'], 2)}–{_fmt(f['high'], 2)})" if f["n"] else "- no live seeds",
+             f"- a previous-token head (a layer-0 head scoring ≥ {s['threshold']}) in **{p['k']} of {p['n']}** seeds "
+             f"(Wilson 95 %: {_fmt(p['low'], 2)}–{_fmt(p['high'], 2)}); the highest-scoring layer-0 head: "
+             f"{s['previous_token_heads']}, most common {c['head']} in {c['k']} of {c['n']}" if c["n"] else ""]
+    for k in SUMMARISED:
+        a = s["across_seeds"][k]
+        if a["n"]:
+            lines.append(f"- {k.replace('_', ' ')}: mean **{_fmt(a['mean'])}**, 95 % t interval "
+                         f"[{_fmt(a['low'])}, {_fmt(a['high'])}] (n = {a['n']})")
+    return "\n".join(head + [table, ""] + [x for x in lines if x] + [""])
+
+
+# --- the figure -----------------------------------------------------------------------------------------------
+def _label(text) -> str:
+    """Text from a sweep's metadata as a figure label (matplotlib's mathtext `$` escaped)."""
+    return str(text).replace("$", r"\$")
+
+
+def plot_sweep(s: dict):
+    """Every seed's validation loss and best layer-1 induction score against tokens, one colour per seed, the
+    formation points marked (○ on both panels) and the 0.4 threshold drawn; returns the matplotlib figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_ind) = plt.subplots(1, 2, figsize=(11, 4.2))
+    cmap = plt.get_cmap("tab10" if len(s["seeds"]) <= 10 else "tab20")
+    for i, r in enumerate(s["seeds"]):
+        colour = cmap(i % cmap.N)
+        label = _label(f"seed {r['seed']}" + (" (failed)" if r["status"] == "failed" else ""))
+        val, ind = r.get("val_loss_curve") or [], r.get("induction_curve") or []
+        if val:
+            ax_loss.plot(*zip(*val), "-", color=colour, lw=1.2, label=label)
+        if ind:
+            ax_ind.plot([t for _, t, _ in ind], [v for _, _, v in ind], "-", color=colour, lw=1.2, label=label)
+        t_form = r.get("formation_tokens")
+        if t_form is not None:
+            v_at = [v for t, v in val if t == t_form]
+            if v_at:
+                ax_loss.plot([t_form], v_at, "o", mfc="none", color=colour, ms=7)
+            ax_ind.plot([t_form], [next(v for _, t, v in ind if t == t_form)], "o", mfc="none", color=colour, ms=7)
+    ax_ind.axhline(s["threshold"], color="grey", lw=0.8, ls="--")
+    ax_ind.text(0.01, s["threshold"] + 0.02, f"formed: {s['threshold']}", transform=ax_ind.get_yaxis_transform(),
+                fontsize=8, color="grey")
+    for ax in (ax_loss, ax_ind):
+        ax.set_xscale("symlog", linthresh=1e5)
+        ax.set_xlabel("tokens seen (per seed)", fontsize=9)
+        ax.tick_params(labelsize=8)
+    ax_loss.set_ylabel("validation loss (nats/token)", fontsize=9)
+    ax_ind.set_ylabel("best layer-1 induction score (|R| = 50)", fontsize=9)
+    name = _label(s.get("model_name") or "model")
+    ax_loss.set_title(f"{name}: {s['n_seeds']} seeds, validation loss", fontsize=10)
+    ax_ind.set_title("induction score; ○ = formation point", fontsize=10)
+    ax_ind.set_ylim(-0.02, 1.02)
+    ax_ind.legend(fontsize=8, ncol=2, loc="upper left", bbox_to_anchor=(0.0, 0.93))
+    fig.tight_layout()
+    return fig

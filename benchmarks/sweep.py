@@ -1,0 +1,140 @@
+"""Seed sweeps: tokens/s of N `attn-only-2l` models trained as one stack against N sequential single steps, CPU.
+
+    python benchmarks/sweep.py [--json] [--members 8] [--threads 1 2] [--steps 5] [--vmap]
+
+Both sides run the trainer's own steps on the preset's batch (32 × 128 tokens per model) with every member's own
+tokens: sequential = for each of N models, `circuits train`'s step (forward, `lm_cross_entropy`, backward,
+`clip_grad_norm_` at 1.0, AdamW from `make_optimizer`); stacked = `models.training.sweep`'s step (the
+`StackedDecoder` forward and per-member losses, backward of their sum, `clip_per_member`, AdamW over the stacked
+weights with the same groups). The two alternate run by run (`forward.measure_pair`), so other processes' load hits
+both alike; each number is the median over `--steps` timed runs after one warm-up, tokens/s = N × 32 × 128 / time.
+
+`--vmap` adds the other way to stack, `torch.func` (`stack_module_state` + `functional_call` + `vmap` over the
+unmodified `HookedTransformer`): its token check reads values (`.item()`, which `vmap` refuses) so it is skipped for
+that contender, and torch has no batching rule for the CPU flash-attention kernel, so `vmap` falls back to a loop
+over the members there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from forward import measure_pair  # noqa: E402
+from machine import cpu  # noqa: E402
+
+from models import HookedTransformer, lm_cross_entropy  # noqa: E402
+from models.training.loop import adamw, make_optimizer, optimizer_groups  # noqa: E402
+from models.training.presets import get_preset  # noqa: E402
+from models.training.stacked import StackedDecoder, clip_per_member  # noqa: E402
+
+
+def sequential_step(models, opts, tokens):
+    def step():
+        for m, opt, t in zip(models, opts, tokens, strict=True):
+            loss = lm_cross_entropy(m(t), t)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opt.step()
+
+    return step
+
+
+def stacked_step(stack, opt, tokens):
+    params = [p for _, p in stack.named_stacked()]
+
+    def step():
+        losses = stack.losses(tokens)
+        opt.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        clip_per_member(params, 1.0)
+        opt.step()
+
+    return step
+
+
+def vmap_step(models, cfg, tokens):
+    from torch.func import functional_call, stack_module_state, vmap
+
+    base = HookedTransformer(models[0].cfg)
+    base.validate_tokens = lambda t, check_length=True: t  # vmap cannot read token values (module docstring)
+    params, _ = stack_module_state(models)
+    params = {k: torch.nn.Parameter(v.detach().clone()) for k, v in params.items()}
+    buffers = dict(base.named_buffers())
+    opt = adamw(optimizer_groups(params.items(), cfg), lr=cfg.lr, betas=tuple(cfg.betas))
+    losses_of = vmap(lambda p, t: lm_cross_entropy(functional_call(base, (p, buffers), (t,)), t), in_dims=(0, 0))
+
+    def step():
+        losses = losses_of(params, tokens)
+        opt.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        clip_per_member(list(params.values()), 1.0)
+        opt.step()
+
+    return step
+
+
+def run(members: int, threads: list[int], steps: int, with_vmap: bool) -> dict:
+    warnings.filterwarnings("ignore")
+    model_cfg, cfg, _ = get_preset("attn-only-2l")
+    B, T = cfg.batch_size, model_cfg.n_ctx
+    tokens = torch.randint(0, model_cfg.d_vocab, (members, B, T), generator=torch.Generator().manual_seed(0))
+    rows = []
+    for n_threads in threads:
+        torch.set_num_threads(n_threads)
+        load_before = os.getloadavg()[0]
+        models = [HookedTransformer(model_cfg.replace(seed=k)).train() for k in range(members)]
+        stack = StackedDecoder(models).train()
+        opt = adamw(optimizer_groups(stack.named_stacked(), cfg), lr=cfg.lr, betas=tuple(cfg.betas))
+        seq = sequential_step(models, [make_optimizer(m, cfg) for m in models], tokens)
+        t = measure_pair(stacked_step(stack, opt, tokens), seq, steps, warmup=1)
+        row = {"threads": n_threads, "members": members, "tokens_per_step": members * B * T,
+               "stacked_s": t["ours_wall"], "sequential_s": t["tl_wall"], "stacked_cpu_s": t["ours_cpu"],
+               "sequential_cpu_s": t["tl_cpu"], "stacked_tokens_per_s": members * B * T / t["ours_wall"],
+               "sequential_tokens_per_s": members * B * T / t["tl_wall"], "ratio": t["tl_wall"] / t["ours_wall"],
+               "ratio_cpu_time": t["tl_cpu"] / t["ours_cpu"]}
+        if with_vmap:
+            v = measure_pair(vmap_step(models, cfg, tokens), seq, steps, warmup=1)
+            row.update(vmap_s=v["ours_wall"], vmap_sequential_s=v["tl_wall"], vmap_ratio=v["tl_wall"] / v["ours_wall"])
+        row["load_before"], row["load_after"] = load_before, os.getloadavg()[0]
+        rows.append(row)
+    return {"cpu": cpu(), "torch": torch.__version__, "rows": rows, "steps": steps}
+
+
+def table(res: dict) -> str:
+    c = res["cpu"]
+    lines = [f"CPU {c['model']} ({c['cpu_count']} CPUs), torch {res['torch']}; medians of {res['steps']} alternated "
+             "runs", "", "| threads | N | sequential tok/s | stacked tok/s | stacked / sequential (wall) | (CPU time) "
+             "| vmap / sequential | 1-min load before → after |", "|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        vm = f"{r['vmap_ratio']:.2f}×" if "vmap_ratio" in r else "–"
+        lines.append(f"| {r['threads']} | {r['members']} | {r['sequential_tokens_per_s']:,.0f} | "
+                     f"{r['stacked_tokens_per_s']:,.0f} | **{r['ratio']:.2f}×** | {r['ratio_cpu_time']:.2f}× | {vm} | "
+                     f"{r['load_before']:.1f} → {r['load_after']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--members", type=int, default=8)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--vmap", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    res = run(a.members, a.threads, a.steps, a.vmap)
+    print(json.dumps(res, indent=1) if a.json else table(res))
+
+
+if __name__ == "__main__":
+    main()

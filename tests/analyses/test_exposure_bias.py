@@ -1,0 +1,205 @@
+"""The exposure-bias measures on hand-built oracles whose errors are known by construction (always right; the previous
+symbol plus the aligned source symbol, which carries any wrong input forward; the same with one planted mistake), the
+statistics against published t-table values and hand formulas, the stopping rule of a tiny training run, and the
+figures through the whole pipeline at small scale."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import pytest
+import torch
+
+from analyses import exposure_bias as eb
+from analyses import exposure_bias_experiment as ex
+from analyses.exposure_bias_plots import plot_injected, plot_per_position
+from analyses.figure_checks import figure_problems
+from models import EncoderDecoderConfig
+from models.data.seq2seq import EOS, PAD, Seq2SeqBatches, make_task
+from models.training.config import TrainConfig
+
+matplotlib.use("Agg")
+K, FIRST = 5, 3
+
+
+def split(n=64, lo=3, hi=6, seed=0):
+    b = Seq2SeqBatches(make_task("seq2seq:cumsum", K, lo, hi), hi, hi + 2)
+    return b.split(b.val_batch(n, seed=seed))
+
+
+def one_hot(ids):
+    return torch.nn.functional.one_hot(ids, K + FIRST).float()
+
+
+class Perfect:
+    """Reads only the source: the running sum of its first t + 1 symbols at decoder position t, EOS after them."""
+
+    def __call__(self, src, tgt, src_mask, tgt_mask=None):
+        sums = (src - FIRST).clamp(min=0).cumsum(1) % K + FIRST
+        length = src_mask.sum(1, keepdim=True)
+        t = torch.arange(tgt.shape[1])[None]
+        ids = torch.where(t < length, sums.gather(1, t.clamp(max=src.shape[1] - 1).expand(len(src), -1)),
+                          torch.where(t == length, EOS, PAD))
+        return one_hot(ids)
+
+
+class PreviousPlusSource:
+    """y_t = (its own input at t, BOS read as 0) + x_t mod K, plus `plant` at target position `at`: right from true
+    prefixes (unless planted), and it carries any wrong input forward."""
+
+    def __init__(self, at=None, plant=1):
+        self.at, self.plant = at, plant
+
+    def __call__(self, src, tgt, src_mask, tgt_mask=None):
+        prev = torch.where(tgt >= FIRST, tgt - FIRST, 0)
+        t = torch.arange(tgt.shape[1])[None]
+        x = src.gather(1, t.clamp(max=src.shape[1] - 1).expand(len(src), -1)) - FIRST
+        value = (prev + x + (self.plant * (t == self.at) if self.at is not None else 0)) % K
+        length = src_mask.sum(1, keepdim=True)
+        return one_hot(torch.where(t < length, value + FIRST, torch.where(t == length, EOS, PAD)))
+
+
+def test_perfect_oracle_makes_no_error_and_propagates_none():
+    s = split()
+    gen = torch.Generator().manual_seed(0)
+    for errors, valid in (eb.gold_prefix_errors(Perfect(), *s), eb.free_running_errors(Perfect(), *s)):
+        assert valid.sum() > 0 and not errors.any()
+    for k in range(4):
+        for free in (False, True):
+            e, b, v = eb.injected_errors(Perfect(), *s, k, K, gen, free=free)
+            assert v.sum() > 0 and not e.any() and not b.any()
+
+
+def test_previous_plus_source_carries_an_injected_error_forward():
+    s = split()
+    oracle, gen = PreviousPlusSource(), torch.Generator().manual_seed(0)
+    assert not eb.gold_prefix_errors(oracle, *s)[0].any() and not eb.free_running_errors(oracle, *s)[0].any()
+    for k in range(4):
+        e, b, v = eb.injected_errors(oracle, *s, k, K, gen, free=False)  # later inputs true: only k + 1 is wrong
+        assert not b.any() and e[:, k + 1][v[:, k + 1]].all() and not e[:, k + 2:].any()
+        e, b, v = eb.injected_errors(oracle, *s, k, K, gen, free=True)  # its own continuation: all later wrong
+        assert not b.any() and e[v].all() and not e[~v].any()
+        assert v[:, : k + 1].sum() == 0 and v.sum() > 0
+
+
+def test_one_planted_mistake_compounds_only_when_free_running():
+    s = split(lo=4, hi=6)
+    at = 1
+    gold_e, valid = eb.gold_prefix_errors(PreviousPlusSource(at), *s)
+    free_e, _ = eb.free_running_errors(PreviousPlusSource(at), *s)
+    expected_gold = torch.zeros(valid.shape[1]).index_fill(0, torch.tensor([at]), 1.0)
+    assert torch.equal(eb.rate(gold_e, valid), expected_gold)
+    assert torch.equal(eb.rate(free_e, valid), (torch.arange(valid.shape[1]) >= at).float())
+    assert float(eb.rate(free_e, valid, None)) > float(eb.rate(gold_e, valid, None))
+
+
+def test_compounded_by_hand():
+    assert eb.compounded([0.1, 0.2, 0.0]).tolist() == pytest.approx([0.1, 0.28, 0.28])
+
+
+def test_wrong_tokens_are_other_symbols_uniformly():
+    gold = torch.full((20000,), FIRST + 2)
+    w = eb.wrong_tokens(gold, K, torch.Generator().manual_seed(1))
+    assert ((w >= FIRST) & (w < FIRST + K) & (w != gold)).all()
+    counts = torch.bincount(w - FIRST, minlength=K).float() / len(w)
+    assert counts[2] == 0 and (counts[[0, 1, 3, 4]] - 0.25).abs().max() < 0.015
+
+
+@pytest.mark.parametrize("p,df,table", [(0.975, 1, 12.706), (0.975, 4, 2.776), (0.975, 9, 2.262),
+                                        (0.975, 30, 2.042), (0.8, 10, 0.879), (0.8, 4, 0.941), (0.5, 3, 0.0)])
+def test_t_quantiles_match_the_published_table(p, df, table):
+    assert eb.t_quantile(p, df) == pytest.approx(table, abs=1.5e-3)
+    assert eb.t_quantile(1 - p, df) == pytest.approx(-table, abs=1.5e-3)
+
+
+def test_intervals_and_power_by_hand():
+    m, lo, hi = eb.t_interval([1.0, 2.0, 3.0])  # s = 1, n = 3: half width t_{0.975,2} / √3 = 4.303 / √3
+    assert m == 2.0 and hi - m == pytest.approx(4.3027 / math.sqrt(3), abs=1e-3) and m - lo == pytest.approx(hi - m)
+    a, b = [1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 1.0, 1.0]  # variances 5/3 and 1/3, n 4 each
+    d, lo, hi = eb.welch_difference(a, b)
+    se = math.sqrt((5 / 3 + 1 / 3) / 4)
+    df = se**4 / ((5 / 12) ** 2 / 3 + (1 / 12) ** 2 / 3)
+    assert d == 2.0 and hi - d == pytest.approx(eb.t_quantile(0.975, df) * se, rel=1e-9)
+    assert eb.detectable_difference(a, b) == pytest.approx((eb.t_quantile(0.975, df) + eb.t_quantile(0.8, df)) * se)
+    # many seeds: the normal-theory value (1.960 + 0.8416) · σ · √(2/n)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4000, generator=g, dtype=torch.float64), torch.randn(4000, generator=g, dtype=torch.float64)
+    sd = math.sqrt((float(x.var()) + float(y.var())) / 2)
+    assert eb.detectable_difference(x, y) == pytest.approx(2.8016 * sd * math.sqrt(2 / 4000), rel=2e-3)
+
+
+def tiny_model_and_config(steps):
+    cfg = EncoderDecoderConfig(d_model=16, n_heads=2, d_mlp=32, n_encoder_layers=1, n_decoder_layers=1,
+                               d_vocab_src=K + 3, d_vocab_tgt=K + 3, n_ctx_src=4, n_ctx_tgt=6, init_range=0.1, seed=0)
+    tc = TrainConfig(data="seq2seq:cumsum", task_symbols=K, task_min_len=2, task_max_len=4, steps=steps,
+                     batch_size=16, lr=3e-3, warmup_steps=2, val_sequences=4, exact_match_sequences=1,
+                     eval_every=1000, log_every=1000, num_threads=1, progress=False)
+    return cfg, tc
+
+
+def test_training_stops_at_the_first_step_over_the_threshold():
+    cfg, tc = tiny_model_and_config(40)
+    b = Seq2SeqBatches(make_task("seq2seq:cumsum", K, 2, 4), 4, 6)
+    stop = b.split(b.val_batch(64, seed=2))
+    model, steps, history = eb.train_to_accuracy(cfg, tc, stop, 0.24)
+    assert steps == len(history) < 40 and history[-1] >= 0.24 and max(history[:-1]) < 0.24
+    assert eb.teacher_forced_accuracy(model, *stop) == history[-1] and not model.training
+    _, steps, history = eb.train_to_accuracy(cfg, tiny_model_and_config(3)[1], stop, 1.01)  # never reached
+    assert steps == len(history) == 3
+
+
+def test_experiment_summary_and_figures_at_small_scale(tmp_path):
+    """Oracles stand in for trained seeds: the summary's intervals and the figures' text and labels."""
+    s = split(n=48, lo=4, hi=6)
+    runs = []
+    for seed in range(3):
+        for name, oracle in (("teacher forcing", PreviousPlusSource(at=seed % 2 + 1)), ("linear", Perfect())):
+            r = ex.measure(oracle, s, seed=seed, n_symbols=K)
+            if name == "teacher forcing":  # wrong only at the planted position from true prefixes
+                assert r["base_next_by_k"] == [float(k + 1 == seed % 2 + 1) for k in range(5)]
+            runs.append(dict(r, schedule=name, seed=seed, steps=10, stop_accuracy=0.9,
+                             measured_teacher_forced_accuracy=1 - r["gold"]))
+    result = {"setup": {"task": "seq2seq:cumsum"}, **ex.summarise(runs)}
+    lin, tf = result["schedules"]["linear"], result["schedules"]["teacher forcing"]
+    assert lin["free"] == (0.0, 0.0, 0.0) and lin["injected_continuation"] == (0.0, 0.0, 0.0)
+    assert tf["injected_next"][0] > 0.9  # not 1: where the planted +1 cancels the wrong input
+    assert tf["gap"][0] > 0 and tf["gap"][1] < tf["gap"][0] < tf["gap"][2]
+    # the planted oracle carries its one error to the end: free running equals the compounded true-prefix error
+    assert [t[0] for t in tf["compounded_by_position"]] == pytest.approx([t[0] for t in tf["free_by_position"]])
+    diff = result["versus_teacher_forcing"]["linear"]["injected_next"]
+    assert diff["difference"][0] == pytest.approx(-tf["injected_next"][0])
+    md = ex.markdown(result)
+    assert "| seeds | 3 | 3 |" in md and "{:.3f} [{:.3f}, {:.3f}]".format(*tf["gold"]) in md
+    for fig in (plot_per_position(result), plot_injected(result)):
+        assert figure_problems(fig) == []
+        legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+        texts = [t.get_text() for leg in legends for t in leg.get_texts()] + [ax.get_title() for ax in fig.axes]
+        assert any("teacher forcing (3 seeds)" in t for t in texts)
+        fig.savefig(tmp_path / "f.png")
+
+
+def test_quoted_numbers_match_the_committed_results():
+    """README's notebook-05 row, the notebook's text and docs/exposure_bias/results.md quote results.json."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    result = json.loads((root / "docs" / "exposure_bias" / "results.json").read_text())
+    assert (root / "docs" / "exposure_bias" / "results.md").read_text().endswith(ex.markdown(result))
+    tf, vs = result["schedules"]["teacher forcing"], result["versus_teacher_forcing"]
+    readme = next(line for line in (root / "README.md").read_text().splitlines() if "05_encoder_decoder" in line)
+    notebook = (root / "notebooks" / "src" / "05_encoder_decoder.py").read_text()
+    quoted = ["{:.3f} [{:.3f}, {:.3f}]".format(*tf["gold"]), "{:.3f} [{:.3f}, {:.3f}]".format(*tf["free"]),
+              f"{tf['injected_next'][0]:.3f}", f"base {tf['base_next'][0]:.3f}", f"({tf['gap'][0]:.3f})",
+              "{:.3f} / {:.3f}".format(*(-vs[s]["injected_next"]["difference"][0]
+                                         for s in ("exponential", "inverse sigmoid")))]
+    for q in quoted:
+        assert q in readme, q
+    for q in [f"{tf['injected_next'][0]:.3f}", f"base rate {tf['base_next'][0]:.3f}",
+              f"{tf['gold'][0]:.3f} from true prefixes", f"{tf['free'][0]:.3f} free running",
+                            f"teacher forcing's {tf['gap'][0]:.3f}"]:
+        assert q in notebook, q
+    for s in ("exponential", "inverse sigmoid"):
+        d, lo, hi = vs[s]["injected_next"]["difference"]
+        assert f"−{-d:.3f} [−{-lo:.3f}, −{-hi:.3f}]" in notebook

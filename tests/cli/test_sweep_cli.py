@@ -1,0 +1,195 @@
+"""`circuits train --seeds` and `circuits sweep`: bad seed lists exit 2 with one line; the analysis of a sweep folder
+built by hand (known formation points, heads and losses) against the numbers written into it; the acceptance
+command end to end (e2e)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from analyses.cli import main
+from analyses.figure_checks import figure_problems
+from analyses.sweep import plot_sweep, student_t_quantile, sweep_summary, t_interval, wilson_interval
+from models import HookedTransformer, HookedTransformerConfig, load, save
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("seeds, message", [("3-1", "ends before it starts"), ("0,0", "given twice"),
+                                            ("x", "is not a seed"), ("0--2", "is not a seed")])
+def test_bad_seeds_exit_2_with_one_line(seeds, message, tmp_path, capsys):
+    assert main(["train", "--preset", "attn-only-2l", "--seeds", seeds, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_seeds_refuses_a_model_it_cannot_stack(tmp_path, capsys):
+    assert main(["train", "--preset", "gelu-2l", "--seeds", "0-1", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "normalization_type" in err and len(err.splitlines()) == 1
+
+
+def test_seed_and_seeds_exclusive(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--preset", "attn-only-2l", "--seed", "1", "--seeds", "0-1", "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+
+
+def test_sweep_of_a_folder_that_is_not_one_exits_2(tmp_path, capsys):
+    assert main(["sweep", str(tmp_path)]) == 2
+    assert "not a seed sweep" in capsys.readouterr().err
+
+
+# --- intervals against textbook values ------------------------------------------------------------------------
+@pytest.mark.parametrize("df, value", [(1, 12.706204736), (2, 4.302652730), (7, 2.364624252), (30, 2.042272456)])
+def test_t_quantile_matches_tables(df, value):  # Student's t 0.975 quantiles (any statistics table)
+    assert student_t_quantile(0.975, df) == pytest.approx(value, abs=1e-7)
+    assert student_t_quantile(0.025, df) == pytest.approx(-value, abs=1e-7)
+
+
+def test_intervals():
+    t = t_interval([1.0, 2.0, 3.0, 4.0])
+    half = 3.182446305 * math.sqrt(5 / 3) / 2
+    assert t["mean"] == 2.5 and t["low"] == pytest.approx(2.5 - half) and t["high"] == pytest.approx(2.5 + half)
+    assert t_interval([None, 3.0])["n"] == 1 and t_interval([])["mean"] is None
+    w = wilson_interval(8, 8)  # Wilson (1927): n / (n + z²) for k = n
+    assert w["high"] == 1.0 and w["low"] == pytest.approx(8 / (8 + 1.959963984540054 ** 2))
+
+
+# --- the analysis of a hand-built sweep -----------------------------------------------------------------------
+def _member(folder: Path, seed: int, onset: int | None, prev_head: int, ind_head: int, weights: bool):
+    if weights:  # first: saving writes the folder anew
+        cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=8, d_vocab=20, n_heads=4, d_mlp=None, seed=seed)
+        save(HookedTransformer(cfg), folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    recs = []
+    for step in range(0, 1001, 100):
+        tokens = step * 4096
+        val = 6.0 - 2.0 * step / 1000 - (0.3 if onset is not None and step >= onset else 0.0)
+        rec = {"step": step, "tokens": tokens, "val_loss": val}
+        if step:
+            rec["train_loss"] = val + 0.1
+        formed = onset is not None and step >= onset
+        ind = [[0.01] * 4, [0.01] * 4]
+        ind[1][ind_head] = 0.6 if formed else 0.05
+        prev = [[0.1] * 4, [0.1] * 4]
+        prev[0][prev_head] = 0.9
+        rec.update({"induction_scores_50": ind, "previous_token_scores": prev, "icl_score": -0.5 if formed else -0.1})
+        recs.append(rec)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def _sweep(tmp_path, members) -> Path:
+    out = tmp_path / "sw"
+    out.mkdir()
+    record = {"status": "finished", "steps": 1000, "seeds": [m[0] for m in members],
+              "train_config": {"batch_size": 32, "seq_len": None}, "model_config": {"n_ctx": 128,
+                                                                                     "model_name": "toy $x$"},
+              "notes": {"induction_scores_{p}": "second copy"},
+              "members": [{"seed": s, "folder": f"seed-{s}", "status": st} for s, st, *_ in members]}
+    (out / "sweep.json").write_text(json.dumps(record))
+    for s, st, onset, prev, ind in members:
+        if st != "failed":
+            _member(out / f"seed-{s}", s, onset, prev, ind, weights=True)
+    return out
+
+
+def test_sweep_summary_reads_what_was_written(tmp_path):
+    out = _sweep(tmp_path, [(0, "finished", 300, 2, 1), (1, "finished", 500, 2, 3), (2, "finished", None, 0, 1),
+                            (5, "failed", None, 0, 0)])
+    s = sweep_summary(out)
+    by = {r["seed"]: r for r in s["seeds"]}
+    assert by[0]["formation_step"] == 300 and by[0]["formation_tokens"] == 300 * 4096
+    assert by[1]["formation_step"] == 500 and by[2]["formation_step"] is None
+    assert by[0]["previous_token_head"] == "L0H2" and by[2]["previous_token_head"] == "L0H0"
+    assert by[0]["induction_heads"] == ["L1H1"] and by[1]["induction_heads"] == ["L1H3"]
+    assert by[2]["induction_heads"] == []
+    assert by[0]["final_icl_score"] == -0.5 and by[2]["final_icl_score"] == -0.1
+    assert by[5]["status"] == "failed" and "formation_step" not in by[5]
+    assert s["formed"]["k"] == 2 and s["formed"]["n"] == 3 and s["n_failed"] == 1
+    assert s["previous_token_formed"]["k"] == 3
+    a = s["across_seeds"]["formation_step"]
+    assert a["n"] == 2 and a["mean"] == 400 and a["low"] == pytest.approx(400 - 12.706204736 * math.sqrt(2e4) /
+                                                                            math.sqrt(2))
+    assert s["most_common_previous_token_head"]["head"] == "L0H2" and s["most_common_previous_token_head"]["k"] == 2
+    from circuits.eigen import copying_scores
+
+    assert by[1]["copying_score_best_induction_head"] == pytest.approx(
+        float(copying_scores(load(out / "seed-1"))[1, 3]))
+    fig = plot_sweep(s)
+    try:
+        assert figure_problems(fig) == []
+        texts = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+        assert texts == ["seed 0", "seed 1", "seed 2"]
+        assert "toy \\$x\\$" in fig.axes[0].get_title()  # metadata text is escaped, never mathtext
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_sweep_refuses_a_member_folder_outside_the_sweep(tmp_path):
+    out = _sweep(tmp_path, [(0, "finished", 300, 2, 1)])
+    rec = json.loads((out / "sweep.json").read_text())
+    rec["members"][0]["folder"] = "../elsewhere"
+    (out / "sweep.json").write_text(json.dumps(rec))
+    with pytest.raises(ValueError, match="not seed-"):
+        sweep_summary(out)
+
+
+def test_sweep_command_writes_its_files(tmp_path, capsys):
+    out = _sweep(tmp_path, [(0, "finished", 300, 2, 1), (1, "finished", 500, 1, 2)])
+    assert main(["sweep", str(out), "--out", str(tmp_path / "doc"), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["formed"]["k"] == 2
+    shipped = json.loads((tmp_path / "doc" / "sweep.json").read_text())
+    assert shipped["analysis"]["formed"]["k"] == 2 and shipped["notes"] == {"induction_scores_{p}": "second copy"}
+    assert (tmp_path / "doc" / "sweep.png").stat().st_size > 0
+    assert "formation" in (tmp_path / "doc" / "sweep.md").read_text()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    assert main(["sweep", str(out), "--out", str(tmp_path / "mine")]) == 2
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+
+
+# --- the acceptance command -----------------------------------------------------------------------------------
+@pytest.mark.e2e
+def test_acceptance_sweep_of_four_writes_loadable_members(tmp_path):
+    out = tmp_path / "D"
+    r = subprocess.run([sys.executable, "-m", "analyses.cli", "train", "--preset", "attn-only-2l", "--seeds", "0-3",
+                        "--steps", "40", "--out", str(out), "--json"], capture_output=True, text=True, timeout=3000,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    assert [m["status"] for m in summary["members"]] == ["finished"] * 4
+    for k in range(4):
+        m = load(out / f"seed-{k}")
+        assert m.cfg.seed == k and m.tokenizer is not None
+        assert (out / f"seed-{k}" / "card.md").is_file() and (out / f"seed-{k}" / "checkpoints").is_dir()
+    for argv in (["heads", str(out / "seed-2"), "--json"], ["sweep", str(out), "--json"]):
+        r = subprocess.run([sys.executable, "-m", "analyses.cli", *argv], capture_output=True, text=True,
+                           timeout=1200, cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-2000:]
+        json.loads(r.stdout)
+    # member 1 is `--seed 1` alone: same initial weights, and losses to float32 rounding
+    alone = tmp_path / "alone"
+    r = subprocess.run([sys.executable, "-m", "analyses.cli", "train", "--preset", "attn-only-2l", "--seed", "1",
+                        "--steps", "40", "--out", str(alone), "--json", "--no-scores"], capture_output=True, text=True,
+                       timeout=3000, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from models.io.checkpoint import read_safetensors
+
+    a = read_safetensors(out / "seed-1" / "checkpoints" / "step-000000" / "model.safetensors")
+    b = read_safetensors(alone / "checkpoints" / "step-000000" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    la = [json.loads(x) for x in (out / "seed-1" / "metrics.jsonl").read_text().splitlines()]
+    lb = [json.loads(x) for x in (alone / "metrics.jsonl").read_text().splitlines()]
+    pairs = [(x["train_loss"], y["train_loss"]) for x, y in zip(la, lb, strict=True) if "train_loss" in x]
+    assert pairs and max(abs(x - y) / abs(y) for x, y in pairs) < 1e-3
