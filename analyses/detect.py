@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from transformer_lens import FactoredMatrix
 
 from circuits.composition import composition_baseline, composition_scores
+from circuits.diagonal import diagonal_rank_stats
 from circuits.eigen import copying_score, copying_scores, positive_eigenvalue_fraction
-from circuits.factored import k_composition_circuit
+from circuits.factored import full_ov_circuit, k_composition_circuit
 from models.arch.model import head_label
 
 from .one_layer import positional_r2
@@ -28,7 +30,7 @@ from .scores import (
     prefix_matching_scores,
     previous_token_scores,
 )
-from .sequences import bos_token_id, random_tokens
+from .sequences import bos_token_id, random_tokens, token_pool
 from .util import check_threshold, markdown_table, weight_view
 
 #: ARENA 1.2: a head is called induction / previous-token above 0.4 (its induction heads score > 0.6).
@@ -44,7 +46,8 @@ class HeadEvidence:
     `copying` (Olsson's behavioural copying score), `previous` / `current` / `first` token scores.
     Mechanistic: `partner` (the earlier head it K-composes with most, previous-token heads first),
     `k_composition` (that composition score minus the random baseline), `qk_same_matching` (Σλ/Σ|λ| of the
-    K-composition circuit) and `qk_positive_fraction`, `ov_copying` (Σλ/Σ|λ| of W_E W_OV W_U),
+    K-composition circuit) and `qk_positive_fraction`, `ov_copying` (Σλ/Σ|λ| of W_E W_OV W_U), `ov_top1` /
+    `ov_top5` (top-1 / top-5 diagonal accuracy of W_E W_OV W_U over the probe's ids, ARENA's measure),
     `positional_r2` (layer 0: share of QK score variance from positions)."""
 
     layer: int
@@ -62,6 +65,8 @@ class HeadEvidence:
     qk_same_matching: float | None = None
     qk_positive_fraction: float | None = None
     ov_copying: float | None = None
+    ov_top1: float | None = None
+    ov_top5: float | None = None
     positional_r2: float | None = None
     mechanism: bool | None = None  # do the weights show the mechanism? None when not measurable
 
@@ -88,10 +93,11 @@ class DetectionResult:
         if self.kind == "induction":
             headers = ["head", "induction (2nd copy, seen ids)", "ARENA stripe (all ids)", "prefix matching",
                        "copying (behav.)", "K-comp partner", "K-comp − baseline", "QK same-matching", "QK positive λ",
-                       "OV copying", "mechanism", "verdict"]
+                       "OV copying", "OV top-1", "OV top-5", "mechanism", "verdict"]
             cells = [[r.label, r.induction, r.induction_arena, r.prefix_matching, r.copying,
                       head_label(*r.partner) if r.partner else None, r.k_composition, r.qk_same_matching,
-                      r.qk_positive_fraction, r.ov_copying, r.mechanism, "induction" if r.positive else "—"]
+                      r.qk_positive_fraction, r.ov_copying, r.ov_top1, r.ov_top5, r.mechanism,
+                      "induction" if r.positive else "—"]
                      for r in rows]
         else:
             headers = ["head", "previous-token", "current-token", "first-token", "positional R²", "verdict"]
@@ -161,7 +167,7 @@ def detect_induction_heads(model, seq_len: int = 50, batch: int = 10, seed: int 
     arena = arena_induction_scores(model, seq_len, batch, seed, None)
     pm = prefix_matching_scores(model, pl, 4, batch, seed, tokens_from)
     cop = copying_scores_behavioural(model, pl, 4, min(batch, 4), seed, tokens_from)
-    mech = _mechanistic(model, prev_tokens, seed) if mechanistic else None
+    mech = _mechanistic(model, prev_tokens, seed, tokens_from) if mechanistic else None
     for l in range(L):
         for h in range(H):
             r = HeadEvidence(l, h, bool(ind[l, h] >= threshold and pm[l, h] >= prefix_threshold),
@@ -169,6 +175,7 @@ def detect_induction_heads(model, seq_len: int = 50, batch: int = 10, seed: int 
                              prefix_matching=float(pm[l, h]), copying=float(cop[l, h]))
             if mech is not None:
                 r.ov_copying = float(mech["ov"][l, h])
+                r.ov_top1, r.ov_top5 = float(mech["top1"][l, h]), float(mech["top5"][l, h])
                 if l >= 1:
                     r.partner, r.k_composition, r.qk_same_matching, r.qk_positive_fraction, is_prev = mech[(l, h)]
                     r.mechanism = bool(is_prev and r.k_composition > 0 and r.qk_same_matching > 0 and r.ov_copying > 0)
@@ -180,12 +187,18 @@ def detect_induction_heads(model, seq_len: int = 50, batch: int = 10, seed: int 
     return DetectionResult("induction", heads, table, cut)
 
 
-def _mechanistic(model, prev_tokens, seed: int) -> dict:
-    """OV copying scores of every head and, per head in layer ≥ 1, (partner, K-comp − baseline, QK same-matching,
-    QK positive fraction, partner is a previous-token head)."""
+def _mechanistic(model, prev_tokens, seed: int, tokens_from=None) -> dict:
+    """OV copying scores and top-1 / top-5 diagonal accuracies (over the probe pool's ids) of every head and, per
+    head in layer ≥ 1, (partner, K-comp − baseline, QK same-matching, QK positive fraction, partner is a
+    previous-token head)."""
     m = weight_view(model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
-    out = {"ov": copying_scores(m).float().cpu()}
+    out = {"ov": copying_scores(m).float().cpu(), "top1": torch.zeros(L, H), "top5": torch.zeros(L, H)}
+    S = token_pool(m, tokens_from).to(m.W_E.device)
+    for l in range(L):
+        fm = full_ov_circuit(m, l)
+        stats = diagonal_rank_stats(FactoredMatrix(fm.A[:, S], fm.B[:, :, S]), k=(1, 5))
+        out["top1"][l], out["top5"][l] = stats[1].float().cpu(), stats[5].float().cpu()
     if L < 2:
         return out
     kcomp = composition_scores(m, "k").float().cpu()  # [l1, h1, l2, h2]

@@ -62,6 +62,7 @@ class TrainingDynamics:
     checkpoints: list[str] = field(default_factory=list)
     bump_slopes: tuple[float, float] | None = None
     icl_se: list[tuple[int, float]] = field(default_factory=list)
+    loss_labels: tuple[str, str] = ("train", "validation")  # from the run's train_config.json (`loss_labels`)
 
     @property
     def best_induction(self) -> list[tuple[int, float]]:
@@ -134,7 +135,22 @@ def training_dynamics(run_dir) -> TrainingDynamics:
     ck = run / "checkpoints"
     cks = sorted(str(p) for p in ck.glob("step-*") if p.is_dir()) if ck.is_dir() else []
     return TrainingDynamics(str(run), _series(recs, "train_loss"), val, icl, induction, key, window, bump,
-                            icl_before, icl_after, cks, slopes, _series(recs, "icl_score_se"))
+                            icl_before, icl_after, cks, slopes, _series(recs, "icl_score_se"), _run_loss_labels(run))
+
+
+def _run_loss_labels(run: Path) -> tuple[str, str]:
+    """`train_metrics.loss_labels` of the run's own train_config.json (plain labels when it has none)."""
+    from .train_metrics import loss_labels
+
+    path = run / "train_config.json"
+    if not path.is_file():
+        return loss_labels(None)
+    from models.training.loop import TrainConfig
+
+    try:
+        return loss_labels(TrainConfig.from_json(path.read_text()))
+    except (ValueError, TypeError):  # a config this version cannot read: say nothing it does not know
+        return loss_labels(None)
 
 
 def _formation_window(induction) -> tuple[int, int] | None:
@@ -205,10 +221,10 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
     `FORMED` line. Shaded: the formation window; dotted: the loss bump (when there is one)."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), sharex=True, layout="constrained")
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.4), sharex=True, layout="constrained")  # 1080 px at 90 dpi
     ax = axes[0]
-    for name, s, kw in (("train (mixture)", dyn.train_loss, dict(lw=0.8, alpha=0.6)),
-                        ("validation (natural text)", dyn.val_loss, dict(lw=2, marker=".", ms=4))):
+    for name, s, kw in ((dyn.loss_labels[0], dyn.train_loss, dict(lw=0.8, alpha=0.6)),
+                        (dyn.loss_labels[1], dyn.val_loss, dict(lw=2, marker=".", ms=4))):
         pts = [(t, v) for t, v in s if t > 0]
         if pts:
             ax.plot(*zip(*pts), label=name, **kw)
@@ -244,13 +260,14 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
         for l in range(S.shape[1]):
             for h in range(S.shape[2]):
                 kw = dict(ls="--", lw=1.0, alpha=0.8) if (l == 0 and deep) else dict(lw=1.8)
-                ax3.plot(ts, S[:, l, h].numpy(), label=head_label(l, h), **kw)
+                ax3.plot(ts, S[:, l, h].numpy(), label=head_label(l, h), marker=".", ms=4, **kw)
         ax3.axhline(FORMED, color="tab:red", ls="--", lw=1)
         ax3.legend(fontsize=7, ncol=2 if S.shape[1] * S.shape[2] > 4 else 1, loc="upper left",
                    title="layer 0 dashed" if deep else None, title_fontsize=7)
     period = (dyn.induction_key or "").rsplit("_", 1)[-1]
     ax3.set_ylabel(f"induction score ([BOS] + R + R, |R| = {period})" if period.isdigit() else "induction score")
-    ax3.set_title(f"Per-head induction scores (red line: {FORMED})", fontsize=10)
+    n_points = len({t for t, _ in dyn.induction if t > 0})
+    ax3.set_title(f"Induction score per head, {n_points} checkpoint{'s' if n_points != 1 else ''}", fontsize=10)
     xs = [t for s in (dyn.train_loss, dyn.val_loss, dyn.icl) for t, _ in s if t > 0]
     for a in axes:
         a.set_xscale("log")
@@ -263,7 +280,9 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
             a.axvline(dyn.bump, color="tab:orange", ls=":", lw=1.5)
     axes[0].legend(fontsize=8)
     bump = "dotted: the loss bump" if dyn.bump else "no loss bump"
-    fig.suptitle(f"Training dynamics (shaded: induction heads forming; {bump})", fontsize=11)
+    window = "shaded: induction heads forming" if dyn.formation_window else "no induction heads formed"
+    window += f"; red dashed line: {FORMED}"
+    fig.suptitle(f"Training dynamics ({window}; {bump})", fontsize=11)
     return fig
 
 

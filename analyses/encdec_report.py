@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import torch
 
-from circuits.cross_attention import cross_copying_scores, full_cross_ov_circuit, full_cross_qk_circuit
+from circuits.cross_attention import (
+    cross_copying_scores,
+    cross_diagonal_accuracy,
+    full_cross_ov_circuit,
+    full_cross_qk_circuit,
+)
 
 from .alignment import alignment_scores, ranked, task_alignment
+from .one_layer import DIAGONAL_THRESHOLD
 from .util import markdown_table
 
 THRESHOLD = 0.9
@@ -136,6 +142,15 @@ def alignment(ctx) -> str:
     ])
 
 
+def symbol_ids(model) -> list[int]:
+    """The source ids that are task symbols: all but a seq2seq tokenizer's specials (PAD, BOS, EOS come first);
+    every id for a model without one. The ids the cross-attention diagonal accuracies count."""
+    from models.data.tokenizer import CHAR_SPECIALS, Seq2SeqTokenizer
+
+    first = len(CHAR_SPECIALS) if isinstance(getattr(model, "tokenizer", None), Seq2SeqTokenizer) else 0
+    return list(range(first, model.cfg.d_vocab_src))
+
+
 def copying(ctx) -> str:
     """Copying scores of the full cross-attention OV circuits, and the circuits themselves."""
     from .encdec_plots import plot_full_cross_ov
@@ -144,17 +159,25 @@ def copying(ctx) -> str:
     ctx.cache["cross_copying_scores"] = scores
     ov = full_cross_ov_circuit(ctx.model).AB.detach().float().cpu()  # [layers, heads, V_src, V_tgt]
     L, H = scores.shape
-    rows = [[f"C{layer}H{head}", float(scores[layer, head])] for layer in range(L) for head in range(H)]
-    heads = ranked(scores, THRESHOLD)
-    found = ", ".join(f"**{h.label}** ({h.score:.3f})" for h in heads) or "none"
+    symbols = symbol_ids(ctx.model)
+    acc = cross_diagonal_accuracy(ctx.model, symbols, k=(1, 5))
+    top1, top5 = acc[1].float().cpu(), acc[5].float().cpu()
+    rows = [[f"C{layer}H{head}", float(scores[layer, head]), float(top1[layer, head]), float(top5[layer, head])]
+            for layer in range(L) for head in range(H)]
+    heads = [h for h in ranked(scores, THRESHOLD) if float(top1[h.layer, h.head]) >= DIAGONAL_THRESHOLD]
+    found = ", ".join(f"**{h.label}** ({h.score:.3f}, top-1 {float(top1[h.layer, h.head]):.0%})"
+                      for h in heads) or "none"
     fig = plot_full_cross_ov(ov, _labels(ctx, "src", ctx.cfg.d_vocab_src), scores)
     return "\n".join([
         "The full OV circuit of a cross-attention head, `W_E_src W_V W_O W_U` `[source token, target logit]`, says "
         "how attending to a source token changes the target logits along the direct path (Elhage et al. 2021). "
         "Its copying score `Σλ/Σ|λ|` over the eigenvalues is +1 when the circuit only raises the attended token's "
-        "own logit (copying), −1 when it only lowers it, about 0 for a random matrix.", "",
-        markdown_table(["head", "copying score"], rows), "",
-        f"Cross-attention copying heads (score ≥ {THRESHOLD}): {found}.", "",
+        "own logit (copying), −1 when it only lowers it, about 0 for a random matrix. Top-1 / top-5 diagonal "
+        f"accuracy (ARENA's measure) is the share of the {len(symbols)} symbols whose own logit the circuit raises "
+        "most / among the 5 most: how many tokens map to themselves, which the eigenvalues alone do not say.", "",
+        markdown_table(["head", "copying score", "top-1 diag. acc.", "top-5 diag. acc."], rows), "",
+        f"Cross-attention copying heads (copying score ≥ {THRESHOLD} and top-1 diagonal accuracy ≥ "
+        f"{DIAGONAL_THRESHOLD}): {found}.", "",
         ctx.figure(fig, "cross_ov_circuits", "Full OV circuits of the cross-attention heads (rows: attended source "
                    "token, columns: target logit; one symmetric colour scale)."),
     ])

@@ -7,9 +7,14 @@ A figure passes when
   text of one panel runs into another panel's plotting area;
 - every heatmap (an `AxesImage` or `QuadMesh`) has a colourbar: one drawn for it, or a colourbar of the same
   colour map and limits (a colour scale shared by several panels);
+- every colour bar names its quantity (a non-empty label other than "value");
 - every text is at least `min_fontsize` points at the saved size.
 
 The report's figure test runs it on every figure a report writes; the notebooks' and CLI's figures are tested too.
+Notebooks: `watch_notebook_figures()` (which `notebooks/build.py` runs in the kernel before the first cell) checks
+every figure as the inline backend displays it and records its problems, smallest text and dpi in the PNG output's
+metadata; `notebook_figure_problems(nb)` reads them back and also refuses text that a viewer shows below 7 pt
+because the PNG is wider than its output area (`NOTEBOOK_WIDTH_PX`) and is shrunk to it.
 """
 
 from __future__ import annotations
@@ -128,6 +133,10 @@ def figure_problems(fig, min_fontsize: float = 7.0) -> list[str]:
             if _overlap(b, [pb.x0, pb.y0, pb.x1, pb.y1]):
                 what = "colour bar" if getattr(ax, "_colorbar", None) is not None else f"panel {ax.get_title()!r}"
                 problems.append(f"{_describe(t, role)} runs into the {what}")
+    for cb in (ax._colorbar for ax in fig.axes if getattr(ax, "_colorbar", None) is not None):
+        label = (cb.ax.get_ylabel() if cb.orientation == "vertical" else cb.ax.get_xlabel()).strip()
+        if not label or label.lower() == "value":
+            problems.append(f"a colour bar is labelled {label!r}: name its quantity and unit")
     # heatmaps without a colour scale
     bars = [ax._colorbar for ax in fig.axes if getattr(ax, "_colorbar", None) is not None]
     for ax in fig.axes:
@@ -137,3 +146,68 @@ def figure_problems(fig, min_fontsize: float = 7.0) -> list[str]:
             if isinstance(m, (AxesImage, QuadMesh)) and not _has_colourbar(m, bars):
                 problems.append(f"heatmap in panel {ax.get_title()!r} has no colour bar")
     return problems
+
+
+#: Width of a notebook's output area in common viewers (GitHub, JupyterLab at 100 %), px: a wider PNG is shown
+#: scaled down to it, its text with it.
+NOTEBOOK_WIDTH_PX = 900
+#: Key of the output metadata where `watch_notebook_figures` records a figure's problems.
+NOTEBOOK_META = "toy_circuits/figure_problems"
+
+
+def watch_notebook_figures(min_fontsize: float = 7.0) -> None:
+    """In a Jupyter kernel with matplotlib's inline backend: run `figure_problems` on every figure the backend
+    displays and record the list in the PNG output's metadata (`NOTEBOOK_META`). The backend looks its metadata
+    function up at each display, so wrapping it here catches every figure, however the cell shows it."""
+    import matplotlib_inline.backend_inline as inline
+
+    original = getattr(inline._fetch_figure_metadata, "__wrapped__", inline._fetch_figure_metadata)
+
+    def checked(fig):
+        meta = dict(original(fig) or {})
+        problems = figure_problems(fig, min_fontsize)
+        sizes = [t.get_fontsize() for t, _, _ in _texts(fig)]
+        meta[NOTEBOOK_META] = {"problems": problems, "min_fontsize": min(sizes) if sizes else None,
+                               "dpi": float(fig.dpi)}
+        return meta
+
+    checked.__wrapped__ = original
+    inline._fetch_figure_metadata = checked
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) in pixels from a PNG's IHDR chunk."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG")
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def notebook_figure_problems(nb, max_width_px: int = NOTEBOOK_WIDTH_PX, min_fontsize: float = 7.0) -> list[str]:
+    """Problems of every PNG figure embedded in a notebook (an `nbformat` node): those recorded at build time by
+    `watch_notebook_figures` (a PNG without the record was not checked: a problem too), and text that a viewer
+    shows smaller than `min_fontsize` pt at 72 px per inch (the inline backend's default), because the PNG is
+    wider than `max_width_px` and is shrunk to it: smallest text (pt) × dpi / 72 × min(1, max_width_px / width)."""
+    import base64
+
+    out = []
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        for o in cell.get("outputs", []):
+            data = o.get("data", {}).get("image/png")
+            if data is None:
+                continue
+            where = f"code cell {i + 1}"
+            meta = o.get("metadata", {})
+            found = meta.get(NOTEBOOK_META, meta.get("image/png", {}).get(NOTEBOOK_META))
+            if found is None:
+                out.append(f"{where}: figure not checked when it was drawn (build with notebooks/build.py)")
+                continue
+            out += [f"{where}: {p}" for p in found["problems"]]
+            w, _ = png_size(base64.b64decode(data))
+            scale = min(1.0, max_width_px / w)
+            if found["min_fontsize"] is not None:
+                shown = found["min_fontsize"] * found["dpi"] / 72 * scale
+                if shown < min_fontsize - 1e-9:
+                    out.append(f"{where}: {w} px wide, shown at ×{scale:.2f} in a {max_width_px}-px output area: its "
+                               f"smallest text ({found['min_fontsize']:.1f} pt at {found['dpi']:.0f} dpi) shows as "
+                               f"{shown:.1f} pt at 72 px per inch, below {min_fontsize}")
+    return out

@@ -128,6 +128,10 @@ def attention_view(model, tokens, heads: list[tuple[int, int]] | None = None, ti
                 "a token to see where it attends", static)
 
 
+#: The colour-bar label of `direct_logit_attribution`'s values: what they are and their unit.
+DLA_QUANTITY = "direct logit attribution (logits)"
+
+
 @torch.no_grad()
 def direct_logit_attribution(model, tokens) -> tuple[torch.Tensor, list[str]]:
     """Each head's direct push on the logit of the token that comes next: `[pos − 1, n_heads_total]` (float32,
@@ -145,20 +149,22 @@ def direct_logit_attribution(model, tokens) -> tuple[torch.Tensor, list[str]]:
     return dla.T.float().cpu(), list(names)
 
 
-def token_values_view(labels: list[str], values: torch.Tensor, names: list[str], title: str) -> View:
+def token_values_view(labels: list[str], values: torch.Tensor, names: list[str], title: str, quantity: str) -> View:
     """Tokens coloured by one of several value series (`values [tokens, series]`), as CircuitsVis'
-    `ColoredTokensMulti`: pick a series, hover a token for all its values. Static twin: a heatmap."""
+    `ColoredTokensMulti`: pick a series, hover a token for all its values. Static twin: a heatmap whose colour bar
+    names `quantity` (what the values are, with their unit)."""
     values = torch.as_tensor(values, dtype=torch.float32)
     props = {"tokens": [html_text(x) for x in labels], "values": values.round(decimals=4), "labels": names}
 
     def static():
-        return plot_token_values(labels, values, names, title)
+        return plot_token_values(labels, values, names, title, quantity)
 
     return View("ColoredTokensMulti", props, title, static)
 
 
-def plot_token_values(labels: list[str], values: torch.Tensor, names: list[str], title: str):
-    """A `[series, tokens]` heatmap of `values [tokens, series]`, diverging around 0, one colour bar."""
+def plot_token_values(labels: list[str], values: torch.Tensor, names: list[str], title: str, quantity: str):
+    """A `[series, tokens]` heatmap of `values [tokens, series]`, diverging around 0, one colour bar labelled
+    `quantity`."""
     import matplotlib.pyplot as plt
 
     from .labels import figure_text
@@ -171,7 +177,7 @@ def plot_token_values(labels: list[str], values: torch.Tensor, names: list[str],
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_xticks(range(len(labels)), [figure_text(x) for x in labels], rotation=90, fontsize=7)
     ax.set_title(title, fontsize=10)
-    fig.colorbar(im, ax=ax, label="value", shrink=0.9)
+    fig.colorbar(im, ax=ax, label=quantity, shrink=0.9)
     return fig
 
 
@@ -188,5 +194,5 @@ def model_views(model, tokens, text_tokens=None) -> list[View]:
         dla, names = direct_logit_attribution(model, t)
         out.append(token_values_view(token_labels(model, t[1:].tolist()), dla, names,
                                      "Direct logit attribution: each head's push on the logit of each token, "
-                                     "from the position before it (pick a head)"))
+                                     "from the position before it (pick a head)", DLA_QUANTITY))
     return out

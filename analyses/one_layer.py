@@ -24,12 +24,26 @@ from .scores import attention_patterns, copying_scores_behavioural
 from .sequences import bos_token_id, random_tokens, token_pool
 from .util import check_threshold, device_of, markdown_table, weight_view
 
-__all__ = ["CopyingHeads", "copying_heads_table", "PositionalContent", "positional_vs_content", "positional_r2",
-           "AblationResult", "head_ablation_losses", "ablated_position_losses"]
+__all__ = ["CopyingHeads", "copying_heads_table", "copying_verdict", "PositionalContent", "positional_vs_content",
+           "positional_r2", "AblationResult", "head_ablation_losses", "ablated_position_losses"]
 
-#: A head's full OV circuit counts as copying above this copying score (Σλ/Σ|λ|). Random matrices give ≈ 0
-#: (± 0.03 at d_model 768, wider for small d_head); the Framework's copying heads sit near 1.
+#: Eigenvalue half of the copying verdict: Σλ/Σ|λ| of the full OV circuit (Elhage et al. 2021). Random matrices
+#: give ≈ 0 (± 0.03 at d_model 768, wider for small d_head); the Framework's copying heads sit near 1.
 COPYING_THRESHOLD = 0.5
+#: Diagonal half of the copying verdict: top-1 diagonal accuracy of the full OV circuit (ARENA 1.2, "Full OV
+#: circuit"), the share of tokens whose own logit the head raises most. Σλ/Σ|λ| can be near 1 while few tokens
+#: map to themselves; the verdict "copying" needs both, "OV-positive" names heads that pass the eigenvalues only.
+DIAGONAL_THRESHOLD = 0.5
+
+
+def copying_verdict(score: float | None, top1: float | None, threshold: float = COPYING_THRESHOLD,
+                    diagonal: float = DIAGONAL_THRESHOLD) -> str:
+    """The copying verdict on both measures: "copying" when the eigenvalue copying score Σλ/Σ|λ| ≥ `threshold`
+    **and** the top-1 diagonal accuracy of the full OV circuit ≥ `diagonal` (most tokens raise their own logit
+    most); "OV-positive" when only the eigenvalue score passes; "" otherwise (or when a measure is missing)."""
+    if score is None or score < threshold:
+        return ""
+    return "copying" if top1 is not None and top1 >= diagonal else "OV-positive"
 
 
 @dataclass
@@ -42,11 +56,17 @@ class CopyingHeads:
     top5: torch.Tensor
     behavioural: torch.Tensor | None  # Olsson's behavioural copying score (None when not measured)
     threshold: float = COPYING_THRESHOLD
-    heads: list[tuple[int, int]] = field(default_factory=list)  # judged copying
+    heads: list[tuple[int, int]] = field(default_factory=list)  # judged copying (both measures)
     n_ids: int = 0  # ids the diagonal accuracies count
     top1_all: torch.Tensor | None = None  # the same over every non-special id (when `vocab` is a subset)
     top5_all: torch.Tensor | None = None
     n_ids_all: int = 0
+    diagonal: float = DIAGONAL_THRESHOLD
+    ov_positive: list[tuple[int, int]] = field(default_factory=list)  # eigenvalue score passes, top-1 does not
+
+    def verdict(self, layer: int, head: int) -> str:
+        return copying_verdict(float(self.copying_score[layer, head]), float(self.top1[layer, head]),
+                               self.threshold, self.diagonal)
 
     def markdown(self) -> str:
         L, H = self.copying_score.shape
@@ -59,29 +79,31 @@ class CopyingHeads:
                 if sub:
                     acc += [float(self.top1_all[l, h]), float(self.top5_all[l, h])]
                 rows.append([head_label(l, h), float(self.copying_score[l, h]), float(self.positive_fraction[l, h]),
-                             *acc, beh, (l, h) in self.heads])
+                             *acc, beh, self.verdict(l, h) or "—"])
         ids = f" ({self.n_ids} trained ids)" if sub else f" ({self.n_ids} ids)"
         acc_h = [f"top-1 diag. acc.{ids}", f"top-5 diag. acc.{ids}"]
         if sub:
             acc_h += [f"top-1 (all {self.n_ids_all} ids)", f"top-5 (all {self.n_ids_all} ids)"]
         return markdown_table(["head", "OV copying score Σλ/Σ|λ|", "positive eigenvalues", *acc_h,
-                               "behavioural copying", "copying?"], rows)
+                               "behavioural copying", "verdict"], rows)
 
     def __str__(self) -> str:
-        return (f"CopyingHeads: {len(self.heads)} of {self.copying_score.numel()} heads copy "
-                f"(OV copying score ≥ {self.threshold})\n{self.markdown()}")
+        return (f"CopyingHeads: {len(self.heads)} of {self.copying_score.numel()} heads copy (OV copying score ≥ "
+                f"{self.threshold} and top-1 diagonal accuracy ≥ {self.diagonal}); {len(self.ov_positive)} more "
+                f"pass the eigenvalue score only\n{self.markdown()}")
 
 
 @torch.no_grad()
-def copying_heads_table(model, vocab=None, threshold: float = COPYING_THRESHOLD, behavioural: bool = True
-                        ) -> CopyingHeads:
+def copying_heads_table(model, vocab=None, threshold: float = COPYING_THRESHOLD, behavioural: bool = True,
+                        diagonal: float = DIAGONAL_THRESHOLD) -> CopyingHeads:
     """Copying evidence for every head: the eigenvalue copying score of its full OV circuit W_E W_OV W_U
     (`circuits.copying_scores`), the fraction of positive eigenvalues, the top-1 / top-5 diagonal accuracy over
     the vocabulary subset `vocab` (default every non-special id; `circuits.diagonal_rank_stats`; with a `vocab`,
     also over every non-special id, never-trained ones included, in `top1_all` / `top5_all`), and the
-    behavioural copying score (`analyses.scores.copying_scores_behavioural`). A head is judged copying when
-    its copying score ≥ `threshold`. Norm weights are folded first."""
-    threshold = check_threshold(threshold)
+    behavioural copying score (`analyses.scores.copying_scores_behavioural`). A head is judged copying
+    (`copying_verdict`) when its copying score ≥ `threshold` **and** its top-1 diagonal accuracy over `vocab` ≥
+    `diagonal`; `ov_positive` lists the heads that pass the copying score only. Norm weights are folded first."""
+    threshold, diagonal = check_threshold(threshold), check_threshold(diagonal, "diagonal")
     m = weight_view(model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
     cs = copying_scores(m).float().cpu()
@@ -98,8 +120,11 @@ def copying_heads_table(model, vocab=None, threshold: float = COPYING_THRESHOLD,
             acc[i, 0, l], acc[i, 1, l] = stats[1].float().cpu(), stats[5].float().cpu()
     pl = min(25, (model.cfg.n_ctx - 1) // 4)
     beh = copying_scores_behavioural(model, pl, 4, tokens_from=vocab) if behavioural and L else None
-    heads = [(l, h) for l in range(L) for h in range(H) if cs[l, h] >= threshold]
-    out = CopyingHeads(cs, pos, acc[0, 0], acc[0, 1], beh, threshold, heads, n_ids=pools[0].numel())
+    verdicts = {(l, h): copying_verdict(float(cs[l, h]), float(acc[0, 0, l, h]), threshold, diagonal)
+                for l in range(L) for h in range(H)}
+    heads = [k for k, v in verdicts.items() if v == "copying"]
+    out = CopyingHeads(cs, pos, acc[0, 0], acc[0, 1], beh, threshold, heads, n_ids=pools[0].numel(),
+                       diagonal=diagonal, ov_positive=[k for k, v in verdicts.items() if v == "OV-positive"])
     if len(pools) > 1:
         out.top1_all, out.top5_all, out.n_ids_all = acc[1, 0], acc[1, 1], pools[1].numel()
     return out

@@ -14,6 +14,7 @@ out with matplotlib's constrained layout so that nothing is cut off; `analyses.f
 from __future__ import annotations
 
 import math
+import textwrap
 
 import torch
 
@@ -26,7 +27,7 @@ from .sequences import repeated_tokens
 from .util import weight_view
 
 #: Colours of `plot_eigenvalues` by the head's OV copying score: copying (≥ 0.5), weakly positive, negative.
-EIGEN_COLOURS = (("tab:blue", "copying score ≥ 0.5 (copying head)"), ("tab:olive", "0 ≤ copying score < 0.5"),
+EIGEN_COLOURS = (("tab:blue", "copying score ≥ 0.5 (OV-positive)"), ("tab:olive", "0 ≤ copying score < 0.5"),
                  ("tab:red", "copying score < 0"))
 
 
@@ -78,7 +79,8 @@ def plot_attention_patterns(model, seq_len: int = 50, seed: int = 0, tokens=None
         ax.set_xlabel("key position", fontsize=8)
     fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")
     what = f"[BOS] + R + R, |R| = {seq_len} (second copy from position {seq_len + 1})" if seq_len else "the tokens"
-    fig.suptitle(f"Attention patterns on {what}", fontsize=10)
+    width = fig.get_size_inches()[0]
+    fig.suptitle(textwrap.fill(f"Attention patterns on {what}", max(30, int(width * 11))), fontsize=10)
     return fig
 
 
@@ -141,14 +143,15 @@ def _annotated_heatmap(ax, s: torch.Tensor, threshold: float | None, vmin=0.0, v
 
 
 def plot_score_heatmap(scores: torch.Tensor, title: str, threshold: float | None = None, cmap: str = "viridis",
-                       vmin: float | None = 0.0, vmax: float | None = 1.0):
-    """A `[n_layers, n_heads]` table as a heatmap with the values written in; cells ≥ `threshold` boxed."""
+                       vmin: float | None = 0.0, vmax: float | None = 1.0, label: str = "score"):
+    """A `[n_layers, n_heads]` table as a heatmap with the values written in; cells ≥ `threshold` boxed; `label`
+    names the colour bar's quantity (and unit)."""
     s = torch.as_tensor(scores, dtype=torch.float32)
     L, H = s.shape
     fig, ax = _plt().subplots(figsize=(max(4.0, 0.7 * H + 2.0), max(2.2, 0.6 * L + 1.4)), layout="constrained")
     im = _annotated_heatmap(ax, s, threshold, vmin, vmax, cmap, fontsize=8)
     ax.set_title(title + (f" (boxed: ≥ {threshold})" if threshold is not None else ""), fontsize=10)
-    fig.colorbar(im, ax=ax)
+    fig.colorbar(im, ax=ax, label=label)
     return fig
 
 
@@ -185,7 +188,7 @@ def plot_eigenvalues(model):
 
     m = weight_view(model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
-    fig, axes = _layer_head_grid(L, H, 2.1, extra_h=1.0)
+    fig, axes = _layer_head_grid(L, H, 2.1 if H <= 5 else 1.5, extra_h=1.0)  # 8 heads: about 12 in
     t = torch.linspace(0, 2 * math.pi, 200)
     for l in range(L):
         lam_all = eigenvalues(full_ov_circuit(m, l)).cpu()  # [head, d_head]

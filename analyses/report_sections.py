@@ -113,7 +113,8 @@ def direct_path(ctx: Context) -> str:
            "", "The most frequent tokens and what the direct path predicts after them:", "", fit.table(), "",
            ctx.figure(plot_bigrams(ctx.model, text, table=table), "direct_path_bigrams",
                       "Left: the text's P(next | current) over its most frequent tokens; right: softmax(W_E W_U) on "
-                      "the same rows and columns; one colour scale (⏎ newline, ␣ space).")]
+                      "the same rows and columns; each row renormalised over the shown columns, one colour scale (⏎ "
+                      "newline, ␣ space).")]
     return "\n".join(out)
 
 
@@ -186,7 +187,10 @@ def copying(ctx: Context) -> str:
     t = copying_heads_table(ctx.model, vocab=ctx.vocab)
     ctx.cache["copying"] = t
     return "\n".join([
-        f"**{len(t.heads)} of {t.copying_score.numel()} heads copy** (OV copying score ≥ {t.threshold}). The OV "
+        f"**{len(t.heads)} of {t.copying_score.numel()} heads copy** by both measures (OV copying score ≥ "
+        f"{t.threshold} and top-1 diagonal accuracy ≥ {t.diagonal}); {len(t.ov_positive)} more pass the eigenvalue "
+        "score only ('OV-positive': attending to a token raises its own logit on balance, but for fewer than half "
+        "of the tokens is it the most raised). The OV "
         "copying score is Σλ/Σ|λ| over the eigenvalues of the head's full OV circuit W_E W_OV W_U (+1 when "
         "attending to a token raises that token's own logit, ≈ 0 for random matrices); 'positive eigenvalues' is "
         "the share of eigenvalues with positive real part; top-1 / top-5 diagonal accuracy is the share of "
@@ -196,7 +200,8 @@ def copying(ctx: Context) -> str:
            f", over {t.n_ids} non-special ids") + ".", "", t.markdown(), "",
         ctx.figure(plot_eigenvalues(ctx.model), "ov_eigenvalues",
                    "Eigenvalues of each head's full OV circuit in the complex plane (scaled to the unit circle); "
-                   "copying heads have them on the right. Colours: blue copying score ≥ 0.5, olive 0–0.5, red < 0.")])
+                   "heads that raise the attended token have them on the right. Colours: blue copying score ≥ 0.5 "
+                   "(OV-positive; the copying verdict also needs top-1 ≥ 0.5), olive 0–0.5, red < 0.")])
 
 
 def skip_trigram_section(ctx: Context) -> str:
@@ -243,13 +248,24 @@ def ablation(ctx: Context) -> str:
     order = sorted(((float(r.delta[l, h]), float(r.se[l, h]), head_label(l, h)) for l in range(ctx.cfg.n_layers)
                     for h in range(ctx.cfg.n_heads)), reverse=True)
     ties = [f"{a[2]} / {b[2]}" for a, b in zip(order, order[1:]) if a[0] - b[0] < 2 * max(a[1], b[1])]
+    caveat = ""
+    if ctx.cfg.n_layers >= 2:
+        _, prev = ctx.detection()
+        minor = ", ".join(f"{head_label(*h)} {float(r.delta[h]):.3f} ± {float(r.se[h]):.3f} nats" for h in prev.heads
+                          if h[0] < ctx.cfg.n_layers - 1)
+        caveat = ("What this ablation cannot see: with every pattern frozen, the attention a head creates in later "
+                  "heads stays in place, so a head whose job is to shape later heads' queries or keys loses only what "
+                  "it writes directly and through values. " + (
+                      f"The previous-token head(s) ({minor}) look minor here for that reason; path patching (below) "
+                      "measures their effect through the induction heads' keys." if minor else ""))
     return "\n".join([
         "Pattern-preserving ablation: each head's output is set to zero while every attention pattern stays as in "
         f"the clean run; the table gives the loss increase in nats over the clean loss {r.clean_loss:.3f}, the "
         f"mean over {r.n_sequences} validation windows spread over the text, ± its standard error over the "
         "windows (larger = the head matters more). "
         + (f"Neighbours in the ranking closer than two standard errors: {', '.join(ties)}." if ties else
-           "Every neighbour in the ranking is more than two standard errors apart."), "", r.markdown(), "",
+           "Every neighbour in the ranking is more than two standard errors apart.") + (" " + caveat if caveat else ""),
+        "", r.markdown(), "",
         ctx.figure(plot_ablation(r), "head_ablation", "Loss increase when each head is removed (patterns frozen), "
                    "± one standard error over the windows.")])
 

@@ -65,6 +65,22 @@ def _heads(t: torch.Tensor) -> str:
     return "; ".join(f"layer {layer}: " + ", ".join(f"{float(v):.3f}" for v in row) for layer, row in enumerate(t))
 
 
+def cross_diagonal_line(model, numbers: dict) -> str:
+    """The card line (and `numbers` entries) of the cross-attention OV circuits' top-1 / top-5 diagonal accuracy
+    over the task's symbols (`circuits.cross_diagonal_accuracy`; the specials PAD, BOS, EOS left out)."""
+    from circuits.cross_attention import cross_diagonal_accuracy
+
+    from .encdec_report import symbol_ids
+
+    ids = symbol_ids(model)
+    acc = cross_diagonal_accuracy(model, ids, k=(1, 5))
+    for k in (1, 5):
+        numbers[f"cross_top{k}_diagonal_accuracy"] = [[round(float(v), 4) for v in r] for r in acc[k].float().cpu()]
+    return (f"- top-1 / top-5 diagonal accuracy of the same circuits over the {len(ids)} symbols (the share whose own "
+            f"logit is raised most / among the 5 most): top-1 {_heads(acc[1].float().cpu())}; top-5 "
+            f"{_heads(acc[5].float().cpu())}")
+
+
 def make_seq2seq_report_fn(name: str, about: str, command: str, cfg, n_check: int = 2048):
     """`report_fn(model, summary, metrics) -> {"card.md", "training_curve.png", "measured.json"}` for
     `models.training.loop.train` on a seq2seq task (`n_check` held-out sources measured at the end)."""
@@ -95,6 +111,7 @@ def make_seq2seq_report_fn(name: str, about: str, command: str, cfg, n_check: in
             numbers["cross_copying_scores"] = [[round(float(v), 4) for v in r] for r in cs]
             lines.append(f"- copying scores Σλ/Σ|λ| of the cross-attention OV circuits W_E_src W_V W_O W_U: "
                          f"{_heads(cs)} (min **{float(cs.min()):.3f}**)")
+            lines.append(cross_diagonal_line(model, numbers))
         from models.training.state import step_dir
 
         shipped = [s for s in cfg.keep_checkpoints or () if cfg.out_dir and step_dir(cfg.out_dir, s).is_dir()]

@@ -75,8 +75,23 @@ def eval_inputs(cfg, model_cfg, n_sequences: int | None = None):
 
 
 # --- training curve ---------------------------------------------------------------------------------
-def training_curve_png(metrics: list[dict], title: str) -> bytes:
-    """Train / validation loss against tokens, with the best layer-1+ induction score and the ICL score."""
+def loss_labels(cfg) -> tuple[str, str]:
+    """Legend labels of a run's (train, validation) loss curves from its own `TrainConfig` (None: plain labels):
+    what the training sequences held and what the validation text is."""
+    if cfg is None:
+        return "train", "validation"
+    data = str(getattr(cfg, "data", ""))
+    if data.startswith("seq2seq:"):
+        return f"train ({data})", f"held-out sources ({data})"
+    if data.startswith("synthetic:"):
+        return f"train ({data})", f"validation ({data})"
+    synthetic = bool(getattr(cfg, "repeat_fraction", 0) or getattr(cfg, "synthetic_steps", 0))
+    return ("train (text + synthetic repeats)" if synthetic else "train (text)"), "validation (text)"
+
+
+def training_curve_png(metrics: list[dict], title: str, labels: tuple[str, str] = ("train", "validation")) -> bytes:
+    """Train / validation loss against tokens (legend: `labels`, see `loss_labels`), with the best layer-1+
+    induction score and the ICL score."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,9 +101,9 @@ def training_curve_png(metrics: list[dict], title: str) -> bytes:
     tr = [(r["tokens"], r["train_loss"]) for r in metrics if "train_loss" in r]
     va = [(r["tokens"], r["val_loss"]) for r in metrics if "val_loss" in r]
     if tr:
-        ax[0].plot(*zip(*tr), label="train (mixture)", lw=1)
+        ax[0].plot(*zip(*tr), label=labels[0], lw=1)
     if va:
-        ax[0].plot(*zip(*va), "o-", label="validation (natural text)", ms=3)
+        ax[0].plot(*zip(*va), "o-", label=labels[1], ms=3)
     ax[0].set_xscale("symlog", linthresh=1e5)
     ax[0].set_xlabel("tokens")
     ax[0].set_ylabel("loss (nats/token)")
@@ -202,13 +217,20 @@ def card_results(model, metrics, summary, corpus) -> tuple[list[str], dict]:
         lines.append("- induction heads formed (best last-layer score ≥ 0.4 at |R| = 50): " + (
             f"by checkpoint step {onset['step']} ({onset['tokens']:,} tokens)" if onset else "not within this run"))
     if L == 1:
-        from circuits.eigen import copying_scores
+        from .one_layer import copying_heads_table
 
-        cs = copying_scores(model).float().cpu()
+        t = copying_heads_table(model, vocab=corpus.seen_ids() if corpus is not None else None, behavioural=False)
+        cs = t.copying_score
         numbers["copying_scores"] = _rounded(cs)
-        n_pos = int((cs[0] > 0.5).sum())
+        numbers["ov_top1"], numbers["ov_top5"] = _rounded(t.top1), _rounded(t.top5)
+        n_pos = len(t.heads) + len(t.ov_positive)
         lines.append(f"- copying scores Σλ/Σ|λ| of each head's full OV circuit W_E W_V W_O W_U: {_fmt_heads(cs, 0)} "
-                     f"(**{n_pos} of {model.cfg.n_heads}** above 0.5)")
+                     f"(**{n_pos} of {model.cfg.n_heads}** at or above {t.threshold})")
+        lines.append(f"- top-1 / top-5 diagonal accuracy of each head's full OV circuit over the {t.n_ids} ids seen in "
+                     f"training (ARENA's measure: the share of tokens whose own logit the head raises most / among "
+                     f"the 5 most): top-1 {_fmt_heads(t.top1, 0)}; top-5 {_fmt_heads(t.top5, 0)}; copying heads by "
+                     f"both measures (Σλ/Σ|λ| ≥ {t.threshold} and top-1 ≥ {t.diagonal}): **{len(t.heads)} of "
+                     f"{model.cfg.n_heads}**")
     if L == 0 and corpus is not None:
         from .zero_layer import direct_path_fit
 
@@ -293,7 +315,7 @@ def make_report_fn(name: str, about: str, command: str, cfg, corpus, val, seen, 
                  "tokens, wall time; head scores at every checkpoint), training_curve.png, train_config.json, "
                  f"summary.json, measured.json, {kept}.", ""]
         summary["card_numbers"] = numbers
-        return {"card.md": "\n".join(text), "training_curve.png": training_curve_png(metrics, name),
+        return {"card.md": "\n".join(text), "training_curve.png": training_curve_png(metrics, name, loss_labels(cfg)),
                 "measured.json": json.dumps(numbers, indent=1)}
 
     return report_fn

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         StackView,
         cross_attention_map,
         cross_copying_scores,
+        cross_diagonal_accuracy,
         cross_ov_circuit,
         cross_qk_circuit,
         full_cross_ov_circuit,

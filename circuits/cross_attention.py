@@ -11,7 +11,8 @@ so the Framework's full circuits become
 
 - full QK: `(W_E_tgt[t] + W_pos_tgt[i]) W_QK^cross (W_E_src[s] + W_pos_src[j])ᵀ` (`full_cross_qk_circuit`),
 - full OV: `W_E_src W_OV^cross W_U` (`full_cross_ov_circuit`): attending to a source token s raises the target
-  logits of row s; with a shared vocabulary its eigenvalues say whether the head copies (`cross_copying_scores`).
+  logits of row s; with a shared vocabulary its eigenvalues say whether the head copies (`cross_copying_scores`),
+  and its top-k diagonal accuracy for how many tokens (`cross_diagonal_accuracy`).
 
 `stack_view(model, "cross")` presents the cross-attention stack through the `circuits` interface (`W_Q` … `W_O`,
 `W_E` = the source embedding its values read, `W_U`, norms), so `qk_circuit`, `ov_circuit`, `full_ov_circuit` and
@@ -155,6 +156,24 @@ def cross_copying_scores(model) -> torch.Tensor:
     check_encoder_decoder(model, "cross_copying_scores")
     check_shared_vocabulary(model, "cross_copying_scores")
     return copying_scores(stack_view(model, "cross"))
+
+
+def cross_diagonal_accuracy(model, ids=None, k=(1, 5)) -> dict[int, torch.Tensor]:
+    """`{k: [n_decoder_layers, n_heads]}` top-k diagonal accuracy of the full cross-attention OV circuits
+    `W_E_src W_V W_O W_U` over the token ids `ids` (default: all; rows and columns both restricted to them): the
+    share of source tokens s whose own target logit is among the k that attending to s raises most (ARENA 1.2,
+    "Full OV circuit", via `circuits.diagonal.diagonal_rank_stats`). The per-token reading beside the eigenvalue
+    score of `cross_copying_scores`, which can be near 1 while few tokens map to themselves. Needs a shared
+    vocabulary (`check_shared_vocabulary`)."""
+    from .diagonal import diagonal_rank_stats
+
+    check_encoder_decoder(model, "cross_diagonal_accuracy")
+    check_shared_vocabulary(model, "cross_diagonal_accuracy")
+    fm = full_cross_ov_circuit(model)
+    if ids is not None:
+        S = torch.as_tensor(ids, dtype=torch.long, device=fm.A.device).reshape(-1)
+        fm = FactoredMatrix(fm.A[..., S, :], fm.B[..., S])
+    return diagonal_rank_stats(fm, k=k)
 
 
 def cross_attention_map(pattern: torch.Tensor, W_OV: torch.Tensor) -> TensorProduct:

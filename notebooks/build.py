@@ -91,14 +91,36 @@ def make_notebook(src: Path):
     return nb
 
 
+#: Run by the kernel before the first cell (an IPython startup file): every figure the notebook shows is checked by
+#: `analyses.figure_checks` and its problems recorded in the PNG output's metadata (tests/test_notebooks.py).
+STARTUP = "from analyses.figure_checks import watch_notebook_figures\nwatch_notebook_figures()\n"
+
+
 def execute(nb, timeout: int = TIMEOUT_PER_CELL):
-    """Run every cell in a fresh kernel started in the repository root; raises on the first failing cell."""
+    """Run every cell in a fresh kernel started in the repository root, figures checked as they are shown
+    (`STARTUP`); raises on the first failing cell."""
+    import os
+    import tempfile
+
     from nbclient import NotebookClient
 
-    client = NotebookClient(nb, timeout=timeout, kernel_name=KERNEL, resources={"metadata": {"path": str(ROOT)}})
-    t0 = time.perf_counter()
-    client.execute()
-    return time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as ipython_dir:
+        startup = Path(ipython_dir) / "profile_default" / "startup"
+        startup.mkdir(parents=True)
+        (startup / "00-figure-checks.py").write_text(STARTUP)
+        old = os.environ.get("IPYTHONDIR")
+        os.environ["IPYTHONDIR"] = ipython_dir  # the kernel inherits it
+        try:
+            client = NotebookClient(nb, timeout=timeout, kernel_name=KERNEL,
+                                    resources={"metadata": {"path": str(ROOT)}})
+            t0 = time.perf_counter()
+            client.execute()
+            return time.perf_counter() - t0
+        finally:
+            if old is None:
+                os.environ.pop("IPYTHONDIR", None)
+            else:
+                os.environ["IPYTHONDIR"] = old
 
 
 def _strip_volatile(nb) -> None:

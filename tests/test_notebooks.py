@@ -56,6 +56,42 @@ def test_committed_notebook_ran_within_budget_and_shows_figures(src):
     assert size < 3_000_000, f"{size / 1e6:.1f} MB: keep committed notebooks small"
 
 
+#: Notebooks whose committed build predates the figure checks of notebooks/build.py: 05 is rebuilt on branch i30b
+#: (issue 30, item 1); rebuild it with this build.py after merging and empty this set.
+UNCHECKED = {"05_encoder_decoder"}
+
+
+@pytest.mark.parametrize("src", [s for s in SOURCES if s.stem not in UNCHECKED], ids=lambda s: s.stem)
+def test_committed_notebook_figures_pass_the_figure_checks(src):
+    """Every figure was checked as it was drawn (text ≥ 7 pt, nothing cut off or overprinted, colour bars named)
+    and is narrow enough to be shown at the size it was checked at (`analyses.figure_checks`)."""
+    import nbformat
+
+    from analyses.figure_checks import notebook_figure_problems
+
+    problems = notebook_figure_problems(nbformat.read(build.notebook_path(src), as_version=4))
+    assert not problems, "\n".join(problems)
+
+
+def test_build_records_each_figures_problems(tmp_path):
+    import nbformat
+
+    from analyses.figure_checks import NOTEBOOK_META, notebook_figure_problems
+
+    src = tmp_path / "99_figures.py"
+    src.write_text("# %%\nimport matplotlib.pyplot as plt\nplt.rcParams['figure.dpi'] = 72\n\n# %%\n"
+                   "fig, ax = plt.subplots(figsize=(3, 2))\nax.plot([0, 1])\nax.set_title('tiny', fontsize=5)\n\n"
+                   "# %%\nfig, ax = plt.subplots(figsize=(20, 2), layout='constrained')\nax.plot([0, 1])\n")
+    nb = build.make_notebook(src)
+    build.execute(nb, timeout=120)
+    outs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    assert len(outs) == 2 and all(NOTEBOOK_META in o.metadata for o in outs)
+    problems = notebook_figure_problems(nbformat.from_dict(nb))
+    assert any("'tiny' is 5.0 pt, below 7.0 pt" in p for p in problems), problems
+    assert any("code cell 3:" in p and "px wide, shown at ×" in p for p in problems), problems
+    assert not any(p.startswith("code cell 1") for p in problems)
+
+
 def test_check_detects_an_edited_cell(tmp_path, monkeypatch):
     """A cell edited in the .ipynb (or in the source) after the build makes the notebook stale."""
     import nbformat

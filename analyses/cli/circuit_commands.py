@@ -43,7 +43,7 @@ def run_heads(args) -> int:
     from models.arch.model import head_label
 
     from ..detect import detect_induction_heads, detect_previous_token_heads
-    from ..one_layer import COPYING_THRESHOLD
+    from ..one_layer import COPYING_THRESHOLD, DIAGONAL_THRESHOLD, copying_verdict
 
     if not math.isfinite(args.threshold):
         raise UsageError(f"--threshold must be a finite number, got {args.threshold}")
@@ -68,21 +68,23 @@ def run_heads(args) -> int:
     rows, heads = [], []
     for r in ind.table:
         p = prev.row(r.layer, r.head)
-        verdict = [v for v, ok in (("induction", r.positive), ("previous-token", p.positive),
-                                   ("copying", r.ov_copying is not None and r.ov_copying >= COPYING_THRESHOLD)) if ok]
+        verdict = [v for v in ("induction" if r.positive else "", "previous-token" if p.positive else "",
+                               copying_verdict(r.ov_copying, r.ov_top1)) if v]
         rec = {"head": head_label(r.layer, r.head), "layer": r.layer, "index": r.head, "induction": r.induction,
                "induction_arena": r.induction_arena, "prefix_matching": r.prefix_matching,
                "previous_token": p.previous, "current_token": p.current, "first_token": p.first,
-               "copying_behavioural": r.copying, "ov_copying": r.ov_copying,
+               "copying_behavioural": r.copying, "ov_copying": r.ov_copying, "ov_top1": r.ov_top1,
+               "ov_top5": r.ov_top5,
                "k_composition_partner": head_label(*r.partner) if r.partner else None,
                "k_composition_excess": r.k_composition, "qk_same_matching": r.qk_same_matching,
                "mechanism": r.mechanism, "verdict": verdict}
         heads.append(rec)
         rows.append([rec["head"], r.induction, r.induction_arena, r.prefix_matching, p.previous, r.copying,
-                     r.ov_copying, ", ".join(verdict) or "—"])
+                     r.ov_copying, r.ov_top1, r.ov_top5, ", ".join(verdict) or "—"])
     obj = {"model": loaded.name, "heads": heads, "induction_heads": [head_label(*h) for h in ind.heads],
            "previous_token_heads": [head_label(*h) for h in prev.heads],
-           "thresholds": {**ind.thresholds, **prev.thresholds, "OV copying score (Σλ/Σ|λ|)": COPYING_THRESHOLD},
+           "thresholds": {**ind.thresholds, **prev.thresholds, "OV copying score (Σλ/Σ|λ|)": COPYING_THRESHOLD,
+                          "OV top-1 diagonal accuracy": DIAGONAL_THRESHOLD},
            "previous_token_text": text_about}
     pool = ("all non-special ids" if vocab is None else
             f"the {vocab.numel()} ids of {'--text-file' if args.text_file else 'the training split'}")
@@ -100,10 +102,13 @@ def run_heads(args) -> int:
              ("prev-token", "attention to position i-1 on " + ("random tokens" if text is None else "text")),
              ("copy behav.", "Olsson's behavioural copying score in [-1, 1]: +1 raises exactly the attended token, "
               "about -0.92 raises tokens wherever it attends, -1 lowers them"),
-             ("OV copying", "Σλ/Σ|λ| over the eigenvalues of W_E W_OV W_U, in [-1, 1]")]
+             ("OV copying", "Σλ/Σ|λ| over the eigenvalues of W_E W_OV W_U, in [-1, 1]"),
+             ("OV top-1/5", f"share of {pool} whose own logit W_E W_OV W_U raises most / among the 5 most "
+              "(ARENA's diagonal accuracy); verdict 'copying' needs OV copying and top-1 over their thresholds, "
+              "'OV-positive' means the eigenvalues pass but top-1 does not")]
     text_out = "\n".join([
         table(["head", "induction", "ind. ARENA", "prefix-match", "prev-token", "copy behav.", "OV copying",
-               "verdict"], rows), "",
+               "OV top-1", "OV top-5", "verdict"], rows), "",
         f"induction heads: {', '.join(obj['induction_heads']) or 'none'}; previous-token heads: "
         f"{', '.join(obj['previous_token_heads']) or 'none'}", ""]
         + [textwrap.fill(f"{k:<13} {v}", 110, subsequent_indent=" " * 14) for k, v in notes]

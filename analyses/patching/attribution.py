@@ -9,10 +9,12 @@ scores only its node set (embeddings, head outputs and MLP outputs per position)
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
+from ..util import markdown_table
 from .activation import KINDS, activation_patching, axis_labels, check_kind, token_strings
 from .inputs import PatchingError, check_direction, prepare, token_pair
 from .metrics import Metric, evaluate, metric_name
@@ -49,10 +51,44 @@ class AttributionResult:
     correlation: float | None = None
     max_error: float | None = None
 
+    def errors(self) -> list[tuple[str, float, float, str]]:
+        """Per cell (needs `exact`): `(label, estimated effect, exact effect, where the linear estimate fails)`,
+        effects = patched metric − the base run's, largest |error| first. The linear estimate is a first-order
+        Taylor step from the base run; it fails where the metric is far from linear along the patch (an attention
+        pattern that flips, a softmax that saturates): 'wrong sign' when the two effects disagree in sign (both
+        above 1 % of the largest exact effect), 'off by N×' when the estimate is under half or over twice the exact
+        effect, '' when it is within that."""
+        if self.exact is None:
+            raise ValueError("errors() needs the exact activation patching: call attribution_patching(compare=True)")
+        base = self.estimate.corrupt if self.estimate.direction == "denoising" else self.estimate.clean
+        est = (self.estimate.values - base.mean()).reshape(-1)
+        ex = (self.exact.values - base.mean()).reshape(-1)
+        tiny = 0.01 * float(ex.abs().max()) if ex.numel() else 0.0
+        cells = list(itertools.product(*(range(n) for n in self.estimate.values.shape)))
+        out = []
+        for i, idx in enumerate(cells):
+            a, b = float(est[i]), float(ex[i])
+            if abs(a) > tiny and abs(b) > tiny and a * b < 0:
+                note = "wrong sign"
+            elif abs(b) > tiny and not 0.5 <= a / b <= 2:
+                note = f"off by {a / b:.2f}×"
+            else:
+                note = ""
+            out.append((self.estimate.label(idx), a, b, note))
+        return sorted(out, key=lambda r: -abs(r[1] - r[2]))
+
+    def error_table(self, k: int = 10) -> str:
+        """Markdown: the `k` cells with the largest |estimate − exact| (`errors`)."""
+        rows = [[lab, a, b, a - b, note or "—"] for lab, a, b, note in self.errors()[:k]]
+        return markdown_table(["cell", "estimated effect", "exact effect", "error", "linear estimate"], rows)
+
     def __str__(self) -> str:
         cmp = "" if self.exact is None else (f"; vs exact activation patching: r = {self.correlation:.4f}, max "
                                              f"|error| {self.max_error:.3g}")
-        return f"AttributionResult({self.estimate.kind}, {self.estimate.direction}{cmp})\n{self.estimate.markdown()}"
+        text = f"AttributionResult({self.estimate.kind}, {self.estimate.direction}{cmp})\n{self.estimate.markdown()}"
+        if self.exact is not None:
+            text += "\nper cell against exact activation patching (largest errors first):\n" + self.error_table()
+        return text
 
 
 def attribution_patching(model, clean, corrupt, metric, kind: str = "z", by_pos: bool | None = None,

@@ -131,6 +131,38 @@ class Head:
         return base if (self.stack, self.attn) == ("blocks", "attn") else f"{self.stack}.{self.attn}.{base}"
 
 
+@dataclass(frozen=True)
+class Embedding:
+    """A path-patching sender that is no head: the token embedding (`"embed"`, hook `hook_embed`) or the positional
+    embedding (`"pos_embed"`, hook `hook_pos_embed`), both before layer 0 (`layer` −1), so every head can receive."""
+
+    name: str
+    layer: int = -1
+
+    def hook(self, name: str | None = None) -> str:
+        return f"hook_{self.name}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+EMBEDDINGS = ("embed", "pos_embed")
+
+
+def as_sender(model, spec, name: str = "sender"):
+    """A path-patching sender: an `Embedding` for `"embed"` / `"pos_embed"` (when the model has that hook; rotary
+    and ALiBi models have no positional embedding to send), else a `Head` (`as_head`)."""
+    if isinstance(spec, Embedding):
+        return spec
+    if isinstance(spec, str) and spec.strip().lower() in EMBEDDINGS:
+        e = Embedding(spec.strip().lower())
+        if e.hook() not in getattr(model, "hook_dict", {}):
+            raise PatchingError(f"{name} {spec!r}: this model has no {e.hook()} (its positions are not an added "
+                                "embedding); use 'embed' or heads")
+        return e
+    return as_head(model, spec, name)
+
+
 def as_head(model, spec, name: str = "head") -> Head:
     """A `Head` from a `Head`, a `(layer, head)` pair, `"L1H2"` or `"1.2"`, checked against the model's shape."""
     if isinstance(spec, Head):

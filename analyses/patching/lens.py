@@ -87,6 +87,7 @@ class LensResult:
     next_prob: torch.Tensor
     strings: list[str] | None = None
     top_strings: list | None = None  # [entry][pos][k] decoded top predictions
+    final_norm: str | None = None  # the model's final norm type (None: it has none, W_U reads the stream as is)
 
     def to_dict(self) -> dict:
         return {"labels": self.labels, "tokens": self.tokens.tolist(), "strings": self.strings,
@@ -123,4 +124,5 @@ def logit_lens(model, tokens, top_k: int = 3) -> LensResult:
     tok = getattr(model, "tokenizer", None)
     words = None if tok is None else [[[tok.decode([i]) for i in row] for row in e] for e in top_ids.tolist()]
     return LensResult(list(top.labels), tokens[0].cpu(), top_ids, r.values[:, 0].float().cpu(),
-                      next_prob.float().cpu(), token_strings(model, tokens), words)
+                      next_prob.float().cpu(), token_strings(model, tokens), words,
+                      getattr(model.cfg, "normalization_type", None) or None)

@@ -24,9 +24,12 @@ import torch
 
 from .activation import baseline_runs, token_strings
 from .inputs import (
+    EMBEDDINGS,
+    Embedding,
     PatchingError,
     all_heads,
     as_head,
+    as_sender,
     check_choice,
     check_direction,
     grouped_kv,
@@ -48,9 +51,10 @@ def _by_hook(heads, name: str) -> dict[str, list[int]]:
 
 
 def _receiver_inputs(model, base, base_cache, source_cache, senders, components, freeze_mlps):
-    """Step 1: the base run with the senders' `hook_z` from the source run and every other head's (and MLP's)
-    output frozen to the base run; returns every later head's recorded `hook_{q,k,v}` (one tensor per hook)."""
-    sent = _by_hook(senders, "z")
+    """Step 1: the base run with the senders' `hook_z` (an embedding sender: its `hook_embed` / `hook_pos_embed`)
+    from the source run and every other head's (and MLP's) output frozen to the base run; returns every later
+    head's recorded `hook_{q,k,v}` (one tensor per hook)."""
+    sent = _by_hook([s for s in senders if not isinstance(s, Embedding)], "z")
     # hook functions are bound to the names they were registered under: a bridge reports its own names in `hook`
     def freeze(z, hook, name):
         out = base_cache[name].to(z.dtype).clone()
@@ -60,6 +64,8 @@ def _receiver_inputs(model, base, base_cache, source_cache, senders, components,
         return out
 
     hooks = [(n, lambda z, hook, n=n: freeze(z, hook, n)) for n in sorted({h.hook("z") for h in all_heads(model)})]
+    hooks += [(n, lambda x, hook, n=n: source_cache[n].to(x.dtype))
+              for n in sorted({e.hook() for e in senders if isinstance(e, Embedding)})]
     if freeze_mlps and has_mlps(model):
         hooks += [(n, lambda x, hook, n=n: base_cache[n].to(x.dtype))
                   for n in (f"blocks.{l}.hook_mlp_out" for l in range(model.cfg.n_layers))]
@@ -97,6 +103,7 @@ def _setup(model, clean, corrupt, metric, direction, components):
                                 "serves several query heads and a per-head path through it is undefined; use 'q'")
     clean, corrupt = token_pair(model, clean, corrupt)
     names = {h.hook("z") for h in all_heads(model)} | {f"blocks.{l}.hook_mlp_out" for l in range(model.cfg.n_layers)}
+    names |= {f"hook_{e}" for e in EMBEDDINGS}
     cc, cx, m_clean, m_corrupt = baseline_runs(model, clean, corrupt, metric, names)
     if direction == "noising":
         return clean, corrupt, cc, cx, m_clean, m_corrupt
@@ -112,15 +119,16 @@ def _result(model, clean, metric, direction, per_prompt, m_clean, m_corrupt, com
 @torch.no_grad()
 def path_patching(model, clean, corrupt, metric, senders, receivers, component: str = "k",
                   direction: str = "noising", freeze_mlps: bool = True) -> PatchResult:
-    """The metric when the `senders` (heads: `(layer, head)`, "L0H1" or `Head`) reach the `receivers` through the
-    receivers' `component` input ("q", "k" or "v") only — patched together, as one path.
+    """The metric when the `senders` (heads: `(layer, head)`, "L0H1" or `Head`; or the embeddings "embed" and
+    "pos_embed", which reach every head) reach the `receivers` through the receivers' `component` input ("q", "k"
+    or "v") only — patched together, as one path.
 
     `direction`: "noising" (default; Wang et al.) runs the clean prompt with the senders' corrupted outputs;
     "denoising" the corrupted prompt with the senders' clean outputs. `freeze_mlps`: MLP outputs are frozen with the
     other heads (the direct edge only); False lets paths through MLPs count, as Wang et al. did. Every receiver
     must sit in a later layer than every sender. Returns a `PatchResult` with one cell; `.share()` is the part of
     the clean–corrupted difference that the path carries."""
-    senders = [as_head(model, s, "sender") for s in ([senders] if isinstance(senders, str) else senders)]
+    senders = [as_sender(model, s, "sender") for s in ([senders] if isinstance(senders, str) else senders)]
     receivers = [as_head(model, r, "receiver") for r in ([receivers] if isinstance(receivers, str) else receivers)]
     if not senders or not receivers:
         raise PatchingError("path patching needs at least one sender and one receiver head")
@@ -142,12 +150,13 @@ def path_patching_matrix(model, clean, corrupt, metric, senders=None, receivers=
                          direction: str = "noising", freeze_mlps: bool = True, progress: bool = True) -> PatchResult:
     """`path_patching` from each sender alone to each receiver alone through each component: a `PatchResult` with
     axes (component, sender, receiver); NaN where the receiver is not in a later layer than the sender. Default
-    senders: every head but the last layer's; receivers: every head from layer 1 on. One step-1 run per sender,
+    senders: every head but the last layer's (add "embed" / "pos_embed" to a `senders` list to see the routes from
+    the embeddings, e.g. the values' direct route); receivers: every head from layer 1 on. One step-1 run per sender,
     one step-2 run per (component, receiver)."""
     from tqdm.auto import tqdm
 
     L = model.cfg.n_layers
-    senders = all_heads(model, range(L - 1)) if senders is None else [as_head(model, s, "sender") for s in senders]
+    senders = all_heads(model, range(L - 1)) if senders is None else [as_sender(model, s, "sender") for s in senders]
     receivers = (all_heads(model, range(1, L)) if receivers is None else
                  [as_head(model, r, "receiver") for r in receivers])
     components = list(components)

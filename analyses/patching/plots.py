@@ -49,7 +49,7 @@ def _short(label: str, n: int = 14) -> str:
 def plot_patching(result, title: str | None = None, annotate: bool | None = None):
     """Heatmap(s) of `result.share()`: red cells carry the effect, blue ones work against it (shared scale, ±the
     largest |share|, at least ±1 when the shares reach it). 2 axes: one panel (rows: first axis); 3 axes: one panel per
-    entry of the first. NaN cells (not measured) are left blank. `annotate`: write the values (default when the
+    entry of the first. NaN cells (not measured) are dark grey. `annotate`: write the values (default when the
     grid is small)."""
     plt = _plt()
     share = result.share().float()
@@ -73,12 +73,13 @@ def plot_patching(result, title: str | None = None, annotate: bool | None = None
     n = share.shape[0]
     ncol = min(n, 3)
     nrow = math.ceil(n / ncol)
-    w = min(max(3.0, 0.32 * len(cols) + 1.6), 15.0 / ncol)
+    w = min(max(3.0, 0.32 * len(cols) + 1.6), 11.0 / ncol)  # at most 12.4 in: 900 px at 72 dpi, shown unscaled
     h = max(1.8, 0.4 * len(rows) + 1.2)
     fig, axes = plt.subplots(nrow, ncol, figsize=(w * ncol + 1.4, h * nrow + 1.0), squeeze=False, layout="constrained")
     for ax in axes.flat[n:]:
         ax.axis("off")
-    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="0.92")
+    cmap = plt.get_cmap("bwr")  # white exactly at 0
+    cmap = cmap.with_extremes(bad="0.45")  # not measured: dark grey, unlike any near-zero cell
     for ax, name, grid in zip(axes.flat, panel_names, share):
         im = ax.imshow(grid.numpy(), cmap=cmap, vmin=-vmax, vmax=vmax, aspect="auto")
         if annotate:
@@ -144,17 +145,19 @@ def plot_dla(dla, title: str | None = None):
 
 def plot_logit_lens(lens, title: str | None = None, max_pos: int = 48):
     """The probability the logit lens gives to the token that actually follows, `[stack entry, position]` (0–1
-    colour scale), with the lens' top prediction written in each cell; at most the last `max_pos` positions."""
+    colour scale), with the lens' top prediction written in each cell; at most the last `max_pos` positions. At
+    most 12 in wide (900 px at 72 dpi, the width a notebook shows unscaled)."""
     plt = _plt()
     p = lens.next_prob[:, -max_pos:]
     start = lens.next_prob.shape[1] - p.shape[1]
     tops = lens.top_ids[:, start: start + p.shape[1], 0]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.62 * p.shape[1] + 2.4), 0.5 * p.shape[0] + 2.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(min(max(5.0, 0.62 * p.shape[1] + 2.4), 12.0), 0.5 * p.shape[0] + 2.2),
+                           layout="constrained")
     im = ax.imshow(p.numpy(), cmap="viridis", vmin=0, vmax=1, aspect="auto")
     for e in range(p.shape[0]):
         for j in range(p.shape[1]):
             s = lens.top_strings[e][start + j][0] if lens.top_strings else f"#{int(tops[e, j])}"
-            ax.text(j, e, _short(_visible(s), 5), ha="center", va="center", fontsize=6.5,
+            ax.text(j, e, _short(_visible(s), 4), ha="center", va="center", fontsize=7,
                     color="k" if float(p[e, j]) > 0.6 else "w")
     strings = lens.strings[start + 1: start + 1 + p.shape[1]] if lens.strings else [str(int(t)) for t in
                                                                                   lens.tokens[start + 1:]]
@@ -163,7 +166,8 @@ def plot_logit_lens(lens, title: str | None = None, max_pos: int = 48):
     ax.set_xlabel("token to predict (top prediction written in each cell)")
     ax.set_ylabel("residual stream read")
     fig.colorbar(im, ax=ax, label="probability of the actual next token")
-    ax.set_title(title or "Logit lens: each row reads the residual stream there through the final norm and W_U",
-                 fontsize=10)
+    through = (f"the final norm ({lens.final_norm}) and W_U" if lens.final_norm else
+               "W_U (this model has no final norm)")
+    ax.set_title(title or f"Logit lens: each row reads the residual stream there through {through}", fontsize=10)
     return fig
 

@@ -30,7 +30,9 @@ def induction_paths(ctx) -> str:
     paths from the detected previous-token heads to the detected induction heads, and a figure."""
     model = ctx.model
     clean, corrupt, met, n = induction_probe(model, ctx.vocab, ctx.seed)
-    r = path_patching_matrix(model, clean, corrupt, met, progress=False)
+    emb = [e for e in ("embed", "pos_embed") if f"hook_{e}" in model.hook_dict]
+    heads = [f"L{l}H{h}" for l in range(model.cfg.n_layers - 1) for h in range(model.cfg.n_heads)]
+    r = path_patching_matrix(model, clean, corrupt, met, senders=emb + heads, progress=False)
     share = r.share()
     ind, prev = ctx.detection()
     senders, receivers = list(prev.heads), [h for h in ind.heads if prev.heads and h[0] > max(p[0] for p in prev.heads)]
@@ -45,6 +47,8 @@ def induction_paths(ctx) -> str:
               float(path_patching(model, clean, corrupt, met, senders, receivers, "k").share().squeeze())]]
     joint += [["every layer-0 head → every later head", c.upper(),
                float(path_patching(model, clean, corrupt, met, first, later, c).share().squeeze())] for c in "qkv"]
+    joint += [["token embedding → every layer ≥ 1 head", c.upper(),
+               float(path_patching(model, clean, corrupt, met, ["embed"], later, c).share().squeeze())] for c in "qkv"]
     effect = r.corrupt_value - r.clean_value
     caveat = ("" if effect >= 0.5 else f" The corruption changes this loss by only {effect:.3f} nats: the model does "
               "little induction on this probe, so the shares below are fractions of a small difference.")
@@ -58,12 +62,21 @@ def induction_paths(ctx) -> str:
         f"**{r.clean_value:.3f} nats clean and {r.corrupt_value:.3f} corrupted**. Each path runs the clean prompt "
         "with the sender heads' outputs taken from the corrupted run and reaching only the receivers' query, key or "
         "value input (every other head frozen to the clean run); its share is the part of the loss increase it "
-        "reproduces (1 = all of it, 0 = none)." + mlps + caveat, "",
+        "reproduces (1 = all of it, 0 = none; above 1 when the path alone does more harm than the whole corruption)."
+        " Senders are the layer-0 heads and the embeddings: `embed`, the token embedding, which reaches layer 1 "
+        "directly through the residual stream" + (", and `pos_embed`, the positional embedding, identical in both "
+        "prompts, so its paths carry nothing by construction" if "pos_embed" in emb else "") + ". A head's values "
+        "read the token embedding directly, so the V route of an induction head shows as `embed` → head, not as a "
+        "path from a layer-0 head." + mlps + caveat, "",
         "Single paths carrying at least 0.005 of the effect, the largest first:", "", r.markdown(6, 0.005), "",
         "Joint paths (senders and receivers patched together):", "",
         markdown_table(["path", "through", "share of the effect"], joint), "",
         "Heads can stand in for each other (the loss is not additive over heads), so single paths can carry less than "
-        "their sum; the joint paths say how much of the effect the circuit carries as a whole.", "",
+        "their sum; the joint paths say how much of the effect the circuit carries as a whole. "
+        f"The path {names(senders)} → {names(receivers)} through the keys ({joint[0][2]:.3f} of the effect) is what "
+        "the pattern-preserving ablation (its own section) cannot see: it freezes the receivers' patterns, so there "
+        "the sender loses only what it writes directly and into values.", "",
         ctx.figure(plot_patching(r), "path_patching", "Share of the loss increase carried by each path from a sender "
-                   "head (rows) to a receiver head (columns) through its queries, keys or values (one colour scale; "
-                   "grey: not a path).")])
+                   "(rows: the embeddings and the layer-0 heads) to a receiver head (columns) through its queries, "
+                   "keys or values (one colour scale, white at 0" + ("; dark grey: not a path" if bool(
+                       torch.isnan(r.share()).any()) else "") + ").")])

@@ -29,8 +29,10 @@ _BYTES_TRAIN = dict(_TRAIN, tokenizer="bytes", lr=1e-2, warmup_steps=100, eval_e
                     log_checkpoints=12)
 
 NOTES_2L = """Settings measured to matter (training seed: 0, this corpus; "induction" is the best layer-1 score on
-[BOS]+R+R with |R| = 50, "previous-token" the best layer-0 score on validation text, ICL the in-context-learning
-score):
+[BOS]+R+R with |R| = 50 as measured during those runs, by the definition before 2026-11-27: ARENA's whole stripe,
+two first-copy entries included, which reads ≈ 0.02 lower than the second-copy score for a strong head (0.853
+against 0.872 for this model); "previous-token" the best layer-0 score on validation text, ICL the
+in-context-learning score):
 - tokenizer. Bytes at 128 tokens (the zoo's model until 2026-11-22: same settings, W_pos ×0.02, 14000 steps)
   formed the circuit (induction 0.87, previous-token 0.90) but its ICL score stayed at −0.31 (−0.28 after 24000
   steps): 128 bytes hold little to learn from. A 512-id BPE at 128 tokens (about 260 bytes) with the same

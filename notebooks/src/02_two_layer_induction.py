@@ -71,23 +71,26 @@ dla, head_names = interactive.direct_logit_attribution(model, tokens)
 interactive.show(
     interactive.attention_view(model, tokens),
     interactive.token_values_view(token_labels(model, tokens[1:].tolist()), dla, head_names,
-                                  "direct logit attribution of each head to each next token"))
+                                  "direct logit attribution of each head to each next token",
+                                  interactive.DLA_QUANTITY))
 
 # %% [markdown]
 # ## Head scores
 #
-# The same thing as numbers (`analyses.scores`, one formula per function): the ARENA **induction score** (mean
-# attention on that stripe, |R| = 50, 10 sequences) with `R` drawn from the ids seen in training and, beside it,
-# by ARENA's own recipe (`R` uniform over every non-special id: the 85 ids this BPE never saw in training make it
-# lower), Olsson's **prefix-matching score** (25 tokens × 4), and the **previous-token score** (mean attention to
-# i−1 on real text).
+# The same thing as numbers (`analyses.scores`, one formula per function): the **induction score**, the mean
+# attention from each token of the second copy to the token right after its first occurrence (|R| = 50, 10
+# sequences, `R` drawn from the ids seen in training); beside it **ARENA's score** exactly as ARENA 1.2's
+# `induction_attn_detector` computes it (`analyses.arena_induction_scores`: the mean of the whole stripe, which
+# also holds two first-copy queries, one of them attending to BOS; `R` uniform over every non-special id, so the
+# 85 ids this BPE never saw in training make it lower); Olsson's **prefix-matching score** (25 tokens × 4), and the
+# **previous-token score** (mean attention to i−1 on real text).
 
 # %%
 ind = analyses.induction_scores(model, tokens_from=seen)
-ind_arena = analyses.induction_scores(model)
+ind_arena = analyses.arena_induction_scores(model)
 pm = analyses.prefix_matching_scores(model, tokens_from=seen)
 prev = analyses.previous_token_scores(model, windows[:8])
-fig = plots.plot_score_panels({"induction (seen ids)": ind, "induction (ARENA: all ids)": ind_arena,
+fig = plots.plot_score_panels({"induction (2nd copy, seen ids)": ind, "ARENA stripe (all ids)": ind_arena,
                                "prefix matching": pm, "previous token (text)": prev})
 
 # %% [markdown]
@@ -211,5 +214,23 @@ ax.set_ylabel("loss increase (nats)")
 ax.set_title("Pattern-preserving ablation of each head")
 ax.legend()
 plt.show()
+
+# %% [markdown]
+# **What this ablation cannot see.** With every pattern frozen, the attention that the previous-token head L0H1
+# creates in the induction heads stays in place, so zeroing L0H1 removes only what it writes directly and into
+# their values: it looks minor here. Path patching (`analyses.patching`, notebook 06) measures its effect through
+# the induction heads' keys on the same kind of repeated sequence: there it carries most of the induction effect.
+
+# %%
+from analyses import patching as P
+from analyses.patching.report_section import induction_probe
+
+clean, corrupt, rep_loss, n_rep = induction_probe(model, seen, seed=0)
+through_k = P.path_patching(model, clean, corrupt, rep_loss, ["L0H1"], ["L1H1", "L1H2"], "k")
+print(f"pattern-preserving ablation of L0H1: {float(abl_text.delta[0, 1]):+.3f} ± {float(abl_text.se[0, 1]):.3f} "
+      f"nats on text, {float(abl_rep.delta[0, 1]):+.3f} ± {float(abl_rep.se[0, 1]):.3f} on repeated tokens")
+print(f"path patching L0H1 → L1H1 + L1H2 through their keys ([BOS] + R + R, |R| = {n_rep}): "
+      f"{float(through_k.share().squeeze()):.3f} of the clean → corrupted loss increase "
+      f"({through_k.clean_value:.3f} → {through_k.corrupt_value:.3f} nats)")
 print("induction heads:", [f"L{l}H{h}" for l, h in ind_heads], "| previous-token heads:",
       [f"L{l}H{h}" for l, h in prev_heads])

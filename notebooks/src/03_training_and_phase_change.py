@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import torch
 
 import analyses
@@ -160,7 +161,7 @@ for step_dir in sorted((run / "checkpoints").glob("step-*")):
 # %%
 rows = [r for r in rows if r[0] > 0]  # step 0 has no place on a log axis
 tokens = [r[0] for r in rows]
-fig, axes = plt.subplots(1, 3, figsize=(15, 4.0), sharex=True, layout="constrained")
+fig, axes = plt.subplots(1, 3, figsize=(11, 3.8), sharex=True, layout="constrained")
 axes[0].plot(tokens, [r[1] for r in rows], marker="o")
 axes[0].set_title("loss on 64 validation windows (nats)")
 axes[1].errorbar(tokens, [r[2] for r in rows], yerr=[r[3] for r in rows], marker="o", capsize=3,
@@ -175,6 +176,7 @@ axes[2].set_title("layer-1 induction scores (|R| = 50)")
 axes[2].legend(fontsize=8, ncol=2)
 for ax in axes:
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no crowded minor labels
     ax.set_xlabel("tokens seen (log scale)")
 plt.show()
 

@@ -153,7 +153,7 @@ answers = rep[:, 1:]  # the token each position should predict
 dirs = model.W_U[:, answers].permute(1, 2, 0)  # [batch, pos-1, d_model]
 dla = (per_head[:, :, :-1] * dirs).sum(-1)  # [head, batch, pos-1]
 second = dla[:, :, 41:].mean((1, 2))
-fig, ax = plt.subplots(figsize=(9, 3))
+fig, ax = plt.subplots(figsize=(9, 3), layout="constrained")
 ax.bar(range(len(labels)), second.detach())
 ax.set_xticks(range(len(labels)), labels, rotation=90)
 ax.set_ylabel("logit of the correct token")
@@ -218,5 +218,5 @@ def patch_head(l, h):
 restored = torch.tensor([[(corrupt_loss - patch_head(l, h)) / (corrupt_loss - clean_loss)
                           for h in range(cfg.n_heads)] for l in range(cfg.n_layers)])
 fig = plots.plot_score_heatmap(restored, "share of the second-copy loss restored by patching one head",
-                                        vmin=-0.2, vmax=1.0)
+                               vmin=-0.2, vmax=1.0, label="share restored")
 print(f"clean {clean_loss:.2f} nats, corrupted {corrupt_loss:.2f} nats")

@@ -98,13 +98,17 @@ for direction in ("denoising", "noising"):
 # %% [markdown]
 # ## Path patching
 #
-# Activation patching of L1H1's keys cannot say *which* earlier head the keys depend on. Path patching can: run the
-# clean prompt with one sender head's output taken from the corrupted run, reaching only one receiver's query, key
-# or value input, every other head frozen (noising, as Wang et al. 2022). The previous-token head L0H1 → the
-# induction heads L1H1 and L1H2 through their keys stands out; queries and values carry nothing.
+# Activation patching of L1H1's keys cannot say *which* earlier component the keys depend on. Path patching can: run
+# the clean prompt with one sender's output taken from the corrupted run, reaching only one receiver's query, key
+# or value input, every other head frozen (noising, as Wang et al. 2022). Senders are the layer-0 heads and the
+# embeddings (`"embed"`, the token embedding, which reaches layer 1 directly through the residual stream;
+# `"pos_embed"`, identical in both prompts, so it carries nothing by construction). Two routes stand out: the
+# previous-token head L0H1 → the induction heads L1H1 and L1H2 through their **keys** (where to look), and the
+# token embedding → the same heads through their **values** (what to copy). No layer-0 head feeds the values.
 
 # %%
-paths = P.path_patching_matrix(model, clean, corrupt, loss, progress=False)
+senders = ["embed", "pos_embed"] + [f"L0H{h}" for h in range(4)]
+paths = P.path_patching_matrix(model, clean, corrupt, loss, senders=senders, progress=False)
 print(paths.markdown(5))
 fig = P.plot_patching(paths)
 
@@ -119,8 +123,15 @@ joint = {"L0H1 → L1H1 + L1H2 via K": P.path_patching(model, clean, corrupt, lo
 for c in "qkv":
     joint[f"all of layer 0 → all of layer 1 via {c.upper()}"] = P.path_patching(model, clean, corrupt, loss, layer0,
                                                                                layer1, c)
+for c in "qkv":
+    joint[f"token embedding → all of layer 1 via {c.upper()}"] = P.path_patching(model, clean, corrupt, loss,
+                                                                                ["embed"], layer1, c)
 for name, r in joint.items():
-    print(f"{name:<40} share {float(r.share().squeeze()):.3f}")
+    print(f"{name:<42} share {float(r.share().squeeze()):.3f}")
+
+# %% [markdown]
+# A share above 1 means the path alone does more harm than the whole corruption: with clean keys but the corrupted
+# embedding in their values, the induction heads look at the right place and copy a wrong token confidently.
 
 # %% [markdown]
 # **A check with a known answer.** `circuits.testing.build_induction_model` builds an induction circuit by hand:
@@ -150,15 +161,27 @@ for c, label in enumerate(toy_paths.labels[0]):
 # ## Attribution patching
 #
 # One forward and one backward pass estimate every patch to first order: Δmetric ≈ (a_clean − a_corrupt) ·
-# ∂metric/∂a (Nanda 2023). `attribution_patching` runs the exact patches beside it and reports the correlation. For
-# head outputs by position the estimate tracks the exact effect; for the residual stream, whose patches are large
-# and act through the attention softmax, the linear estimate fails.
+# ∂metric/∂a (Nanda 2023). `attribution_patching` runs the exact patches beside it; a correlation over cells hides
+# where it fails, so `error_table()` lists each cell's estimate, exact effect and error.
 
 # %%
-for kind, by_pos in (("z", True), ("resid_pre", None)):
+for kind, by_pos in (("z", False), ("z", True), ("resid_pre", None)):
     a = P.attribution_patching(model, clean, corrupt, loss, kind=kind, by_pos=by_pos, progress=False)
-    print(f"{kind:<10} r = {a.correlation:.3f}, largest |estimate − exact| {a.max_error:.3f} nats")
+    cells = " × ".join(a.estimate.axes)
+    print(f"{kind:<10} cells {cells:<16} r = {a.correlation:.3f}, largest |estimate − exact| {a.max_error:.3f} nats")
+per_head = P.attribution_patching(model, clean, corrupt, loss, kind="z", by_pos=False, progress=False)
+print(per_head.error_table(8))
 fig = P.plot_attribution(P.attribution_patching(model, clean, corrupt, loss, kind="z", by_pos=True, progress=False))
+
+# %% [markdown]
+# Where the linear estimate fails. Per head (the table), the correlation over the 8 heads is carried by the two
+# induction heads, whose outputs reach the logits directly: their estimates have the right sign and overshoot
+# (the loss is curved in the logits). The layer-0 heads act through the layer-1 heads' attention softmax, which a
+# whole-head patch moves far from where the gradient was taken: the estimate for the previous-token head L0H1 has
+# the **wrong sign**, and L0H0's is off by a factor. By position the patches are small and the estimate tracks the
+# exact effect better (the scatter; points off the diagonal are again layer-0 cells); for the residual stream,
+# whose patches are large and act through every softmax, it fails. Trust attribution patching to rank cells that
+# write straight to the logits; for cells that steer later attention, run the exact patch.
 
 # %% [markdown]
 # ## Direct logit attribution
@@ -176,9 +199,9 @@ fig = P.plot_dla(dla, "Direct logit attribution of the correct next token, secon
 # %% [markdown]
 # ## The logit lens
 #
-# The residual stream before each layer, read through the final norm and the unembedding as if the model stopped
-# there. Before layer 0 it is the direct path (a bigram model); the repeated `foo(a, b)` is predicted only after
-# the last layer, where the induction heads have written.
+# The residual stream before each layer, read through the unembedding as if the model stopped there (this model has
+# no final norm; for a model with one, the lens applies it first). Before layer 0 it is the direct path (a bigram
+# model); the repeated `foo(a, b)` is predicted only after the last layer, where the induction heads have written.
 
 # %%
 lens = P.logit_lens(model, "x = foo(a, b)\ny = foo(a, b)\n")

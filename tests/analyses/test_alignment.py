@@ -99,7 +99,8 @@ def test_encdec_report_on_the_hand_built_model(tmp_path, monkeypatch):
     assert {k: v for k, v in found.items() if v} == {}
     md = r.path.read_text()
     assert "Alignment heads (score ≥ 0.9): **C0H0** (1.000)." in md
-    assert "Cross-attention copying heads (score ≥ 0.9): **C0H0** (1.000)." in md
+    assert ("Cross-attention copying heads (copying score ≥ 0.9 and top-1 diagonal accuracy ≥ 0.5): **C0H0** "
+            "(1.000, top-1 100%).") in md
     assert "| C0H0[src] | 1 |" in md  # the copying path carries the correct token
 
 

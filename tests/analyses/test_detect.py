@@ -77,10 +77,13 @@ def test_zoo_attn_only_2l_has_induction_heads():
     assert any(res.row(*h).partner in prev.heads for h in res.heads)
 
 
-def test_zoo_attn_only_1l_has_copying_heads():
+def test_zoo_attn_only_1l_heads_pass_the_eigenvalue_score_and_raise_their_own_token_above_chance():
     from analyses.one_layer import copying_heads_table
 
     m = zoo_model("attn-only-1l")
     t = copying_heads_table(m, behavioural=False)
-    assert len(t.heads) >= m.cfg.n_heads // 2, str(t)
+    passing = t.heads + t.ov_positive
+    assert len(passing) >= m.cfg.n_heads // 2, str(t)
+    assert all(float(t.top1[h]) < t.diagonal for h in t.ov_positive)
+    assert all(float(t.top5[h]) > 5 / t.n_ids for h in passing)  # own logit in the top 5 above chance
     assert torch.all(t.copying_score <= 1.0)

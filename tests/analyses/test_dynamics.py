@@ -45,6 +45,26 @@ def test_window_bump_and_icl(tmp_path):
     assert (tmp_path / "d.png").stat().st_size > 5000
 
 
+@pytest.mark.parametrize("settings, expect", [
+    (dict(data="synthetic:repeat"), ("train (synthetic:repeat)", "validation (synthetic:repeat)")),
+    (dict(data="stdlib", repeat_fraction=0.5), ("train (text + synthetic repeats)", "validation (text)")),
+    (dict(data="stdlib", repeat_fraction=0.0), ("train (text)", "validation (text)")),
+    (None, ("train", "validation")),
+])
+def test_loss_legend_comes_from_the_runs_own_config(tmp_path, settings, expect):
+    import matplotlib.pyplot as plt
+
+    from models.training.loop import TrainConfig
+
+    run = write_run(tmp_path / "run")
+    if settings is not None:
+        (run / "train_config.json").write_text(TrainConfig(**settings).to_json())
+    fig = plot_training_dynamics(training_dynamics(run))
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    plt.close(fig)
+    assert legend == list(expect)
+
+
 def test_no_phase_change(tmp_path):
     run = tmp_path / "flat"
     run.mkdir()

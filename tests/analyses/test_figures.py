@@ -33,9 +33,16 @@ def _close_figures():
 def test_clean_figure_passes():
     fig, ax = plt.subplots(figsize=(4, 3), layout="constrained")
     im = ax.imshow(torch.rand(5, 5).numpy())
-    fig.colorbar(im, ax=ax)
+    fig.colorbar(im, ax=ax, label="probability")
     ax.set_title("fine")
     assert figure_problems(fig) == []
+
+
+@pytest.mark.parametrize("label", ["", "value"])
+def test_colour_bar_must_name_its_quantity(label):
+    fig, ax = plt.subplots(figsize=(4, 3), layout="constrained")
+    fig.colorbar(ax.imshow(torch.rand(5, 5).numpy()), ax=ax, label=label)
+    assert figure_problems(fig) == [f"a colour bar is labelled {label!r}: name its quantity and unit"]
 
 
 def test_title_outside_the_canvas():
@@ -64,7 +71,7 @@ def test_heatmap_without_colour_bar_and_shared_scale():
     for ax in axes:
         ax.imshow(torch.rand(4, 4).numpy(), vmin=0, vmax=1)
     assert sum("no colour bar" in p for p in figure_problems(fig)) == 2
-    fig.colorbar(axes[0].images[0], ax=list(axes))  # one bar for both: same map, same limits
+    fig.colorbar(axes[0].images[0], ax=list(axes), label="probability")  # one bar for both: same map, same limits
     assert figure_problems(fig) == []
     axes[1].images[0].set_clim(0, 2)  # now the second panel has a scale of its own, without a bar
     assert sum("no colour bar" in p for p in figure_problems(fig)) == 1
@@ -117,7 +124,7 @@ def test_token_pattern_grids():
 
 
 def test_interactive_static_twins():
-    from analyses.interactive import attention_view, direct_logit_attribution, token_values_view
+    from analyses.interactive import DLA_QUANTITY, attention_view, direct_logit_attribution, token_values_view
     from analyses.labels import token_labels
     from circuits.testing import build_induction_model
 
@@ -126,8 +133,9 @@ def test_interactive_static_twins():
     t = torch.tensor([0, 5, 3, 9, 10, 11, 5, 3, 9, 10, 11])  # bytes: \t and \n among them
     assert figure_problems(attention_view(model, t).figure()) == []
     dla, names = direct_logit_attribution(model, t)
-    view = token_values_view(token_labels(model, t[1:].tolist()), dla, names, "direct logit attribution")
-    assert figure_problems(view.figure()) == []
+    view = token_values_view(token_labels(model, t[1:].tolist()), dla, names, "direct logit attribution", DLA_QUANTITY)
+    fig = view.figure()
+    assert figure_problems(fig) == [] and fig.axes[-1].get_ylabel() == DLA_QUANTITY
 
 
 @pytest.mark.slow

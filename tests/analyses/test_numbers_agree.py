@@ -147,9 +147,16 @@ def test_heads_command_on_a_one_layer_model(tmp_path):
         assert main(["heads", str(tmp_path / "one"), "--text-file", str(text), "--json", "--no-progress"]) == 0
     out = json.loads(buf.getvalue())
     ov = circuits.copying_scores(m)[0]
+    from analyses.sequences import token_pool
+
+    with torch.no_grad():
+        S = token_pool(m, torch.tensor(m.tokenizer.encode(text.read_text())))
     for h, rec in enumerate(out["heads"]):
         assert rec["ov_copying"] == pytest.approx(float(ov[h]), abs=1e-5)
-        assert ("copying" in rec["verdict"]) == (float(ov[h]) >= 0.5)
+        M = (m.W_E @ m.W_V[0, h] @ m.W_O[0, h] @ m.W_U).double()[S][:, S]  # dense full OV over the text's ids
+        assert rec["ov_top1"] == pytest.approx(float((M.diagonal() >= M.max(-1).values).double().mean()), abs=1e-6)
+        assert ("copying" in rec["verdict"]) == (float(ov[h]) >= 0.5 and rec["ov_top1"] >= 0.5)
+        assert ("OV-positive" in rec["verdict"]) == (float(ov[h]) >= 0.5 and rec["ov_top1"] < 0.5)
         assert rec["induction_arena"] is not None
     assert out["heads"][0]["ov_copying"] > 0.9 and "copying" in out["heads"][0]["verdict"]
     assert "ARENA" in out["induction_arena_probe"]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from analyses.one_layer import copying_heads_table, head_ablation_losses, positional_vs_content
+from analyses.sequences import token_pool
 from analyses.trigrams import skip_trigram_bugs, skip_trigrams
 from analyses.zero_layer import bigram_table
 from models import HookedTransformer, HookedTransformerConfig
@@ -73,13 +74,20 @@ def test_copying_heads_table_identity_vs_negative():
         for h, sign in enumerate((1.0, -1.0)):
             a.W_V[h].copy_(torch.eye(V))
             a.W_O[h].copy_(sign * torch.eye(V))
+        # head 2: 0.1 I + u uᵀ, positive definite (Σλ/Σ|λ| = 1), but every row i ≠ 1 raises token 1 most
+        u = torch.ones(V)
+        u[1] = 5.0
+        a.W_V[2].copy_(torch.eye(V))
+        a.W_O[2].copy_(0.1 * torch.eye(V) + torch.outer(u, u))
     t = copying_heads_table(m, behavioural=False)
     assert t.copying_score[0, 0] == pytest.approx(1.0) and t.copying_score[0, 1] == pytest.approx(-1.0)
     assert t.top1[0, 0] == 1.0 and t.top5[0, 1] == 0.0
     assert t.positive_fraction[0, 0] == 1.0 and t.positive_fraction[0, 1] == 0.0
-    assert abs(float(t.copying_score[0, 2])) < 0.5  # random head
-    assert t.heads == [(0, 0)]
-    assert "copying?" in t.markdown() and "1 of 3 heads copy" in str(t)
+    assert t.copying_score[0, 2] == pytest.approx(1.0, abs=1e-5)
+    assert float(t.top1[0, 2]) == pytest.approx(1 / token_pool(m).numel())  # only row 1 (the pool: all but BOS)
+    assert t.heads == [(0, 0)] and t.ov_positive == [(0, 2)]
+    assert [t.verdict(0, h) for h in range(3)] == ["copying", "", "OV-positive"]
+    assert "OV-positive" in t.markdown() and "1 of 3 heads copy" in str(t)
 
 
 def positional_model(n_ctx=32):

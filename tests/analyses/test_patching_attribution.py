@@ -83,6 +83,18 @@ def test_comparison_on_the_zoo_model_is_reported():
     assert abs(r.correlation - float(torch.corrcoef(torch.stack([a, b]))[0, 1])) < 1e-12
     assert -1 <= r.correlation <= 1 and r.max_error == pytest.approx(float((a - b).abs().max()))
     assert "r = " in str(r)
+    rows = r.errors()  # per head: estimate and exact effect, largest error first, where the linear estimate fails
+    assert len(rows) == 8 and [abs(e - x) for _, e, x, _ in rows] == sorted((abs(e - x) for _, e, x, _ in rows),
+                                                                             reverse=True)
+    by_label = {lab: (e, x, note) for lab, e, x, note in rows}
+    tiny = 0.01 * float(b.abs().max())
+    for i, lab in enumerate(f"L{l}H{h}" for l in range(2) for h in range(4)):
+        e, x, note = by_label[lab]
+        assert (e, x) == pytest.approx((float(a[i]), float(b[i])))
+        wrong = abs(e) > tiny and abs(x) > tiny and e * x < 0
+        assert (note == "wrong sign") == wrong
+        assert note.startswith("off by") == (not wrong and abs(x) > tiny and not 0.5 <= e / x <= 2)
+    assert "linear estimate" in r.error_table() and "per cell against exact activation patching" in str(r)
     pat = P.attribution_patching(m, clean, corrupt, met, kind="pattern", by_pos=True, progress=False)
     assert pat.estimate.axes == pat.exact.axes == ("layer", "head", "pos")
     assert pat.estimate.values.shape == pat.exact.values.shape == (2, 4, 21)

@@ -177,6 +177,11 @@ def test_bad_input():
     with pytest.raises(P.PatchingError, match="grouped-query"):
         P.path_patching(gqa, t, t, m, ["L0H0"], ["L1H0"], "k")
     P.path_patching(gqa, t, t, m, ["L0H0"], ["L1H0"], "q")  # queries stay per head
+    rot = random_model(n_layers=2, positional="rotary").eval()
+    with pytest.raises(P.PatchingError, match="no hook_pos_embed"):
+        P.path_patching(rot, t, t, m, ["pos_embed"], ["L1H0"], "q")
+    same = P.path_patching(rot, t, t, m, ["embed"], ["L0H0"], "v")  # an embedding reaches layer 0 too
+    assert torch.allclose(same.per_prompt.reshape(-1), same.clean, atol=1e-12)  # identical prompts: nothing moves
 
 
 def test_unfrozen_mlps_let_the_sender_reach_the_receiver_through_them():

@@ -10,6 +10,7 @@ from helpers import randomize
 from circuits.cross_attention import (
     cross_attention_map,
     cross_copying_scores,
+    cross_diagonal_accuracy,
     cross_ov_circuit,
     cross_qk_circuit,
     full_cross_ov_circuit,
@@ -85,6 +86,20 @@ def test_cross_copying_scores_match_dense_eigenvalues():
         dense = (m.W_E_src @ m.cross_W_V[0, h] @ m.cross_W_O[0, h] @ m.W_U).detach()
         lam = torch.linalg.eigvals(dense)
         assert abs(float(cs[0, h]) - float(lam.sum().real / lam.abs().sum())) < 1e-9
+
+
+def test_cross_diagonal_accuracy_matches_dense_ranks():
+    m = make(n_dec=2, seed=3)
+    ids = [3, 4, 6, 7, 8, 10]
+    acc = cross_diagonal_accuracy(m, ids, k=(1, 5))
+    assert acc[1].shape == (2, 2)
+    for l, h in itertools.product(range(2), range(2)):
+        dense = (m.W_E_src @ m.cross_W_V[l, h] @ m.cross_W_O[l, h] @ m.W_U).detach()[ids][:, ids]
+        rank = (dense > dense.diagonal()[:, None]).sum(-1)  # entries above the row's own
+        for k in (1, 5):
+            assert float(acc[k][l, h]) == pytest.approx(float((rank < k).double().mean()), abs=1e-12)
+    with pytest.raises(ConfigError, match="d_vocab_src=11, d_vocab_tgt=9"):
+        cross_diagonal_accuracy(make(d_vocab_tgt=9))
 
 
 def test_copying_refused_for_different_vocabularies():

@@ -31,6 +31,14 @@ def test_info_heads_and_a_refusal():
     by = {h["head"]: h for h in heads["heads"]}
     assert set(by) == {"C0H0", "C0H1"}
     assert max(h["alignment"] for h in by.values()) >= 0.9 and max(h["ov_copying"] for h in by.values()) >= 0.9
+    from circuits.cross_attention import cross_diagonal_accuracy
+    from models import load
+
+    acc = cross_diagonal_accuracy(load(M), range(3, 13), k=(1, 5))  # the 10 letters after PAD, BOS, EOS
+    for h in range(2):
+        rec = by[f"C0H{h}"]
+        assert (rec["ov_top1"], rec["ov_top5"]) == (float(acc[1][0, h]), float(acc[5][0, h]))
+        assert ("copying" in rec["verdict"]) == (rec["ov_copying"] >= 0.4 and rec["ov_top1"] >= 0.5)
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ def test_readme_training_example_forms_induction_heads(tmp_path, monkeypatch):
     scope: dict = {}
     exec(compile(readme_training_example(), str(README), "exec"), scope)
     model = scope["model"]
-    found = detect_induction_heads(model)  # ARENA's score >= 0.4 on [BOS]+R+R and Olsson's prefix matching >= 0.4
+    found = detect_induction_heads(model)  # the induction score >= 0.4 on [BOS]+R+R and Olsson's prefix matching >= 0.4
     assert found.heads and all(layer == 1 for layer, _ in found.heads), str(found)
     assert max(r.induction for r in found.table) >= 0.5, str(found)
     assert (tmp_path / "runs" / "tiny" / "model.safetensors").is_file()

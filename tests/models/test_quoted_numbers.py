@@ -1,0 +1,118 @@
+"""The numbers that README.md, the model cards and analyses/REPRODUCTION.md quote agree with the cards' JSON
+(`measured.json`, written with the card): per-head score lists, maxima, verdict counts and the formation step, at
+the precision each text prints them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from models.io.checkpoint import ZOO_DIR
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+REPRO = (ROOT / "analyses" / "REPRODUCTION.md").read_text()
+NUM = r"[−+-]?\d+\.\d+"
+
+
+def measured(name: str) -> dict:
+    return json.loads((ZOO_DIR / name / "measured.json").read_text())
+
+
+def card(name: str) -> str:
+    return (ZOO_DIR / name / "card.md").read_text()
+
+
+def floats(text: str) -> list[float]:
+    return [float(x.replace("−", "-")) for x in re.findall(NUM, text)]
+
+
+def fmt(values, digits: int) -> list[float]:
+    return [round(float(v), digits) for v in values]
+
+
+def card_line(name: str, start: str) -> str:
+    lines = [ln for ln in card(name).splitlines() if ln.startswith(start)]
+    assert len(lines) == 1, (name, start, lines)
+    return lines[0]
+
+
+def heads_and_max(line: str, layer: int) -> tuple[list[float], float]:
+    m = re.search(rf"layer {layer} heads: ((?:{NUM}, )*{NUM}) \(max \*\*({NUM})\*\*\)", line)
+    assert m, line
+    return floats(m.group(1)), float(m.group(2))
+
+
+@pytest.mark.parametrize("name", ["attn-only-1l", "attn-only-2l", "gelu-2l"])
+def test_card_scores_are_the_json(name):
+    js = measured(name)
+    L = len(js["previous_token_scores"]) - 1
+    for key, start in [("previous_token_scores", "- previous-token scores"),
+                       ("induction_scores_50", "- induction scores (second copy of [BOS]+R+R → the token after the "
+                                               "first occurrence), |R| = 50 "),
+                       ("induction_scores_arena_50", "- ARENA's induction score")]:
+        line_layer = 0 if key == "previous_token_scores" else L
+        got, top = heads_and_max(card_line(name, start), line_layer)
+        assert got == fmt(js[key][line_layer], 2) and top == round(max(js[key][line_layer]), 3), (name, key)
+    if "induction_onset_step" in js:
+        line = card_line(name, "- induction heads formed")
+        step = js["induction_onset_step"]
+        assert (f"by checkpoint step {step} " in line) if step is not None else "not within this run" in line
+
+
+def test_one_layer_copying_in_card_readme_and_reproduction():
+    js = measured("attn-only-1l")
+    cs, top1 = js["copying_scores"][0], js["ov_top1"][0]
+    passing = sum(v >= 0.5 for v in cs)
+    both = sum(c >= 0.5 and t >= 0.5 for c, t in zip(cs, top1))
+    line = card_line("attn-only-1l", "- copying scores Σλ/Σ|λ|")
+    assert floats(line.split(":", 1)[1])[:len(cs)] == fmt(cs, 2) and f"**{passing} of {len(cs)}**" in line
+    line = card_line("attn-only-1l", "- top-1 / top-5 diagonal accuracy")
+    assert floats(line.split("top-1 ", 2)[2].split(";")[0]) == fmt(top1, 2) and f"**{both} of {len(cs)}**" in line
+    row = next(r for r in README.splitlines() if r.startswith("| [`attn-only-1l`]"))
+    assert floats(row.split("full-OV copying scores", 1)[1])[:len(cs)] == fmt(cs, 2)
+    assert f"**{passing} of {len(cs)} heads ≥ 0.5**" in row
+    lo, hi = (round(100 * v, 1) for v in (min(top1), max(top1)))
+    assert f"{lo}–{hi} %" in row and (both == 0) == ("none copies by both" in row)
+    rrow = next(r for r in REPRO.splitlines() if r.startswith("| 1L: most heads copy"))
+    assert f"{passing} of {len(cs)} heads pass the eigenvalue score (scores " in rrow
+    assert floats(rrow.split("(scores ", 1)[1].split(")")[0]) == fmt(cs, 2)
+    pct = rrow.split("ids seen in training ", 1)[1].split(", so")[0]
+    assert floats(pct) == [round(100 * v, 1) for v in top1] and f"so {both} of {len(cs)} copy by both" in rrow
+
+
+def test_two_layer_induction_quotes_in_readme():
+    js = measured("attn-only-2l")
+    ind, arena = js["induction_scores_50"][1], js["induction_scores_arena_50"][1]
+    heads = sorted(range(len(ind)), key=lambda h: -ind[h])[:2]
+    row = next(r for r in README.splitlines() if r.startswith("| [`attn-only-2l`]"))
+    quoted = ", ".join(f"L1H{h} {ind[h]:.2f}" for h in sorted(heads))
+    assert f"induction heads **{quoted}**" in row, row
+    assert "whole-stripe score, R over all ids: " + ", ".join(f"{arena[h]:.2f}" for h in sorted(heads)) in row
+    assert f"formed by checkpoint step {js['induction_onset_step']} " in row
+    prev = js["previous_token_scores"][0]
+    assert f"**L0H{prev.index(max(prev))} {max(prev):.2f}**" in row
+
+
+def test_gelu_and_encoder_decoder_rows():
+    g = measured("gelu-2l")
+    row = next(r for r in README.splitlines() if r.startswith("| [`gelu-2l`]"))
+    assert f"no induction head (best {max(g['induction_scores_50'][1]):.2f})" in row
+    for name in ("enc-dec-reverse", "enc-dec-sort"):
+        js = measured(name)
+        line = card_line(name, "- top-1 / top-5 diagonal accuracy of the same circuits")
+        t1, t5 = line.split("top-1 ", 2)[2].split("; top-5 ")
+        assert floats(re.sub(r"layer \d+:", "", t1)) == fmt(sum(js["cross_top1_diagonal_accuracy"], []), 3)
+        assert floats(re.sub(r"layer \d+:", "", t5)) == fmt(sum(js["cross_top5_diagonal_accuracy"], []), 3)
+    rev, srt = measured("enc-dec-reverse"), measured("enc-dec-sort")
+    row = next(r for r in README.splitlines() if r.startswith("| [`enc-dec-reverse`]"))
+    assert "top-1 diagonal accuracy " + ", ".join(f"{v:.3f}" for v in rev["cross_top1_diagonal_accuracy"][0]) in row
+    assert ", ".join(f"{v:.3f}" for v in rev["cross_copying_scores"][0]) in row
+    row = next(r for r in README.splitlines() if r.startswith("| [`enc-dec-sort`]"))
+    top1 = {round(v, 2) for v in sum(srt["cross_top1_diagonal_accuracy"], [])}
+    cs = sum(srt["cross_copying_scores"], [])
+    assert len(top1) == 1 and f"top-1 diagonal accuracy {top1.pop():.2f} for every head" in row
+    assert f"copying {min(cs):.2f}–{max(cs):.2f}" in row
