@@ -56,12 +56,7 @@ def test_committed_notebook_ran_within_budget_and_shows_figures(src):
     assert size < 3_000_000, f"{size / 1e6:.1f} MB: keep committed notebooks small"
 
 
-#: Notebooks whose committed build predates the figure checks of notebooks/build.py: 05 is rebuilt on branch i30b
-#: (issue 30, item 1); rebuild it with this build.py after merging and empty this set.
-UNCHECKED = {"05_encoder_decoder"}
-
-
-@pytest.mark.parametrize("src", [s for s in SOURCES if s.stem not in UNCHECKED], ids=lambda s: s.stem)
+@pytest.mark.parametrize("src", SOURCES, ids=lambda s: s.stem)
 def test_committed_notebook_figures_pass_the_figure_checks(src):
     """Every figure was checked as it was drawn (text ≥ 7 pt, nothing cut off or overprinted, colour bars named)
     and is narrow enough to be shown at the size it was checked at (`analyses.figure_checks`)."""
