@@ -106,6 +106,12 @@ class HookedTransformerConfig:
     default_prepend_bos: bool = True
     extra: dict = field(default_factory=dict)  # free-form metadata (training provenance, notes)
 
+    # TransformerLens 2.x's checkpoint labels (not fields: never saved): `models.load` sets `checkpoint_value` (the
+    # step) and `checkpoint_label_type` ("step") for a training checkpoint folder `checkpoints/step-N`; None otherwise.
+    checkpoint_index = None
+    checkpoint_value = None
+    checkpoint_label_type = None
+
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_ctx", "d_vocab", "n_heads"):
             v = getattr(self, name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -172,6 +173,9 @@ def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransform
     device = None if device is None else available_device(device)
     folder = resolve(path_or_name)
     cfg = read_config(folder / CONFIG_FILE)
+    step = checkpoint_step(folder)
+    if step is not None:  # TransformerLens 2.x's labels of a checkpoint (its `cfg.checkpoint_value`)
+        cfg.checkpoint_label_type, cfg.checkpoint_value = "step", step
     if device is not None:
         cfg.device = device
     check_size(cfg, safetensors_shapes(folder / WEIGHTS_FILE), str(folder / CONFIG_FILE))  # weights and layers
@@ -196,6 +200,13 @@ def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransform
 
         process_loaded(model, processing)
     return model.eval()  # as TransformerLens' from_pretrained (transformer_lens.patching refuses training mode)
+
+
+def checkpoint_step(folder: Path) -> int | None:
+    """The step of a training checkpoint folder, `.../checkpoints/step-000500` → 500 (its own name; nothing else is
+    read); None for any other folder."""
+    match = re.fullmatch(r"step-(\d+)", folder.name)
+    return int(match.group(1)) if match and folder.parent.name == "checkpoints" else None
 
 
 def _vocabularies(tokenizer, cfg) -> list[tuple]:

@@ -280,3 +280,14 @@ def test_a_tl2_notebook_needs_only_the_package_name_changed():
 
     by_hand = metric(model.run_with_hooks(corrupt, fwd_hooks=[(name, patch)]))
     assert torch.allclose(grid[1, 3], by_hand, atol=1e-5)
+
+
+def test_checkpoint_folders_carry_transformer_lens_checkpoint_labels():
+    """TransformerLens 2.x's `cfg.checkpoint_value` (Main_Demo reads it): the step of a `checkpoints/step-N` folder."""
+    root = models.io.checkpoint.resolve("attn-only-2l")
+    for folder in sorted((root / "checkpoints").iterdir()):
+        cfg = models.load(folder).cfg
+        assert (cfg.checkpoint_label_type, cfg.checkpoint_value) == ("step", int(folder.name.split("-")[1]))
+    final = models.load("attn-only-2l").cfg
+    assert final.checkpoint_value is None and final.checkpoint_index is None
+    assert "checkpoint_value" not in final.to_json()
