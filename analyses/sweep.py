@@ -242,9 +242,6 @@ def _label(text) -> str:
 def plot_sweep(s: dict):
     """Every seed's validation loss and best layer-1 induction score against tokens, one colour per seed, the
     formation points marked (○ on both panels) and the 0.4 threshold drawn; returns the matplotlib figure."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_loss, ax_ind) = plt.subplots(1, 2, figsize=(11, 4.2))

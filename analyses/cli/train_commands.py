@@ -202,6 +202,10 @@ def run_sweep(args) -> int:
     import os
     from pathlib import Path
 
+    import matplotlib
+
+    matplotlib.use("Agg")  # figures go to files
+
     from models.training.sweep import SWEEP_FILE, read_sweep
 
     from ..sweep import plot_sweep, sweep_markdown, sweep_summary

@@ -196,11 +196,9 @@ if (resolve("attn-only-1l") / "metrics.jsonl").is_file():
 # `metrics.jsonl` and weights: the **formation point** (the first checkpoint whose best layer-1 induction score
 # reaches 0.4), the loss bump, which layer-0 head became the previous-token head and which layer-1 heads became
 # induction heads, the OV copying score of the best induction head, the ICL score and the validation loss; across
-# seeds, the mean with a 95 % Student t interval, and proportions with Wilson's interval. The records ship in
-# `docs/` (no weights): `sweep-attn-only-2l/` (the zoo model's settings, 6000 steps planned) and
-# `sweep-tiny-2l-repeat/` (eight seeds of a 2-layer d_model 64 model on synthetic repeated sequences, 600 steps, the
-# setting of the live run above but with |R| = 50 probes). These cells read them and train nothing. `steps_reached`
-# says how far a sweep got: numbers are those of the newest checkpoint it scored.
+# seeds, the mean with a 95 % Student t interval, and proportions with Wilson's interval. The record of that sweep
+# ships in `docs/sweep-attn-only-2l/` (no weights); this cell reads it and trains nothing. Its `steps_reached`
+# says how far the sweep got: numbers are those of the newest checkpoint it scored.
 
 # %%
 from analyses.sweep import plot_sweep, sweep_markdown
@@ -219,9 +217,6 @@ def show_sweep(name):
 
 
 show_sweep("sweep-attn-only-2l")
-
-# %%
-show_sweep("sweep-tiny-2l-repeat")
 
 # %% [markdown]
 # Compare with Olsson et al. (2022, §3 and Argument 1): in every small attention-only model they trained with more
