@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -213,6 +212,18 @@ def setup() -> dict:
             "differences": "Welch 95 % interval (Welch 1947); detectable: two-sided alpha 0.05, power 0.8"}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo's "model name"), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -234,8 +245,7 @@ def main(argv=None) -> None:
             print(f"{s:<16} seed {seed}: stopped after {r['steps']} steps at accuracy {r['stop_accuracy']:.3f}; "
                   f"gold {r['gold']:.3f} free {r['free']:.3f}", flush=True)
     runs = [json.loads(f.read_text()) for f in sorted((args.out / "runs").glob("*.json"))]
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout if platform.system() == "Linux" else ""
-    cpu = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "")
+    cpu = cpu_model()
     result = {"setup": setup(), "cpu": cpu, "torch": torch.__version__, "runs": runs, **summarise(runs)}
     _write_json(args.out / "results.json", result)
     head = (f"Written by `python -m analyses.exposure_bias_experiment --out {args.out} --seeds {args.seeds}` "

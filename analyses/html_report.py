@@ -67,17 +67,23 @@ def _views_html(ctx) -> str:
 
 
 def write_html(ctx, markdown: str, path) -> Path:
-    """Write `path` (atomically: a temporary file renamed into place) and return it."""
+    """Write the circuit report's page to `path` (`write_page`, with the interactive views) and return it."""
+    return write_page(markdown, path, f"Circuit report: {ctx.name}", _views_html(ctx))
+
+
+def write_page(markdown: str, path, title: str, views: str = "") -> Path:
+    """Write `markdown` as one self-contained page to `path` (atomically: a temporary file renamed into place): its
+    PNGs (files beside `path`) embedded, raw HTML in the markdown shown as text, `views` (HTML of ours) after the
+    `ANCHOR` heading or the title."""
     path = Path(path)
     body = _embed_images(_markdown_to_html(markdown), path.parent)
-    views = _views_html(ctx)
     if views:
         heading = f"<h2>{html.escape(ANCHOR)}</h2>"
         i = body.find(heading)
         at = i + len(heading) if i >= 0 else body.find("</h1>") + len("</h1>")
         body = body[:at] + "\n" + views + "\n" + body[at:]
     page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            f"<title>Circuit report: {html.escape(str(ctx.name))}</title>\n<style>{STYLE}</style>\n</head>\n"
+            f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n"
             f"<body>\n{body}\n</body>\n</html>\n")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(page, encoding="utf-8")

@@ -34,6 +34,12 @@ from importlib.util import find_spec, module_from_spec
 from types import ModuleType
 
 TRANSFORMER_LENS = ("transformer_lens", "transformer_lens.utilities", "transformer_lens.conversion_utils")
+#: What the toolkit takes from `transformer_lens` before its `__init__` has run: these names and submodules only.
+#: Anything else a program asks for (SAELens' `from transformer_lens import HookedTransformer`) first runs the
+#: deferred `__init__`s, so that other libraries' imports happen in TransformerLens' own order (served early, 3.9's
+#: `HookedTransformer` module would reach its `__init__` half-way through and meet itself half-initialised).
+SERVED_EARLY = {"transformer_lens": frozenset({"ActivationCache", "FactoredMatrix", "HookedRootModule", "hook_points",
+                                               "utilities", "conversion_utils"})}
 SWITCH = "TOY_CIRCUITS_EAGER_IMPORTS"
 
 _lock = threading.RLock()
@@ -174,7 +180,11 @@ def defer_package_inits(packages: tuple[str, ...]) -> bool:
                 source = spec.loader.get_source(name)
                 if source is None:
                     return False
-                made.append((module_from_spec(spec), leading_imports(source, name)))
+                names, subs = leading_imports(source, name)
+                if name in SERVED_EARLY:
+                    names = {n: t for n, t in names.items() if n in SERVED_EARLY[name]}
+                    subs = subs & SERVED_EARLY[name]
+                made.append((module_from_spec(spec), (names, subs)))
         except (ImportError, OSError, SyntaxError, AttributeError, ValueError):
             return False
         for module, (names, subs) in made:

@@ -63,6 +63,8 @@ def _sae_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--out", required=True, metavar="DIR", help="folder for sae_report.md and sae_report.png")
     r.add_argument("--windows", type=positive_int, default=32, help="validation windows of n_ctx tokens (default 32)")
     r.add_argument("--top", type=positive_int, default=8, help="features shown (default 8)")
+    r.add_argument("--html", action="store_true", help="also write sae_report.html: one self-contained page, the "
+                   "figure embedded, that opens offline")
     r.add_argument("--text-file", metavar="FILE",
                    help="validation text (default: the validation split of the model's training corpus)")
     add_common(r)
@@ -165,7 +167,13 @@ def run_report(args) -> int:
     finally:
         if tmp.exists():
             tmp.unlink()
+    html_path = None
+    if args.html:
+        from ..html_report import write_page
+
+        html_path = write_page(text, out / "sae_report.html", f"SAE report: {loaded.name}")
     obj = {"model": loaded.name, "sae": str(sae_dir), "report": str(md_path), "figure": str(png_path),
+           "html": None if html_path is None else str(html_path),
            **report.stats, "losses": report.losses,
            "features": [{"index": f.index, "frequency": f.frequency, "max_act": f.max_act,
                          "contexts": [{"before": b, "token": t, "after": a, "activation": v} for b, t, a, v in
@@ -174,7 +182,8 @@ def run_report(args) -> int:
                                                                       for t, v in f.promoted]}
                         for f in report.features]}
     lo = report.losses
-    emit(args, obj, f"wrote {md_path} and {png_path}: FVU {report.stats['fvu']:.3f}, L0 {report.stats['l0']:.1f}, "
+    wrote = f"{md_path}, {png_path} and {html_path}" if html_path else f"{md_path} and {png_path}"
+    emit(args, obj, f"wrote {wrote}: FVU {report.stats['fvu']:.3f}, L0 {report.stats['l0']:.1f}, "
                     f"dead {report.stats['dead']}/{report.stats['d_sae']}, loss clean {lo['clean']:.3f} / spliced "
                     f"{lo['spliced']:.3f} / zero-ablated {lo['zero_ablated']:.3f}")
     return 0

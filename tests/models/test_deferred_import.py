@@ -165,13 +165,20 @@ def test_completed_transformer_lens_is_the_normally_imported_one():
     assert _run(code, ROOT) == _run(code, ROOT, eager=True)
 
 
-def test_library_import_leaves_transformer_lens_alone():
-    """Only the command line defers: a program that imports `models` gets TransformerLens' plain import."""
+def test_library_import_defers_transformer_lens_too():
+    """`import models` defers as the command line does: a program that loads and runs a zoo model imports no Hugging
+    Face `transformers` (TransformerLens 4.x: its `__init__`s stay pending)."""
+    from models.arch.tl_compat import TL_VERSION, version_tuple
+
+    if version_tuple(TL_VERSION) < (4, 0):
+        pytest.skip(f"transformer-lens {TL_VERSION}: its classes import transformers themselves")
     got = _run("""
         import json, sys
         import models
         m = models.load("attn-only-2l")
+        m(m.to_tokens("def f(x): return x"))
         from models import deferred_import
         print(json.dumps({"pending": deferred_import.pending(), "hf": "transformers" in sys.modules}))
     """, ROOT)
-    assert got == {"pending": [], "hf": True}
+    assert got == {"pending": ["transformer_lens", "transformer_lens.conversion_utils", "transformer_lens.utilities"],
+                   "hf": False}

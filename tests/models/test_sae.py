@@ -245,7 +245,7 @@ def test_cli_train_then_report_on_gelu_2l(tmp_path):
     assert st.fvu < 0.3 and 0 < st.l0 < sae.cfg.d_sae / 2
 
     rep = tmp_path / "report"
-    r = _circuits("sae", "report", "gelu-2l", out, "--out", rep, "--windows", 8, "--top", 3, "--json",
+    r = _circuits("sae", "report", "gelu-2l", out, "--out", rep, "--windows", 8, "--top", 3, "--json", "--html",
                   "--no-progress")
     assert r.returncode == 0, r.stderr
     obj = json.loads(r.stdout)
@@ -253,6 +253,9 @@ def test_cli_train_then_report_on_gelu_2l(tmp_path):
     assert len(obj["features"]) == 3 and all(f["contexts"] and f["promoted"] for f in obj["features"])
     md = (rep / "sae_report.md").read_text()
     assert "FVU" in md and "### Feature" in md and (rep / "sae_report.png").stat().st_size > 10_000
+    page = (rep / "sae_report.html").read_text()
+    assert obj["html"] == str(rep / "sae_report.html") and "data:image/png;base64," in page
+    assert "### Feature" not in page and page.count("<h3>") >= 3 and "<script" not in page  # rendered; loads nothing
     # bad input: one line, exit 2, nothing overwritten
     for args, match in [(("sae", "train", "gelu-2l", "--hook", "blocks.1.hook_mlp_out", "--out", out), "not an empty"),
                         (("sae", "train", "gelu-2l", "--hook", "blocks.7.hook_mlp_out", "--out", tmp_path / "x"),
@@ -262,3 +265,15 @@ def test_cli_train_then_report_on_gelu_2l(tmp_path):
         r = _circuits(*args)
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and match in lines[0], r.stderr
+
+
+@pytest.mark.ecosystem
+@needs_sae_lens
+def test_sae_lens_imports_after_models_in_one_program():
+    """`import models` defers TransformerLens' package `__init__` (models.deferred_import); SAELens imported after a
+    model has run must still import (it failed with a circular import under transformer-lens 3.9 when the deferral
+    served its `HookedTransformer` before the package `__init__`)."""
+    code = ("import models; m = models.load('attn-only-1l'); m(m.to_tokens('ab')); import sae_lens; "
+            "from sae_lens import HookedSAETransformer; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
