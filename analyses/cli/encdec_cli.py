@@ -192,11 +192,12 @@ def generate(args, loaded) -> int:
 
 def heads(args, loaded) -> int:
     """Per cross-attention head: alignment score on held-out pairs of the model's task and OV copying score."""
-    from circuits.cross_attention import check_shared_vocabulary, cross_copying_scores
+    from circuits.cross_attention import check_shared_vocabulary, cross_copying_scores, cross_diagonal_accuracy
     from models.errors import ConfigError
 
     from ..alignment import alignment_scores
-    from ..encdec_report import held_out_probes, seq2seq_task
+    from ..encdec_report import held_out_probes, seq2seq_task, symbol_ids
+    from ..one_layer import DIAGONAL_THRESHOLD, copying_verdict
 
     model, cfg = loaded.model, loaded.model.cfg
     spec = seq2seq_task(model, _train_config(loaded))
@@ -209,25 +210,33 @@ def heads(args, loaded) -> int:
     try:
         check_shared_vocabulary(model, "copying")
         copy = cross_copying_scores(model)
+        symbols = symbol_ids(model)
+        acc = cross_diagonal_accuracy(model, symbols, k=(1, 5))
     except ConfigError:
-        copy = None
+        copy = acc = symbols = None
     rows, recs = [], []
     for layer in range(cfg.n_decoder_layers):
         for head in range(cfg.n_heads):
             a = None if align is None else float(align[layer, head])
             c = None if copy is None else float(copy[layer, head])
-            verdict = [v for v, s in (("alignment", a), ("copying", c)) if s is not None and s >= args.threshold]
+            t1, t5 = (None, None) if acc is None else (float(acc[1][layer, head]), float(acc[5][layer, head]))
+            verdict = [v for v in ("alignment" if a is not None and a >= args.threshold else "",
+                                   copying_verdict(c, t1, args.threshold)) if v]
             recs.append({"head": f"C{layer}H{head}", "layer": layer, "index": head, "alignment": a,
-                         "ov_copying": c, "verdict": verdict})
-            rows.append([f"C{layer}H{head}", a, c, ", ".join(verdict) or "—"])
+                         "ov_copying": c, "ov_top1": t1, "ov_top5": t5, "verdict": verdict})
+            rows.append([f"C{layer}H{head}", a, c, t1, t5, ", ".join(verdict) or "—"])
     obj = {"model": loaded.name, "model_type": "encoder_decoder", "heads": recs, "threshold": args.threshold,
            "alignment_probe": about}
     notes = [f"alignment: attention on the source position each predicted token comes from, on {about}"
              if about else "alignment: — (no task with aligned source positions recorded for this model)",
              "OV copying: Σλ/Σ|λ| over the eigenvalues of W_E_src W_V W_O W_U" +
              ("" if copy is not None else " — (source and target vocabularies differ)"),
-             f"verdicts: score ≥ {args.threshold}"]
-    emit(args, obj, "\n".join([table(["head", "alignment", "OV copying", "verdict"], rows), ""] + notes))
+             "OV top-1/5: share of the " + (f"{len(symbols)} symbols" if symbols else "symbols") + " whose own logit "
+             "W_E_src W_V W_O W_U raises most / among the 5 most (ARENA's diagonal accuracy)",
+             f"verdicts: alignment score ≥ {args.threshold}; 'copying' needs OV copying ≥ {args.threshold} and OV "
+             f"top-1 ≥ {DIAGONAL_THRESHOLD}, 'OV-positive' the eigenvalues only"]
+    emit(args, obj, "\n".join([table(["head", "alignment", "OV copying", "OV top-1", "OV top-5", "verdict"], rows),
+                               ""] + notes))
     return 0
 
 

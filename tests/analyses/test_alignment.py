@@ -101,7 +101,7 @@ def test_encdec_report_on_the_hand_built_model(tmp_path, monkeypatch):
     assert "Alignment heads (score ≥ 0.9): **C0H0** (1.000)." in md
     assert ("Cross-attention copying heads (copying score ≥ 0.9 and top-1 diagonal accuracy ≥ 0.5): **C0H0** "
             "(1.000, top-1 100%).") in md
-    assert "| C0H0[src] | 1 |" in md  # the copying path carries the correct token
+    assert "| C0H0\\[src\\] | 1 |" in md  # the copying path carries the correct token (label escaped for Markdown)
 
 
 def test_cross_pattern_figure_without_alignment_passes_checks():
