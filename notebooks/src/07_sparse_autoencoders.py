@@ -167,7 +167,7 @@ print("features most active on the second copy:", induction.tolist())
 for f in induction.tolist():
     print(f"feature {f}: mean activation first copy {first[f]:.3f}, second copy {second[f]:.3f}; head shares "
           + " ".join(f"H{h} {head_share[f, h]:.2f}" for h in range(H)))
-fig, ax = plt.subplots(figsize=(8, 2.6))
+fig, ax = plt.subplots(figsize=(8, 2.8), constrained_layout=True)
 for f in induction[:3].tolist():
     ax.plot(acts[:, :, f].mean(0).numpy(), label=f"feature {f}")
 ax.axvline(20.5, color="gray", lw=1, ls="--")
