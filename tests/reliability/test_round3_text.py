@@ -85,7 +85,8 @@ def _last_window_ids(path) -> list[int]:
     return model.to_tokens(LONG, truncate=False)[0, -N_CTX:].tolist()
 
 
-@pytest.mark.parametrize("case", list(CLI_CASES), ids=lambda c: f"{c[0]}{c[1]}")
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.tl4] if c[0] == "lens" else [])
+                                  for c in CLI_CASES], ids=lambda c: f"{c[0]}{c[1]}")  # the lens: 4.x only
 def test_every_command_reads_long_text_from_its_end_or_refuses(case, tiny, tmp_path, capsys):
     model_spec, argv, code = CLI_CASES[case]
     model_arg = tiny if model_spec == "tiny" else model_spec
@@ -117,6 +118,7 @@ def _api_cases(model):
     from analyses.patching import activation_patching, answers, direct_logit_attribution, logit_lens, metric
     from analyses.scores import attention_patterns
     from circuits.paths import path_expansion
+    from models.arch.tl_compat import TL_VERSION, version_tuple  # TransformerLens' logit lens is 4.x only
 
     def patched(text):
         met = metric("loss", answers(model, 1, "a"))
@@ -128,7 +130,7 @@ def _api_cases(model):
         "run_with_cache": lambda t: model.run_with_cache(t)[0][0, -1],
         "validate_tokens": lambda t: model.validate_tokens(t)[0],
         "to_str_tokens": lambda t: model.to_str_tokens(t),
-        "logit_lens": lambda t: logit_lens(model, t).tokens,
+        **({"logit_lens": lambda t: logit_lens(model, t).tokens} if version_tuple(TL_VERSION) >= (4, 0) else {}),
         "activation_patching": patched,
         "direct_logit_attribution": lambda t: direct_logit_attribution(model, t, "a"),
         "attention_patterns": lambda t: attention_patterns(model, t),
