@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import tempfile
 from pathlib import Path
 
 import torch
 
 from models import EncoderDecoderConfig
 from models.data.seq2seq import Seq2SeqBatches, make_task
+from models.io.atomic import atomic_write_text
 from models.training.config import TrainConfig
 
 from . import exposure_bias as eb
+from .train_metrics import hardware
 
 N_SYMBOLS, MIN_LEN, MAX_LEN = 10, 4, 8
 THRESHOLD = 0.93
@@ -184,19 +183,8 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_text(path: Path, text: str) -> None:
-    """Atomically: a temporary file beside `path`, renamed into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
-
-
 def _write_json(path: Path, data) -> None:
-    _write_text(path, json.dumps(data, indent=1) + "\n")
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
 def setup() -> dict:
@@ -210,18 +198,6 @@ def setup() -> dict:
                          f"rows is >= {THRESHOLD} (checked every step), or at the step budget",
             "measured_rows": MEASURE_ROWS, "interval": "95 % Student t over seeds (Student 1908)",
             "differences": "Welch 95 % interval (Welch 1947); detectable: two-sided alpha 0.05, power 0.8"}
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux: /proc/cpuinfo's "model name"), else what `platform` knows."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv=None) -> None:
@@ -245,12 +221,12 @@ def main(argv=None) -> None:
             print(f"{s:<16} seed {seed}: stopped after {r['steps']} steps at accuracy {r['stop_accuracy']:.3f}; "
                   f"gold {r['gold']:.3f} free {r['free']:.3f}", flush=True)
     runs = [json.loads(f.read_text()) for f in sorted((args.out / "runs").glob("*.json"))]
-    cpu = cpu_model()
+    cpu = hardware()
     result = {"setup": setup(), "cpu": cpu, "torch": torch.__version__, "runs": runs, **summarise(runs)}
     _write_json(args.out / "results.json", result)
     head = (f"Written by `python -m analyses.exposure_bias_experiment --out {args.out} --seeds {args.seeds}` "
             f"({cpu}, torch {torch.__version__}); see notebooks/05_encoder_decoder.ipynb.\n\n")
-    _write_text(args.out / "results.md", head + markdown(result))
+    atomic_write_text(args.out / "results.md", head + markdown(result))
     from analyses.cli.common import save_figure
 
     from .exposure_bias_plots import plot_injected, plot_per_position

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import html
-import os
 import re
 from pathlib import Path
 
@@ -85,7 +84,6 @@ def write_page(markdown: str, path, title: str, views: str = "") -> Path:
     page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n"
             f"<body>\n{body}\n</body>\n</html>\n")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    from models.io.atomic import atomic_write_text
+
+    return atomic_write_text(path, page)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import statistics
 import subprocess
 import sys
 import time
+
+from machine import cpu as machine_info  # benchmarks/machine.py (run as a script: its folder is on sys.path)
 
 HEAVY = "('transformers', 'datasets', 'pandas', 'pyarrow')"
 USE = ("import models, sys; m = models.load('attn-only-1l'); m(m.to_tokens('def f(x): return x')); "
@@ -29,16 +30,6 @@ USE = ("import models, sys; m = models.load('attn-only-1l'); m(m.to_tokens('def 
 CONFIGS = {"torch": ("import torch, sys; print(len(sys.modules), [])", {}),
            "models": (USE, {}),
            "models, eager": (USE, {"TOY_CIRCUITS_EAGER_IMPORTS": "1"})}
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run(code: str, env: dict) -> tuple[float, float, str]:
@@ -63,7 +54,8 @@ def main() -> None:
             cpu, wall, out = run(code, env)
             results[name].append((cpu, wall))
             seen[name] = out
-    print(f"CPU: {cpu_model()}; load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds, alternating")
+    print(f"CPU: {machine_info()['model']}; load average {os.getloadavg()[0]:.2f}; {args.rounds} rounds, "
+          "alternating")
     base = statistics.median(c for c, _ in results["torch"])
     for name, rows in results.items():
         cpu, wall = statistics.median(c for c, _ in rows), statistics.median(w for _, w in rows)

@@ -4,8 +4,8 @@ TransformerLens 4.3's `transformer_lens/__init__.py` and those of `transformer_l
 `transformer_lens.conversion_utils` import Hugging Face `transformers`, `datasets`, `pandas` and pytest (1.3 s of CPU,
 benchmarks/README.md), while the toolkit needs `hook_points`, `HookedRootModule`, `ActivationCache` and
 `FactoredMatrix`, which need none of them. `import models` (and so the `circuits` command line) calls
-`defer_package_inits(TRANSFORMER_LENS)`: `import models` and a first model then cost 1.13× `import torch` in CPU time
-instead of 2.09× (benchmarks/import_cost.py). It puts
+`defer_package_inits(TRANSFORMER_LENS)`: `import models` and a first model then cost 1.09× `import torch` in CPU time
+instead of 2.38× (benchmarks/import_cost.py, quiet Xeon). It puts
 those packages into `sys.modules` as the module objects the import system would make (same spec, `__path__`,
 `__file__`) with their `__init__` code not yet run:
 

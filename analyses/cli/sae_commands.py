@@ -4,7 +4,6 @@ optional: `pip install sae-lens`). torch and SAELens are imported inside the `ru
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from .common import (
@@ -125,6 +124,7 @@ def run_report(args) -> int:
 
     import torch
 
+    from models.io.atomic import atomic_write_text
     from models.sae import TRAINING_FILE, load_sae
 
     from ..sae_report import analyse, markdown, plot
@@ -160,13 +160,7 @@ def run_report(args) -> int:
     save_figure(plot(report, loaded.name), png_path)
     text = markdown(report, loaded.name, settings, f"{args.windows} windows of {n_ctx} tokens of {what}")
     text += f"\n![feature densities and losses]({png_path.name})\n"
-    tmp = out / f".sae_report.md.tmp-{os.getpid()}"
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, md_path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write_text(md_path, text)
     html_path = None
     if args.html:
         from ..html_report import write_page

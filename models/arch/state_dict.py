@@ -39,7 +39,7 @@ def drop_recomputed_buffers(model, state, source: str = "state dict") -> dict:
 
     expected = model.state_dict()
     cfg = model.cfg
-    out = {}
+    out, tables = {}, None  # tables: the rotary tables, computed once for every layer
     for k, v in state.items():
         if k == "pos_embed.W_pos" and k not in expected and not cfg.positions.table:
             continue  # the W_pos TransformerLens 2.x keeps, never read, in models without a positional table (ALiBi)
@@ -61,10 +61,12 @@ def drop_recomputed_buffers(model, state, source: str = "state dict") -> dict:
             rd = cfg.rotary_dim
             ok = cfg.positions.rotates_qk and rd is not None and tuple(v.shape) == (cfg.n_ctx, rd)
             if ok:
-                cos, sin = rotary_angles(cfg.n_ctx, rd, cfg.rotary_base, torch.float64)
-                half = (cos if leaf == "rotary_cos" else sin)
-                table = half.repeat_interleave(2, dim=1) if cfg.rotary_adjacent_pairs else torch.cat([half, half], 1)
-                ok = bool(torch.allclose(v.cpu().double(), table, atol=1e-4))
+                if tables is None:  # TransformerLens 2.x's layout: each angle twice, adjacent or half-split
+                    tables = {f"rotary_{n}": h.repeat_interleave(2, dim=1) if cfg.rotary_adjacent_pairs
+                              else torch.cat([h, h], 1)
+                              for n, h in zip(("cos", "sin"), rotary_angles(cfg.n_ctx, rd, cfg.rotary_base,
+                                                                            torch.float64))}
+                ok = bool(torch.allclose(v.cpu().double(), tables[leaf], atol=1e-4))
             what = (f"TransformerLens 2.x's rotary table for rotary_dim={cfg.rotary_dim}, base {cfg.rotary_base}, "
                     f"n_ctx {cfg.n_ctx}")
         if not ok:

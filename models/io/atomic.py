@@ -70,6 +70,22 @@ def _umask() -> int:
     return mask
 
 
+def atomic_write_text(path, text: str) -> Path:
+    """Write the file `path` atomically: `text` goes to a temporary file beside it (mode as a new file's, from the
+    umask), which is then renamed into place; a crash leaves the previous file or the new one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def atomic_write_dir(path, write_contents) -> Path:
     """Create folder `path` atomically: `write_contents(tmp_dir)` fills a temporary sibling folder, whose
     files are fsynced, then it takes `path`'s place in one atomic swap (`renameat2(RENAME_EXCHANGE)` on Linux;

@@ -202,11 +202,15 @@ def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransform
     return model.eval()  # as TransformerLens' from_pretrained (transformer_lens.patching refuses training mode)
 
 
+#: the folder of a training run that holds its checkpoints (`models.training.state`)
+CHECKPOINTS = "checkpoints"
+
+
 def checkpoint_step(folder: Path) -> int | None:
     """The step of a training checkpoint folder, `.../checkpoints/step-000500` → 500 (its own name; nothing else is
     read); None for any other folder."""
     match = re.fullmatch(r"step-(\d+)", folder.name)
-    return int(match.group(1)) if match and folder.parent.name == "checkpoints" else None
+    return int(match.group(1)) if match and folder.parent.name == CHECKPOINTS else None
 
 
 def _vocabularies(tokenizer, cfg) -> list[tuple]:

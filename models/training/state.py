@@ -21,11 +21,10 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, TrainConfigError
-from ..io.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_state_dict, read_config, read_safetensors, save
+from ..io.checkpoint import CHECKPOINTS, CONFIG_FILE, WEIGHTS_FILE, load_state_dict, read_config, read_safetensors, save
 from ..io.safe_read import JSON_LIMIT, read_text
 from .config import RESUME_FREE, TrainConfig
 
-CHECKPOINTS = "checkpoints"
 OPTIMIZER_FILE, STATE_FILE, METRICS_FILE = "optimizer.safetensors", "trainer_state.json", "metrics.jsonl"
 
 

@@ -29,6 +29,7 @@ from ..arch.model import HookedTransformer
 from ..arch.state_dict import load_state_dict
 from ..data.tokenizer import load_tokenizer
 from ..errors import CheckpointError, TrainConfigError
+from ..io.atomic import atomic_write_text
 from ..io.checkpoint import WEIGHTS_FILE, read_safetensors
 from ..io.safe_read import JSON_LIMIT, read_text
 from . import state as ts
@@ -82,9 +83,7 @@ def read_sweep(out) -> dict:
 
 
 def _write_json(path: Path, d: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(d, indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(d, indent=1))
 
 
 def _check_out(out) -> Path:

@@ -93,13 +93,19 @@ print(f"trained in {mlp_seconds:.0f} s: {mlp.settings['tokens_seen']} token acti
 # the hook zero-ablated. "Loss recovered" is `(zero − spliced) / (zero − clean)`.
 
 # %%
-mlp_report = analyse(gelu, mlp.sae, val, bos, top=8)
-s, lo = mlp_report.stats, mlp_report.losses
-print(f"FVU {s['fvu']:.3f}, L0 {s['l0']:.1f}, dead {s['dead']} of {s['d_sae']}")
-print(f"loss: clean {lo['clean']:.4f}, spliced {lo['spliced']:.4f}, zero-ablated {lo['zero_ablated']:.4f}, "
-      f"recovered {lo['recovered']:.1%}")
-fig = plot(mlp_report, "gelu-2l")
-plt.show()
+def measure(model, sae, val, bos, name, prefix=""):
+    """The SAE's report on validation windows: its numbers printed, its figure shown."""
+    report = analyse(model, sae, val, bos, top=8)
+    s, lo = report.stats, report.losses
+    print(f"{prefix}FVU {s['fvu']:.3f}, L0 {s['l0']:.1f}, dead {s['dead']} of {s['d_sae']}")
+    print(f"loss: clean {lo['clean']:.4f}, spliced {lo['spliced']:.4f}, zero-ablated {lo['zero_ablated']:.4f}, "
+          f"recovered {lo['recovered']:.1%}")
+    plot(report, name)
+    plt.show()
+    return report
+
+
+mlp_report = measure(gelu, mlp.sae, val, bos, "gelu-2l")
 
 # %% [markdown]
 # What the features are: for the features that carry the most activation, the contexts where each fires hardest
@@ -122,13 +128,7 @@ t0 = time.perf_counter()
 zsae = train_sae(attn, "blocks.1.attn.hook_z", train_a, steps=300, expansion=8, l1=2.0, batch_size=1024, bos=bos_a,
                  progress=False)
 z_seconds = time.perf_counter() - t0
-z_report = analyse(attn, zsae.sae, val_a, bos_a, top=8)
-s, lo = z_report.stats, z_report.losses
-print(f"trained in {z_seconds:.0f} s; FVU {s['fvu']:.3f}, L0 {s['l0']:.1f}, dead {s['dead']} of {s['d_sae']}")
-print(f"loss: clean {lo['clean']:.4f}, spliced {lo['spliced']:.4f}, zero-ablated {lo['zero_ablated']:.4f}, "
-      f"recovered {lo['recovered']:.1%}")
-fig = plot(z_report, "attn-only-2l")
-plt.show()
+z_report = measure(attn, zsae.sae, val_a, bos_a, "attn-only-2l", prefix=f"trained in {z_seconds:.0f} s; ")
 
 # %%
 H, d_head = attn.cfg.n_heads, attn.cfg.d_head
