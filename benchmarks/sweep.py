@@ -1,6 +1,6 @@
 """Seed sweeps: tokens/s of N `attn-only-2l` models trained as one stack against N sequential single steps, CPU.
 
-    python benchmarks/sweep.py [--json] [--members 8] [--threads 1 2] [--steps 5] [--vmap]
+    python benchmarks/sweep.py [--json] [--members 8] [--threads 1 2] [--steps 5] [--vmap] [--compile]
 
 Both sides run the trainer's own steps on the preset's batch (32 × 128 tokens per model) with every member's own
 tokens: sequential = for each of N models, `circuits train`'s step (forward, `lm_cross_entropy`, backward,
@@ -13,6 +13,10 @@ both alike; each number is the median over `--steps` timed runs after one warm-u
 unmodified `HookedTransformer`): its token check reads values (`.item()`, which `vmap` refuses) so it is skipped for
 that contender, and torch has no batching rule for the CPU flash-attention kernel, so `vmap` falls back to a loop
 over the members there.
+
+`--compile` adds `torch.compile` (inductor, default mode) of the stacked forward and loss (`StackedDecoder.losses`,
+so its backward is compiled too), the optimiser step left eager; compilation happens in the warm-up, outside the
+timed runs. It is a measurement only: nothing in the package compiles.
 """
 
 from __future__ import annotations
@@ -50,11 +54,12 @@ def sequential_step(models, opts, tokens):
     return step
 
 
-def stacked_step(stack, opt, tokens):
+def stacked_step(stack, opt, tokens, losses_of=None):
     params = [p for _, p in stack.named_stacked()]
+    losses_of = losses_of or stack.losses
 
     def step():
-        losses = stack.losses(tokens)
+        losses = losses_of(tokens)
         opt.zero_grad(set_to_none=True)
         losses.sum().backward()
         clip_per_member(params, 1.0)
@@ -84,7 +89,7 @@ def vmap_step(models, cfg, tokens):
     return step
 
 
-def run(members: int, threads: list[int], steps: int, with_vmap: bool) -> dict:
+def run(members: int, threads: list[int], steps: int, with_vmap: bool, with_compile: bool = False) -> dict:
     warnings.filterwarnings("ignore")
     model_cfg, cfg, _ = get_preset("attn-only-2l")
     B, T = cfg.batch_size, model_cfg.n_ctx
@@ -106,6 +111,12 @@ def run(members: int, threads: list[int], steps: int, with_vmap: bool) -> dict:
         if with_vmap:
             v = measure_pair(vmap_step(models, cfg, tokens), seq, steps, warmup=1)
             row.update(vmap_s=v["ours_wall"], vmap_sequential_s=v["tl_wall"], vmap_ratio=v["tl_wall"] / v["ours_wall"])
+        if with_compile:
+            cstack = StackedDecoder(models).train()
+            copt = adamw(optimizer_groups(cstack.named_stacked(), cfg), lr=cfg.lr, betas=tuple(cfg.betas))
+            c = measure_pair(stacked_step(cstack, copt, tokens, torch.compile(cstack.losses)), seq, steps, warmup=2)
+            row.update(compile_s=c["ours_wall"], compile_sequential_s=c["tl_wall"],
+                       compile_ratio=c["tl_wall"] / c["ours_wall"])
         row["load_before"], row["load_after"] = load_before, os.getloadavg()[0]
         rows.append(row)
     return {"cpu": cpu(), "torch": torch.__version__, "rows": rows, "steps": steps}
@@ -115,11 +126,14 @@ def table(res: dict) -> str:
     c = res["cpu"]
     lines = [f"CPU {c['model']} ({c['cpu_count']} CPUs), torch {res['torch']}; medians of {res['steps']} alternated "
              "runs", "", "| threads | N | sequential tok/s | stacked tok/s | stacked / sequential (wall) | (CPU time) "
-             "| vmap / sequential | 1-min load before → after |", "|---|---|---|---|---|---|---|---|"]
+             "| vmap / sequential | compiled stack / sequential | 1-min load before → after |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         vm = f"{r['vmap_ratio']:.2f}×" if "vmap_ratio" in r else "–"
+        co = f"{r['compile_ratio']:.2f}×" if "compile_ratio" in r else "–"
         lines.append(f"| {r['threads']} | {r['members']} | {r['sequential_tokens_per_s']:,.0f} | "
-                     f"{r['stacked_tokens_per_s']:,.0f} | **{r['ratio']:.2f}×** | {r['ratio_cpu_time']:.2f}× | {vm} | "
+                     f"{r['stacked_tokens_per_s']:,.0f} | **{r['ratio']:.2f}×** | {r['ratio_cpu_time']:.2f}× | "
+                     f"{vm} | {co} | "
                      f"{r['load_before']:.1f} → {r['load_after']:.1f} |")
     return "\n".join(lines)
 
@@ -130,9 +144,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--vmap", action="store_true")
+    ap.add_argument("--compile", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    res = run(a.members, a.threads, a.steps, a.vmap)
+    res = run(a.members, a.threads, a.steps, a.vmap, a.compile)
     print(json.dumps(res, indent=1) if a.json else table(res))
 
 

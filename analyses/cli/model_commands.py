@@ -98,6 +98,20 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
+def _report_sweep(args, out: Path) -> int:
+    """`circuits report SWEEP_FOLDER`: the seed sweep's section (`circuits sweep`) as report.md with its figure."""
+    from .train_commands import write_sweep
+
+    if args.sections or args.html or args.text_file or args.config or args.tokenizer:
+        raise UsageError(f"{args.model} is a seed sweep: its report is one section (report.md, sweep.png, "
+                         "sweep.json); --sections, --html, --text-file, --config and --tokenizer do not apply")
+    s, _ = write_sweep(Path(args.model), out, report_name="report.md")
+    obj = {"model": str(args.model), "report": str(out / "report.md"), "sections": ["sweep"], "failed": [],
+           "figures": [str(out / "sweep.png")], "analysis": s}
+    emit(args, obj, f"wrote {out / 'report.md'} (seed sweep of {s['n_seeds']} seeds, 1 figure)")
+    return 0
+
+
 def run_report(args) -> int:
     import sys
 
@@ -114,6 +128,8 @@ def run_report(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
+    if (Path(args.model) / "sweep.json").is_file():
+        return _report_sweep(args, out)
     device = setup(args)
     loaded = load_model(args, device)
     target = loaded.folder if (loaded.folder is not None and device.type == "cpu") else loaded.model

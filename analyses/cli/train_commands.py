@@ -198,41 +198,47 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_sweep(args) -> int:
-    import json
-    import os
     from pathlib import Path
+
+    s, text = write_sweep(Path(args.sweep), None if args.out is None else Path(args.out), copying=not args.no_copying)
+    emit(args, s, text + (f"\nwrote {', '.join(SWEEP_OUTPUTS)} → {args.out}" if args.out else ""))
+    return 0
+
+
+def write_sweep(folder, dest, copying: bool = True, report_name: str | None = None) -> tuple[dict, str]:
+    """Analyse the seed sweep in `folder` (`analyses.sweep.sweep_summary`) and, with `dest`, write sweep.json (the
+    sweep's record with the analysis under 'analysis'), sweep.md (or `report_name`: the same text under a title) and
+    sweep.png into it, each atomically; `dest` must be new or hold only those files. Returns (summary, section)."""
+    import json
 
     import matplotlib
 
     matplotlib.use("Agg")  # figures go to files
 
+    from models.io.atomic import atomic_write_text
     from models.training.sweep import SWEEP_FILE, read_sweep
 
     from ..sweep import plot_sweep, sweep_markdown, sweep_summary
     from .common import save_figure
 
-    folder = Path(args.sweep)
     if not (folder / SWEEP_FILE).is_file():
-        raise UsageError(f"{args.sweep} is not a seed sweep (no {SWEEP_FILE}); give the --out folder of "
+        raise UsageError(f"{folder} is not a seed sweep (no {SWEEP_FILE}); give the --out folder of "
                          "`circuits train --seeds`")
-    dest = None
-    if args.out:
-        dest = Path(args.out)
-        if dest.exists() and (not dest.is_dir() or any(f.name not in SWEEP_OUTPUTS for f in dest.iterdir())):
-            raise UsageError(f"--out {args.out} holds other files than {', '.join(SWEEP_OUTPUTS)}; give a new folder "
-                             "(nothing was written)")
-    s = sweep_summary(folder, copying=not args.no_copying)
+    outputs = ("sweep.json", report_name or "sweep.md", "sweep.png")
+    if dest is not None and dest.exists() and (not dest.is_dir() or any(f.name not in outputs
+                                                                         for f in dest.iterdir())):
+        raise UsageError(f"--out {dest} holds other files than {', '.join(outputs)}; give a new folder "
+                         "(nothing was written)")
+    s = sweep_summary(folder, copying=copying)
     text = sweep_markdown(s)
     if dest is not None:
         dest.mkdir(parents=True, exist_ok=True)
-        record = dict(read_sweep(folder), analysis=s)
-        for name, data in (("sweep.json", json.dumps(record, indent=1)), ("sweep.md", text)):
-            tmp = dest / f".{name}.tmp-{os.getpid()}"
-            tmp.write_text(data)
-            os.replace(tmp, dest / name)
+        page = text if report_name is None else (f"# Circuits report: seed sweep {folder.name}\n\n{text}\n"
+                                                 "![every seed's validation loss and induction score](sweep.png)\n")
+        atomic_write_text(dest / "sweep.json", json.dumps(dict(read_sweep(folder), analysis=s), indent=1))
+        atomic_write_text(dest / outputs[1], page)
         save_figure(plot_sweep(s), dest / "sweep.png")
-    emit(args, s, text + (f"\nwrote {', '.join(SWEEP_OUTPUTS)} → {dest}" if dest is not None else ""))
-    return 0
+    return s, text
 
 
 COMMANDS = [

@@ -85,6 +85,13 @@ class StackedDecoder(nn.Module):
         return self.stacked(name) if self.cfg.use_bias else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        resid = self.residual(tokens)
+        W_U, b_U = self.stacked("unembed.W_U"), self._bias("unembed.b_U")
+        logits = torch.bmm(resid, W_U) if b_U is None else torch.baddbmm(b_U[:, None], resid, W_U)
+        return logits.view(*tokens.shape, -1)
+
+    def residual(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final residual stream `[model, batch·pos, d_model]` of `tokens [model, batch, pos]`."""
         cfg = self.cfg
         N, B, P = tokens.shape
         if N != self.n_models:
@@ -115,21 +122,27 @@ class StackedDecoder(nn.Module):
             W_O = W_O.reshape(N, H * dh, D)
             b_O = self._bias(a + "b_O")
             resid = resid + (torch.bmm(z, W_O) if b_O is None else torch.baddbmm(b_O[:, None], z, W_O))
-        W_U, b_U = self.stacked("unembed.W_U"), self._bias("unembed.b_U")
-        logits = torch.bmm(resid, W_U) if b_U is None else torch.baddbmm(b_U[:, None], resid, W_U)
-        return logits.view(N, B, P, -1)
+        return resid
 
     def losses(self, tokens: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
         """Each member's mean next-token cross-entropy on its own rows `tokens [model, batch, pos]`: `[model]`,
-        float32 (as `models.lm_cross_entropy` per member)."""
-        logits = self(tokens)
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
+        float32 (as `models.lm_cross_entropy` per member).
+
+        The unembedding and the loss run member by member: the logits of one member (batch·pos × d_vocab) are the
+        largest tensor of the step, and N of them at once (67 MB for the attn-only-2l preset at N = 8) are fresh
+        memory each step (page faults and zeroing) where one member's are reused."""
+        resid = self.residual(tokens)
         N, B, P = tokens.shape
-        target = F.pad(tokens[..., 1:], (0, 1), value=IGNORE)
-        per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=IGNORE,
-                              reduction="none", label_smoothing=label_smoothing)
-        return per.view(N, B * P).sum(1) / (B * (P - 1))
+        W_U, b_U = self.stacked("unembed.W_U"), self._bias("unembed.b_U")
+        target = F.pad(tokens[..., 1:], (0, 1), value=IGNORE).reshape(N, B * P)
+        losses = []
+        for k in range(N):
+            logits = resid[k] @ W_U[k] if b_U is None else torch.addmm(b_U[k], resid[k], W_U[k])
+            if logits.dtype in (torch.float16, torch.bfloat16):
+                logits = logits.float()
+            losses.append(F.cross_entropy(logits, target[k], ignore_index=IGNORE,
+                                          label_smoothing=label_smoothing))
+        return torch.stack(losses)
 
 
 def _project(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

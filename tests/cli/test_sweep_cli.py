@@ -15,7 +15,7 @@ import torch
 
 from analyses.cli import main
 from analyses.figure_checks import figure_problems
-from analyses.sweep import plot_sweep, student_t_quantile, sweep_summary, t_interval, wilson_interval
+from analyses.sweep import plot_sweep, student_t_quantile, sweep_markdown, sweep_summary, t_interval, wilson_interval
 from models import HookedTransformer, HookedTransformerConfig, load, save
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,6 +157,20 @@ def test_sweep_command_writes_its_files(tmp_path, capsys):
     (tmp_path / "mine" / "notes.txt").write_text("x")
     assert main(["sweep", str(out), "--out", str(tmp_path / "mine")]) == 2
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+
+
+def test_report_of_a_sweep_folder_is_its_sweep_section(tmp_path, capsys):
+    out = _sweep(tmp_path, [(0, "finished", 300, 2, 1), (1, "finished", 500, 1, 2)])
+    assert main(["report", str(out), "--out", str(tmp_path / "rep"), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["sections"] == ["sweep"] and printed["analysis"]["formed"]["k"] == 2
+    page = (tmp_path / "rep" / "report.md").read_text()
+    assert page.startswith("# Circuits report: seed sweep") and "](sweep.png)" in page
+    assert sweep_markdown(sweep_summary(out)) in page
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["report.md", "sweep.json", "sweep.png"]
+    # options of a model's report do not apply to a sweep, and nothing is written
+    assert main(["report", str(out), "--out", str(tmp_path / "rep2"), "--html"]) == 2
+    assert "seed sweep" in capsys.readouterr().err and not (tmp_path / "rep2").exists()
 
 
 # --- the acceptance command -----------------------------------------------------------------------------------
