@@ -48,7 +48,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     log_checkpoints: int = 12  # log-spaced early checkpoints
     keep_checkpoints: list | None = None  # at the end keep only these steps' weights; None keeps everything
-    eval_every: int = 100  # validation loss
+    eval_every: int = 100  # validation loss and head scores every this many steps (0: at checkpoints only)
     val_sequences: int = 64
     log_every: int = 10
     device: str = "auto"  # auto = cuda, then mps, then cpu

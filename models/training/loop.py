@@ -299,7 +299,7 @@ class _Run:
         if n:
             rec["train_loss"] = loss_sum / n
             rec["tokens_per_s"] = tok_interval / max(t_interval, 1e-9)
-        if step % cfg.eval_every == 0 or step in self.schedule:
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step in self.schedule:
             rec["val_loss"] = self.task.evaluate(model, self.val)
         if step in self.schedule:
             rec.update(self.task.metrics(model))

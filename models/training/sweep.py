@@ -301,7 +301,7 @@ class _Sweep:
             rec["train_loss"] = loss_sum / n
             rec["tokens_per_s"] = tokens / max(dt, 1e-9)  # this member's tokens; the sweep trains N times as many
             rec["sweep_members"] = len(self.seeds) - len(self.failed)
-        if step % cfg.eval_every == 0 or step in self.schedule:
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step in self.schedule:
             rec["val_loss"] = self.task.evaluate(model, self.val)
         if step in self.schedule and self.eval_fn is not None:
             model.eval()

@@ -274,3 +274,10 @@ def test_sweep_cfg_seed_is_ignored(corpus_dir, tmp_path):
     cfg = dataclasses.replace(run_cfg(corpus_dir, tmp_path / "s", steps=2), seed=7)
     train_sweep(tiny_model(), cfg, [4])
     assert load(member_dir(tmp_path / "s", 4)).cfg.seed == 4
+
+
+def test_sweep_eval_every_zero_evaluates_at_checkpoints_only(corpus_dir, tmp_path):
+    train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "s", steps=8, eval_every=0), [0, 1])
+    for k in (0, 1):
+        m = read_metrics(member_dir(tmp_path / "s", k) / "metrics.jsonl")
+        assert [r["step"] for r in m if "val_loss" in r] == [0, 6, 8]

@@ -61,6 +61,14 @@ def test_loss_falls_quickly(corpus_dir, tmp_path):
     assert json.loads((tmp_path / "run" / "train_config.json").read_text())["steps"] == 60
 
 
+def test_eval_every_zero_evaluates_at_checkpoints_only(corpus_dir, tmp_path):
+    train(tiny_model(), tiny_train(corpus_dir, tmp_path / "run", steps=20, eval_every=0))
+    m = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    evaluated = [r["step"] for r in m if "val_loss" in r]
+    saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert evaluated and set(evaluated) <= set(saved) | {20}
+
+
 def test_seeded_runs_are_identical(corpus_dir):
     a, _ = train(tiny_model(), tiny_train(corpus_dir, steps=12, seed=3))
     b, _ = train(tiny_model(), tiny_train(corpus_dir, steps=12, seed=3))
