@@ -1,7 +1,8 @@
 """Print the README's model-zoo table from the shipped models' cards: `python docs/zoo_table.py`.
 
 Reads `models/zoo/*/config.json`, `summary.json` and `measured.json` (written by `circuits train` at the end of
-training, the numbers quoted in each `card.md`); no model is run.
+training, the numbers quoted in each `card.md`); no model is run. The table is of the decoder-only models; the
+encoder–decoders (config `model_type` "encoder_decoder") have their own rows in the README, from their cards.
 """
 
 import json
@@ -48,6 +49,8 @@ def rows() -> list[str]:
            "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for d in sorted(p for p in ZOO.iterdir() if (p / "config.json").is_file()):
         cfg, summ, meas = _read(d / "config.json"), _read(d / "summary.json"), _read(d / "measured.json")
+        if cfg.get("model_type") == "encoder_decoder":
+            continue
         arch = (f"{cfg['n_layers']}L × {cfg['n_heads']}H, d_model {cfg['d_model']}, "
                 + ("attn-only" if cfg.get("attn_only") or cfg.get("d_mlp") is None else f"MLP {cfg['d_mlp']}")
                 + f", {cfg['positional_embedding_type']}, norm {cfg['normalization_type']}")
