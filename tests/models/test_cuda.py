@@ -176,3 +176,35 @@ def test_training_run_on_cuda(tmp_path):
     tokens = _tokens(2, 32, 259)
     with torch.no_grad():
         _close(model.to(DEVICE)(tokens.to(DEVICE)), model.cpu()(tokens), 1e-5)
+
+
+def test_stacked_sweep_on_cuda_matches_cpu():
+    """The seed sweep's stacked step on one GPU: float32 logits and per-member losses equal the CPU's to float32
+    rounding, and a `circuits train --seeds 0-1 --device cuda` sweep trains both members with falling loss."""
+    from analyses import cli
+    from models.training.stacked import StackedDecoder
+
+    cfg = HookedTransformerConfig(n_ctx=32, d_vocab=97, seed=0, **ARCHS["attn-only shortformer"])
+    members = [HookedTransformer(cfg.replace(seed=k)) for k in range(3)]
+    stack = StackedDecoder(members)
+    tokens = torch.stack([_tokens(2) for _ in range(3)])
+    with torch.no_grad():
+        _close(stack.to(DEVICE)(tokens.to(DEVICE)), stack.cpu()(tokens), 1e-5)
+        _close(stack.to(DEVICE).losses(tokens.to(DEVICE)), stack.cpu().losses(tokens), 1e-5)
+    config = {"model": {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_ctx": 32, "d_vocab": 259, "attn_only": True,
+                        "normalization_type": None},
+              "train": {"data": "stdlib", "tokenizer": "bytes", "steps": 60, "batch_size": 16, "lr": 1e-2,
+                        "warmup_steps": 5, "checkpoint_every": 30, "log_checkpoints": 0, "eval_every": 30,
+                        "val_sequences": 8}}
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "sweep"
+        argv = ["train", "--config", json.dumps(config), "--device", "cuda", "--seeds", "0-1", "--no-scores",
+                "--out", str(out)]
+        assert cli.main(argv) == 0
+        for k in (0, 1):
+            metrics = [json.loads(x) for x in (out / f"seed-{k}" / "metrics.jsonl").read_text().splitlines()]
+            losses = [m["val_loss"] for m in metrics if "val_loss" in m]
+            assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5, losses
