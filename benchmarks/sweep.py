@@ -1,6 +1,6 @@
 """Seed sweeps: tokens/s of N `attn-only-2l` models trained as one stack against N sequential single steps, CPU.
 
-    python benchmarks/sweep.py [--json] [--members 8] [--threads 1 2] [--steps 5] [--vmap] [--compile]
+    python benchmarks/sweep.py [--json] [--members 8] [--threads 1 2] [--steps 5] [--vmap] [--compile] [--ceiling]
 
 Both sides run the trainer's own steps on the preset's batch (32 × 128 tokens per model) with every member's own
 tokens: sequential = for each of N models, `circuits train`'s step (forward, `lm_cross_entropy`, backward,
@@ -17,6 +17,12 @@ over the members there.
 `--compile` adds `torch.compile` (inductor, default mode) of the stacked forward and loss (`StackedDecoder.losses`,
 so its backward is compiled too), the optimiser step left eager; compilation happens in the warm-up, outside the
 timed runs. It is a measurement only: nothing in the package compiles.
+
+`--ceiling` profiles one sequential step of the N models (`torch.profiler`, CPU time of each operator's own work)
+and reports the share spent in the arithmetic that a stack must do all the same: the products (`mm`, `bmm`,
+`addmm`), the attention kernel and the loss's log-softmax and its backward. Stacking can save only the rest
+(per-operation overhead, small elementwise ops, the optimiser's per-tensor loop), so 1 / that share bounds what any
+stacking can gain over sequential steps at the same kernels' speed.
 """
 
 from __future__ import annotations
@@ -89,7 +95,26 @@ def vmap_step(models, cfg, tokens):
     return step
 
 
-def run(members: int, threads: list[int], steps: int, with_vmap: bool, with_compile: bool = False) -> dict:
+ARITHMETIC = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::_log_softmax",
+              "aten::_log_softmax_backward_data")
+
+
+def arithmetic_share(step) -> dict:
+    """The CPU-time share of one call of `step` in `ARITHMETIC` and the attention kernels (see the docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    rows = prof.key_averages()
+    total = sum(r.self_cpu_time_total for r in rows)
+    core = sum(r.self_cpu_time_total for r in rows
+               if r.key in ARITHMETIC or r.key.startswith("aten::_scaled_dot_product_flash_attention"))
+    return {"arithmetic_share": core / total, "ceiling": total / core}
+
+
+def run(members: int, threads: list[int], steps: int, with_vmap: bool, with_compile: bool = False,
+        with_ceiling: bool = False) -> dict:
     warnings.filterwarnings("ignore")
     model_cfg, cfg, _ = get_preset("attn-only-2l")
     B, T = cfg.batch_size, model_cfg.n_ctx
@@ -117,6 +142,8 @@ def run(members: int, threads: list[int], steps: int, with_vmap: bool, with_comp
             c = measure_pair(stacked_step(cstack, copt, tokens, torch.compile(cstack.losses)), seq, steps, warmup=2)
             row.update(compile_s=c["ours_wall"], compile_sequential_s=c["tl_wall"],
                        compile_ratio=c["tl_wall"] / c["ours_wall"])
+        if with_ceiling:
+            row.update(arithmetic_share(seq))
         row["load_before"], row["load_after"] = load_before, os.getloadavg()[0]
         rows.append(row)
     return {"cpu": cpu(), "torch": torch.__version__, "rows": rows, "steps": steps}
@@ -126,14 +153,15 @@ def table(res: dict) -> str:
     c = res["cpu"]
     lines = [f"CPU {c['model']} ({c['cpu_count']} CPUs), torch {res['torch']}; medians of {res['steps']} alternated "
              "runs", "", "| threads | N | sequential tok/s | stacked tok/s | stacked / sequential (wall) | (CPU time) "
-             "| vmap / sequential | compiled stack / sequential | 1-min load before → after |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| vmap / sequential | compiled stack / sequential | arithmetic share of sequential (ceiling) "
+             "| 1-min load before → after |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         vm = f"{r['vmap_ratio']:.2f}×" if "vmap_ratio" in r else "–"
         co = f"{r['compile_ratio']:.2f}×" if "compile_ratio" in r else "–"
+        ce = f"{r['arithmetic_share']:.1%} ({r['ceiling']:.2f}×)" if "ceiling" in r else "–"
         lines.append(f"| {r['threads']} | {r['members']} | {r['sequential_tokens_per_s']:,.0f} | "
                      f"{r['stacked_tokens_per_s']:,.0f} | **{r['ratio']:.2f}×** | {r['ratio_cpu_time']:.2f}× | "
-                     f"{vm} | {co} | "
+                     f"{vm} | {co} | {ce} | "
                      f"{r['load_before']:.1f} → {r['load_after']:.1f} |")
     return "\n".join(lines)
 
@@ -145,9 +173,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--vmap", action="store_true")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--ceiling", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    res = run(a.members, a.threads, a.steps, a.vmap, a.compile)
+    res = run(a.members, a.threads, a.steps, a.vmap, a.compile, a.ceiling)
     print(json.dumps(res, indent=1) if a.json else table(res))
 
 
