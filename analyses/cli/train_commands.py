@@ -235,9 +235,9 @@ def write_sweep(folder, dest, copying: bool = True, report_name: str | None = No
         dest.mkdir(parents=True, exist_ok=True)
         page = text if report_name is None else (f"# Circuits report: seed sweep {folder.name}\n\n{text}\n"
                                                  "![every seed's validation loss and induction score](sweep.png)\n")
+        save_figure(plot_sweep(s), dest / "sweep.png")  # the figure and the record first, the text that cites them last
         atomic_write_text(dest / "sweep.json", json.dumps(dict(read_sweep(folder), analysis=s), indent=1))
         atomic_write_text(dest / outputs[1], page)
-        save_figure(plot_sweep(s), dest / "sweep.png")
     return s, text
 
 
