@@ -8,7 +8,10 @@ Per seed (read from `OUT/seed-K/metrics.jsonl` and the member's newest weights):
 - the circuit at the newest checkpoint: the layer-0 head with the highest previous-token score, the layer ≥ 1 heads
   whose induction score is ≥ 0.4, and the OV copying score (Σλ/Σ|λ| of W_E W_V W_O W_U, `circuits.eigen`) of
   the best induction head;
-- the final ICL score and validation loss.
+- the final ICL score and validation loss;
+- how abrupt the rise is: `rise_tokens`, the tokens between the last checkpoint whose best induction score is below
+  10 % of the final one and the first at or above 90 % of it (the 10–90 % rise time, an upper bound at the
+  checkpoints' resolution), for a seed whose final score reached `FORMED`.
 
 Across seeds: the mean and Student's t 95 % interval, mean ± t₀.₉₇₅,ₙ₋₁ · s/√n (Student 1908), over the seeds that
 have the number (a seed whose heads never formed has no formation point: the count says how many do); proportions
@@ -30,7 +33,8 @@ from models.training.sweep import SWEEP_FILE, read_sweep
 
 from .dynamics import FORMED, loss_bump
 
-__all__ = ["sweep_summary", "t_interval", "wilson_interval", "plot_sweep", "sweep_markdown", "student_t_quantile"]
+__all__ = ["sweep_summary", "t_interval", "wilson_interval", "plot_sweep", "sweep_markdown", "student_t_quantile",
+           "rise_tokens"]
 
 INDUCTION_KEY = "induction_scores_50"
 
@@ -120,6 +124,7 @@ def member_numbers(folder: Path, batch_tokens: int, copying: bool = True) -> dic
            "induction_curve": [[s, t, v] for s, t, v in curve],
            "val_loss_curve": [[t, v] for t, v in val],
            "train_loss_curve": [[int(r["tokens"]), float(r["train_loss"])] for r in recs if "train_loss" in r]}
+    out["rise_tokens"] = rise_tokens(curve)
     last = scored[-1] if scored else {}
     out["scored_step"] = last.get("step")
     out["final_val_loss"] = val[-1][1] if val else None
@@ -139,6 +144,16 @@ def member_numbers(folder: Path, batch_tokens: int, copying: bool = True) -> dic
     return out
 
 
+def rise_tokens(curve: list[tuple[int, int, float]]) -> int | None:
+    """The 10–90 % rise of a `(step, tokens, score)` curve in tokens (module docstring), None below `FORMED`."""
+    if not curve or curve[-1][2] < FORMED:
+        return None
+    final = curve[-1][2]
+    top = next(i for i, (_, _, v) in enumerate(curve) if v >= 0.9 * final)
+    below = [i for i in range(top) if curve[i][2] < 0.1 * final]
+    return curve[top][1] - curve[below[-1]][1] if below else None
+
+
 def _copying(folder: Path, step: int, layer: int, head: int) -> float | None:
     """OV copying score of one head in the member's weights at `step` (final model, else that checkpoint)."""
     from circuits.eigen import copying_scores
@@ -151,8 +166,8 @@ def _copying(folder: Path, step: int, layer: int, head: int) -> float | None:
 
 
 # --- across seeds ---------------------------------------------------------------------------------------------
-SUMMARISED = ("formation_step", "formation_tokens", "loss_bump_tokens", "final_icl_score", "final_val_loss",
-              "previous_token_score", "best_induction_score", "copying_score_best_induction_head")
+SUMMARISED = ("formation_step", "formation_tokens", "rise_tokens", "loss_bump_tokens", "final_icl_score",
+              "final_val_loss", "previous_token_score", "best_induction_score", "copying_score_best_induction_head")
 
 
 def sweep_summary(out, copying: bool = True) -> dict:
@@ -211,11 +226,12 @@ def sweep_markdown(s: dict) -> str:
             f"; failed (diverged): {s['n_failed']}. Formation: the first checkpoint whose best layer-1 induction "
             f"score reaches {s['threshold']}.", ""]
     rows = [[r["seed"], r["status"], _fmt(r.get("formation_step")), _fmt(r.get("formation_tokens")),
-             _fmt(r.get("loss_bump_tokens")), r.get("previous_token_head", "–"),
+             _fmt(r.get("rise_tokens")), _fmt(r.get("loss_bump_tokens")), r.get("previous_token_head", "–"),
              _fmt(r.get("previous_token_score")), ", ".join(r.get("induction_heads", [])) or "none",
              _fmt(r.get("best_induction_score")), _fmt(r.get("copying_score_best_induction_head")),
              _fmt(r.get("final_icl_score")), _fmt(r.get("final_val_loss"), 4)] for r in s["seeds"]]
-    table = markdown_table(["seed", "status", "formation step", "formation tokens", "loss bump (tokens)",
+    table = markdown_table(["seed", "status", "formation step", "formation tokens", "10–90 % rise (tokens, ≤)",
+                            "loss bump (tokens)",
                             "prev-token head", "score", "induction heads (≥ 0.4)", "best induction",
                             "copying (best ind.)", "ICL", "val loss"], rows)
     f, p = s["formed"], s["previous_token_formed"]

@@ -111,6 +111,10 @@ def test_sweep_summary_reads_what_was_written(tmp_path):
     assert by[0]["previous_token_head"] == "L0H2" and by[2]["previous_token_head"] == "L0H0"
     assert by[0]["induction_heads"] == ["L1H1"] and by[1]["induction_heads"] == ["L1H3"]
     assert by[2]["induction_heads"] == []
+    assert by[0]["rise_tokens"] == 100 * 4096 and by[2]["rise_tokens"] is None  # one checkpoint interval: 0.05 → 0.6
+    from analyses.sweep import rise_tokens
+
+    assert rise_tokens([(0, 0, 0.0), (1, 10, 0.05), (2, 20, 0.3), (3, 30, 0.55), (4, 40, 0.6)]) == 30 - 10
     assert by[0]["final_icl_score"] == -0.5 and by[2]["final_icl_score"] == -0.1
     assert by[5]["status"] == "failed" and "formation_step" not in by[5]
     assert s["formed"]["k"] == 2 and s["formed"]["n"] == 3 and s["n_failed"] == 1
