@@ -34,7 +34,7 @@ from models.training.sweep import SWEEP_FILE, read_sweep
 from .dynamics import FORMED, loss_bump
 
 __all__ = ["sweep_summary", "t_interval", "wilson_interval", "plot_sweep", "sweep_markdown", "student_t_quantile",
-           "rise_tokens"]
+           "rise_tokens", "max_count_p_value"]
 
 INDUCTION_KEY = "induction_scores_50"
 
@@ -93,6 +93,28 @@ def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> dict:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return {"k": k, "n": n, "fraction": p, "low": max(0.0, centre - half), "high": min(1.0, centre + half)}
+
+
+def max_count_p_value(m: int, n: int, k: int) -> float:
+    """P(the most frequent of `k` equally likely outcomes occurs ≥ `m` times in `n` independent draws): the exact
+    p-value of "the seeds' choices are uniform" against the observed largest count `m` (the number of sequences
+    with every count ≤ m − 1 is n! [xⁿ] (Σ_{j<m} xʲ/j!)ᵏ, the exponential generating function of bounded
+    multinomial counts)."""
+    from fractions import Fraction
+
+    if m <= 0 or n == 0:
+        return 1.0
+    term = [Fraction(1, math.factorial(j)) for j in range(min(m, n + 1))]
+    poly = [Fraction(1)]
+    for _ in range(k):
+        nxt = [Fraction(0)] * (n + 1)
+        for i, a in enumerate(poly):
+            for j, b in enumerate(term):
+                if i + j <= n:
+                    nxt[i + j] += a * b
+        poly = nxt
+    below = poly[n] * math.factorial(n) / Fraction(k) ** n
+    return float(1 - below)
 
 
 # --- per seed -------------------------------------------------------------------------------------------------
@@ -178,6 +200,7 @@ def sweep_summary(out, copying: bool = True) -> dict:
     sweep = read_sweep(out)
     tc = sweep.get("train_config", {})
     n_ctx = (sweep.get("model_config") or {}).get("n_ctx")
+    n_heads = (sweep.get("model_config") or {}).get("n_heads")
     batch_tokens = int(tc.get("batch_size", 1)) * int(tc.get("seq_len") or n_ctx or 1)
     seeds = []
     for m in sweep["members"]:
@@ -202,7 +225,9 @@ def sweep_summary(out, copying: bool = True) -> dict:
             "previous_token_formed": wilson_interval(
                 sum((r.get("previous_token_score") or 0) >= FORMED for r in ok), len(ok)),
             "previous_token_heads": dict(sorted(prev.items())),
-            "most_common_previous_token_head": {"head": common[0], **wilson_interval(common[1], len(ok))},
+            "most_common_previous_token_head": {"head": common[0], **wilson_interval(common[1], len(ok)),
+                                                "p_uniform": None if not n_heads else
+                                                max_count_p_value(common[1], sum(prev.values()), int(n_heads))},
             "induction_heads": dict(sorted(Counter(h for r in ok for h in r.get("induction_heads", [])).items())),
             "across_seeds": across, "seeds": seeds}
 
@@ -240,7 +265,9 @@ def sweep_markdown(s: dict) -> str:
              f"{_fmt(f['low'], 2)}–{_fmt(f['high'], 2)})" if f["n"] else "- no live seeds",
              f"- a previous-token head (a layer-0 head scoring ≥ {s['threshold']}) in **{p['k']} of {p['n']}** seeds "
              f"(Wilson 95 %: {_fmt(p['low'], 2)}–{_fmt(p['high'], 2)}); the highest-scoring layer-0 head: "
-             f"{s['previous_token_heads']}, most common {c['head']} in {c['k']} of {c['n']}" if c["n"] else ""]
+             f"{s['previous_token_heads']}, most common {c['head']} in {c['k']} of {c['n']}" +
+             ("" if c.get("p_uniform") is None else f" (if every seed picked one of the layer-0 heads uniformly, a "
+              f"head this common or more: p = {c['p_uniform']:.2f}, exact)") if c["n"] else ""]
     for k in SUMMARISED:
         a = s["across_seeds"][k]
         if a["n"]:

@@ -4,10 +4,12 @@ command end to end (e2e)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -90,7 +92,7 @@ def _sweep(tmp_path, members) -> Path:
     out = tmp_path / "sw"
     out.mkdir()
     record = {"status": "finished", "steps": 1000, "seeds": [m[0] for m in members],
-              "train_config": {"batch_size": 32, "seq_len": None}, "model_config": {"n_ctx": 128,
+              "train_config": {"batch_size": 32, "seq_len": None}, "model_config": {"n_ctx": 128, "n_heads": 4,
                                                                                      "model_name": "toy $x$"},
               "notes": {"induction_scores_{p}": "second copy"},
               "members": [{"seed": s, "folder": f"seed-{s}", "status": st} for s, st, *_ in members]}
@@ -112,8 +114,13 @@ def test_sweep_summary_reads_what_was_written(tmp_path):
     assert by[0]["induction_heads"] == ["L1H1"] and by[1]["induction_heads"] == ["L1H3"]
     assert by[2]["induction_heads"] == []
     assert by[0]["rise_tokens"] == 100 * 4096 and by[2]["rise_tokens"] is None  # one checkpoint interval: 0.05 → 0.6
-    from analyses.sweep import rise_tokens
+    from analyses.sweep import max_count_p_value, rise_tokens
 
+    for m, n, k in ((5, 8, 4), (2, 3, 4), (3, 6, 2), (1, 4, 3), (4, 4, 4)):  # against every sequence of choices
+        seqs = list(itertools.product(range(k), repeat=n))
+        brute = sum(max(Counter(q).values()) >= m for q in seqs) / len(seqs)
+        assert max_count_p_value(m, n, k) == pytest.approx(brute, abs=1e-12)
+    assert s["most_common_previous_token_head"]["p_uniform"] == pytest.approx(max_count_p_value(2, 3, 4))
     assert rise_tokens([(0, 0, 0.0), (1, 10, 0.05), (2, 20, 0.3), (3, 30, 0.55), (4, 40, 0.6)]) == 30 - 10
     assert by[0]["final_icl_score"] == -0.5 and by[2]["final_icl_score"] == -0.1
     assert by[5]["status"] == "failed" and "formation_step" not in by[5]
