@@ -283,7 +283,8 @@ def _label(text) -> str:
 
 
 def plot_sweep(s: dict):
-    """Every seed's validation loss and best layer-1 induction score against tokens, one colour per seed, the
+    """Every seed's validation loss (tokens on a log axis: the whole run) and best layer-1 induction score (tokens
+    on a linear axis, in millions: the phase change at its own width) against tokens, one colour per seed, the
     formation points marked (○ on both panels) and the 0.4 threshold drawn; returns the matplotlib figure."""
     import matplotlib.pyplot as plt
 
@@ -296,19 +297,23 @@ def plot_sweep(s: dict):
         if val:
             ax_loss.plot(*zip(*val), "-", color=colour, lw=1.2, label=label)
         if ind:
-            ax_ind.plot([t for _, t, _ in ind], [v for _, _, v in ind], "-", color=colour, lw=1.2, label=label)
+            ax_ind.plot([t / 1e6 for _, t, _ in ind], [v for _, _, v in ind], "-", color=colour, lw=1.2, label=label)
         t_form = r.get("formation_tokens")
         if t_form is not None:
             v_at = [v for t, v in val if t == t_form]
             if v_at:
                 ax_loss.plot([t_form], v_at, "o", mfc="none", color=colour, ms=7)
-            ax_ind.plot([t_form], [next(v for _, t, v in ind if t == t_form)], "o", mfc="none", color=colour, ms=7)
+            ax_ind.plot([t_form / 1e6], [next(v for _, t, v in ind if t == t_form)], "o", mfc="none", color=colour,
+                        ms=7)
     ax_ind.axhline(s["threshold"], color="grey", lw=0.8, ls="--")
-    ax_ind.text(0.01, s["threshold"] + 0.02, f"formed: {s['threshold']}", transform=ax_ind.get_yaxis_transform(),
-                fontsize=8, color="grey")
+    ax_ind.text(0.99, s["threshold"] + 0.02, f"formed: {s['threshold']}", transform=ax_ind.get_yaxis_transform(),
+                fontsize=8, color="grey", ha="right")
+    ax_loss.set_xscale("symlog", linthresh=1e5)
+    ax_loss.set_xlim(left=0)
+    ax_ind.set_xlim(left=0)
+    ax_loss.set_xlabel("tokens seen (per seed; linear below 10⁵, log above)", fontsize=9)
+    ax_ind.set_xlabel("tokens seen (millions, per seed)", fontsize=9)
     for ax in (ax_loss, ax_ind):
-        ax.set_xscale("symlog", linthresh=1e5)
-        ax.set_xlabel("tokens seen (per seed)", fontsize=9)
         ax.tick_params(labelsize=8)
     ax_loss.set_ylabel("validation loss (nats/token)", fontsize=9)
     ax_ind.set_ylabel("best layer-1 induction score (|R| = 50)", fontsize=9)
@@ -316,6 +321,6 @@ def plot_sweep(s: dict):
     ax_loss.set_title(f"{name}: {s['n_seeds']} seeds, validation loss", fontsize=10)
     ax_ind.set_title("induction score; ○ = formation point", fontsize=10)
     ax_ind.set_ylim(-0.02, 1.02)
-    ax_ind.legend(fontsize=8, ncol=2, loc="upper left", bbox_to_anchor=(0.0, 0.93))
+    ax_ind.legend(fontsize=8, ncol=2, loc="lower right", bbox_to_anchor=(1.0, 0.04))  # under the risen curves
     fig.tight_layout()
     return fig

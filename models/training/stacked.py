@@ -136,11 +136,14 @@ class StackedDecoder(nn.Module):
         W_U, b_U = self.stacked("unembed.W_U"), self._bias("unembed.b_U")
         target = F.pad(tokens[..., 1:], (0, 1), value=IGNORE).reshape(N, B * P)
         losses = []
-        for k in range(N):
-            logits = resid[k] @ W_U[k] if b_U is None else torch.addmm(b_U[k], resid[k], W_U[k])
+        # unbind, not resid[k]: its backward stacks the members' gradients once, where N selections would each
+        # backpropagate a zero-filled gradient of the whole stack
+        biases = [None] * N if b_U is None else b_U.unbind(0)
+        for r, W, b, t in zip(resid.unbind(0), W_U.unbind(0), biases, target.unbind(0), strict=True):
+            logits = r @ W if b is None else torch.addmm(b, r, W)
             if logits.dtype in (torch.float16, torch.bfloat16):
                 logits = logits.float()
-            losses.append(F.cross_entropy(logits, target[k], ignore_index=IGNORE,
+            losses.append(F.cross_entropy(logits, t, ignore_index=IGNORE,
                                           label_smoothing=label_smoothing))
         return torch.stack(losses)
 
