@@ -116,3 +116,37 @@ def test_gelu_and_encoder_decoder_rows():
     cs = sum(srt["cross_copying_scores"], [])
     assert len(top1) == 1 and f"top-1 diagonal accuracy {top1.pop():.2f} for every head" in row
     assert f"copying {min(cs):.2f}–{max(cs):.2f}" in row
+
+
+def test_seed_sweep_section_quotes_its_record():
+    """README's "Seed sweeps and Olsson et al." against docs/sweep-attn-only-2l/sweep.json."""
+    s = json.loads((ROOT / "docs" / "sweep-attn-only-2l" / "sweep.json").read_text())
+    a, x = s["analysis"], s["analysis"]["across_seeds"]
+    start = README.index("## Seed sweeps and Olsson et al. (2022)")
+    section = " ".join(README[start:README.index("\n## ", start + 10)].split())  # lines joined
+    assert s["status"] == "finished" and a["steps_reached"] == s["steps"] == 6000 and a["n_seeds"] == 8
+    assert f"{s['wall_time']:,.0f} s" in section
+    assert f"**Every seed forms induction heads: {a['formed']['k']} of {a['formed']['n']}**" in section
+    assert f"Wilson 95 %: {a['formed']['low']:.2f}–{a['formed']['high']:.2f}" in section
+    f, t = x["formation_step"], x["formation_tokens"]
+    assert f"step {f['mean']:,.0f} [{f['low']:,.0f}, {f['high']:,.0f}]" in section
+    assert f"{t['mean'] / 1e6:.2f} M tokens [{t['low'] / 1e6:.2f} M, {t['high'] / 1e6:.2f} M]" in section
+    assert sorted({r["formation_step"] for r in a["seeds"]}) == [1750, 1875]
+    for key in ("loss_bump_tokens", "rise_tokens"):
+        v = x[key]
+        assert f"{v['mean'] / 1e6:.2f} M tokens [{v['low'] / 1e6:.2f} M, {v['high'] / 1e6:.2f} M]" in section, key
+    for key, digits in (("previous_token_score", 3), ("best_induction_score", 3), ("final_icl_score", 3),
+                        ("final_val_loss", 3), ("copying_score_best_induction_head", 3)):
+        v = x[key]
+        quoted = f"{v['mean']:.{digits}f} [{v['low']:.{digits}f}, {v['high']:.{digits}f}]".replace("-", "−")
+        assert quoted in section, key
+    heads = a["previous_token_heads"]
+    assert "L0H1 in 5 seeds, L0H0 in 2, L0H3 in 1" in section and heads == {"L0H0": 2, "L0H1": 5, "L0H3": 1}
+    assert f"p = {a['most_common_previous_token_head']['p_uniform']:.2f}" in section
+    ind = ", ".join(f"{h} in {n}" for h, n in a["induction_heads"].items())
+    assert ind.replace("in 5,", "in 5 seeds,", 1) in section
+    seed0 = next(r for r in a["seeds"] if r["seed"] == 0)
+    assert f"final validation loss {seed0['final_val_loss']:.4f}" in section
+    shipped = [json.loads(x) for x in (ROOT / "models" / "zoo" / "attn-only-2l" / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert f"the shipped {next(r['val_loss'] for r in shipped if r['step'] == 6000):.4f}" in section
