@@ -21,7 +21,7 @@ import torch
 
 from models import EncoderDecoderConfig
 from models.data.seq2seq import Seq2SeqBatches, make_task
-from models.io.atomic import atomic_write_text
+from models.io.atomic import atomic_write_json, atomic_write_text
 from models.training.config import TrainConfig
 
 from . import exposure_bias as eb
@@ -183,10 +183,6 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_json(path: Path, data) -> None:
-    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
-
-
 def setup() -> dict:
     """The experiment's settings, as recorded in results.json."""
     return {"task": "seq2seq:cumsum", "n_symbols": N_SYMBOLS, "lengths": [MIN_LEN, MAX_LEN],
@@ -217,13 +213,13 @@ def main(argv=None) -> None:
             if path.exists():
                 continue
             r = run_one(s, seed, args.steps)
-            _write_json(path, r)
+            atomic_write_json(path, r)
             print(f"{s:<16} seed {seed}: stopped after {r['steps']} steps at accuracy {r['stop_accuracy']:.3f}; "
                   f"gold {r['gold']:.3f} free {r['free']:.3f}", flush=True)
     runs = [json.loads(f.read_text()) for f in sorted((args.out / "runs").glob("*.json"))]
     cpu = hardware()
     result = {"setup": setup(), "cpu": cpu, "torch": torch.__version__, "runs": runs, **summarise(runs)}
-    _write_json(args.out / "results.json", result)
+    atomic_write_json(args.out / "results.json", result)
     head = (f"Written by `python -m analyses.exposure_bias_experiment --out {args.out} --seeds {args.seeds}` "
             f"({cpu}, torch {torch.__version__}); see notebooks/05_encoder_decoder.ipynb.\n\n")
     atomic_write_text(args.out / "results.md", head + markdown(result))

@@ -209,13 +209,12 @@ def write_sweep(folder, dest, copying: bool = True, report_name: str | None = No
     """Analyse the seed sweep in `folder` (`analyses.sweep.sweep_summary`) and, with `dest`, write sweep.json (the
     sweep's record with the analysis under 'analysis'), sweep.md (or `report_name`: the same text under a title) and
     sweep.png into it, each atomically; `dest` must be new or hold only those files. Returns (summary, section)."""
-    import json
 
     import matplotlib
 
     matplotlib.use("Agg")  # figures go to files
 
-    from models.io.atomic import atomic_write_text
+    from models.io.atomic import atomic_write_json, atomic_write_text
     from models.training.sweep import SWEEP_FILE, read_sweep
 
     from ..sweep import plot_sweep, sweep_markdown, sweep_summary
@@ -236,7 +235,7 @@ def write_sweep(folder, dest, copying: bool = True, report_name: str | None = No
         page = text if report_name is None else (f"# Circuits report: seed sweep {folder.name}\n\n{text}\n"
                                                  "![every seed's validation loss and induction score](sweep.png)\n")
         save_figure(plot_sweep(s), dest / "sweep.png")  # the figure and the record first, the text that cites them last
-        atomic_write_text(dest / "sweep.json", json.dumps(dict(read_sweep(folder), analysis=s), indent=1))
+        atomic_write_json(dest / "sweep.json", dict(read_sweep(folder), analysis=s))
         atomic_write_text(dest / outputs[1], page)
     return s, text
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import shutil
 import sys
@@ -84,6 +85,11 @@ def atomic_write_text(path, text: str) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def atomic_write_json(path, data) -> Path:
+    """`atomic_write_text` of `data` as indented JSON with a final newline."""
+    return atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
 def atomic_write_dir(path, write_contents) -> Path:

@@ -96,10 +96,10 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict, groups: list) -> N
 RUN_MARK = "train_config.json"  # a folder holding it is one of our runs
 
 
-def check_out_dir(out) -> Path:
+def check_out_dir(out, mark: str = RUN_MARK, kind: str = "a training run") -> Path:
     """The real path of the run folder `out` (a symbolic link is followed: the run is written into its target and
     the link stays), checked before any work: not the current folder or one holding it (the finished run takes the
-    folder's place in one swap), and either new, empty, or one of our runs (it holds `train_config.json`). A
+    folder's place in one swap), and either new, empty, or one of ours (`kind`: it holds the file `mark`). A
     folder with other files is refused, so a run never deletes a user's files."""
     real = Path(os.path.realpath(out))
     cwd = Path.cwd().resolve()
@@ -108,8 +108,8 @@ def check_out_dir(out) -> Path:
                                "run takes the folder's place in one atomic swap)")
     if real.exists() and not real.is_dir():
         raise TrainConfigError(f"out_dir {out} exists and is not a folder")
-    if real.is_dir() and any(real.iterdir()) and not (real / RUN_MARK).is_file():
-        raise TrainConfigError(f"out_dir {out} is a non-empty folder that is not a training run (no {RUN_MARK}); "
+    if real.is_dir() and any(real.iterdir()) and not (real / mark).is_file():
+        raise TrainConfigError(f"out_dir {out} is a non-empty folder that is not {kind} (no {mark}); "
                                "give a new or empty folder (nothing was written)")
     return real
 

@@ -29,7 +29,7 @@ from ..arch.model import HookedTransformer
 from ..arch.state_dict import load_state_dict
 from ..data.tokenizer import load_tokenizer
 from ..errors import CheckpointError, TrainConfigError
-from ..io.atomic import atomic_write_text
+from ..io.atomic import atomic_write_json
 from ..io.checkpoint import WEIGHTS_FILE, read_safetensors
 from ..io.safe_read import JSON_LIMIT, read_text
 from . import state as ts
@@ -80,26 +80,6 @@ def read_sweep(out) -> dict:
     if not isinstance(d, dict) or not isinstance(d.get("members"), list):
         raise CheckpointError(f"{path} is not a sweep summary (no 'members' list)")
     return d
-
-
-def _write_json(path: Path, d: dict) -> None:
-    atomic_write_text(path, json.dumps(d, indent=1))
-
-
-def _check_out(out) -> Path:
-    """The sweep folder: new, empty, or an earlier sweep (holds sweep.json); never a folder of other files."""
-    if out is None:
-        raise TrainConfigError("a seed sweep needs out_dir (its members go to OUT/seed-K)")
-    real = Path(os.path.realpath(out))
-    cwd = Path.cwd().resolve()
-    if real == cwd or real in cwd.parents:
-        raise TrainConfigError(f"out_dir {out} is the current folder or holds it; give a sub-folder")
-    if real.exists() and not real.is_dir():
-        raise TrainConfigError(f"out_dir {out} exists and is not a folder")
-    if real.is_dir() and any(real.iterdir()) and not (real / SWEEP_FILE).is_file():
-        raise TrainConfigError(f"out_dir {out} is a non-empty folder that is not a seed sweep (no {SWEEP_FILE}); give "
-                               "a new or empty folder (nothing was written)")
-    return real
 
 
 class _MemberOptimizer:
@@ -154,7 +134,9 @@ def train_sweep(model_cfg, cfg: TrainConfig, seeds: list[int], *, eval_fn=None, 
         raise TrainConfigError("a seed sweep needs at least one seed")
     if dist_info()[1] > 1:
         raise TrainConfigError("a seed sweep runs in one process (not under torchrun): the stack is its parallelism")
-    out = _check_out(cfg.out_dir)
+    if cfg.out_dir is None:
+        raise TrainConfigError("a seed sweep needs out_dir (its members go to OUT/seed-K)")
+    out = ts.check_out_dir(cfg.out_dir, mark=SWEEP_FILE, kind="a seed sweep")
     with ts.run_lock(out):
         sweep = _Sweep(model_cfg, cfg, list(seeds), out, eval_fn, report_fn_for, tokenizer, command)
         sweep.notes = dict(notes or {})
@@ -213,7 +195,7 @@ class _Sweep:
 
     def write_sweep(self, status: str, extra: dict | None = None) -> dict:
         d = self.sweep_record(status, extra)
-        _write_json(self.out / SWEEP_FILE, d)
+        atomic_write_json(self.out / SWEEP_FILE, d)
         return d
 
     def zero_member(self, k: int) -> None:
@@ -421,5 +403,5 @@ class _Sweep:
         d = self.sweep_record("finished", {"wall_time": self.wall_time()})
         for m in d["members"]:
             m.update(done.get(m["seed"], {}))
-        _write_json(self.out / SWEEP_FILE, d)
+        atomic_write_json(self.out / SWEEP_FILE, d)
         return d
