@@ -22,7 +22,7 @@ import pytest
 import torch
 from make_references import BASE, apply_recipe, grid
 from tl2_gaps import CHECKS, expected_gap, not_in_tl
-from tl2_legacy import TOL, Case, LegacyUnavailable, compare_dicts, match_eigenvalues, references, rel_err
+from tl2_legacy import TOL, Case, compare_dicts, match_eigenvalues, references_or_skip, rel_err
 
 pytestmark = pytest.mark.slow
 
@@ -43,10 +43,7 @@ def _params():
 
 @pytest.fixture(scope="module")
 def folder():
-    try:
-        return references()
-    except LegacyUnavailable as e:
-        pytest.skip(str(e))
+    return references_or_skip()
 
 
 @functools.cache

@@ -25,7 +25,7 @@ import pytest
 import torch
 from make_process_references import RECIPES
 from make_references import grid
-from tl2_legacy import TOL, LegacyUnavailable, compare_dicts, references, rel_err, section
+from tl2_legacy import TOL, compare_dicts, references_or_skip, rel_err, section
 
 import models
 
@@ -39,10 +39,7 @@ _BUFFERS = (".mask", ".IGNORE", ".rotary_sin", ".rotary_cos")
 
 @pytest.fixture(scope="module")
 def folder():
-    try:
-        return references("make_process_references.py", "proc-refs")
-    except LegacyUnavailable as e:
-        pytest.skip(str(e))
+    return references_or_skip("make_process_references.py", "proc-refs")
 
 
 @functools.cache

@@ -9,17 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from tl2_legacy import LegacyUnavailable, references
+from tl2_legacy import references_or_skip
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_documented_differences_hold():
-    try:
-        references()  # builds .venv-tl2 if it can
-    except LegacyUnavailable as e:
-        pytest.skip(str(e))
+    references_or_skip()  # builds .venv-tl2 if it can
     out = subprocess.run([sys.executable, str(ROOT / "docs" / "tl2_differences" / "measure.py")], capture_output=True,
                          text=True, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -9,17 +9,14 @@ import pytest
 import torch
 from make_references import grid
 from safetensors.torch import load_file
-from tl2_legacy import TOL, Case, LegacyUnavailable, references, rel_err
+from tl2_legacy import TOL, Case, references_or_skip, rel_err
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def folder():
-    try:
-        return references()
-    except LegacyUnavailable as e:
-        pytest.skip(str(e))
+    return references_or_skip()
 
 
 @pytest.mark.parametrize("name", sorted(grid()))

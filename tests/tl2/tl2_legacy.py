@@ -34,6 +34,17 @@ def _digest(script: str) -> str:
     return h.hexdigest()[:16]
 
 
+def references_or_skip(script: str = "make_references.py", prefix: str = "refs") -> Path:
+    """`references(script, prefix)`, or the calling test skipped with the reason where TransformerLens 2.18 cannot be
+    set up here (`LegacyUnavailable`)."""
+    import pytest
+
+    try:
+        return references(script, prefix)
+    except LegacyUnavailable as e:
+        pytest.skip(str(e))
+
+
 def references(script: str = "make_references.py", prefix: str = "refs") -> Path:
     """The folder of reference cases written by `script` (built on first use): make_references.py's into
     `refs-<hash>/`, make_process_references.py's (prefix "proc-refs") into `proc-refs-<hash>/`."""
