@@ -168,6 +168,7 @@ class _Sweep:
         for s in self.seeds:  # as `train` builds the model of `--seed s`
             mc = self.model_cfg if self.model_cfg.seed is not None else self.model_cfg.replace(seed=s)
             m = HookedTransformer(mc.replace(device=str(self.device), extra=extra))
+            m.tokenizer = self.tokenizer  # attached from the start, as `train` does: every checkpoint carries it
             init_positions(m, cfg.pos_init)
             self.members.append(m)
         self.stack = StackedDecoder(self.members).to(self.device)
@@ -381,7 +382,6 @@ class _Sweep:
         for k, (m, d, c) in enumerate(zip(self.members, self.dirs, self.cfgs, strict=True)):
             if k in self.failed:
                 continue
-            m.tokenizer = self.tokenizer
             metrics = ts.read_metrics(d / ts.METRICS_FILE)
             last_val = [r["val_loss"] for r in metrics if "val_loss" in r]
             summary = {"steps": cfg.steps, "tokens_seen": self.tokens_seen, "world_size": 1,

@@ -158,6 +158,12 @@ def test_member_equals_single_run(corpus_dir, tmp_path, monkeypatch):
     assert {k: v for k, v in saved.items() if k != "out_dir"} == {k: v for k, v in alone.items() if k != "out_dir"}
     sweep = read_sweep(tmp_path / "sweep")
     assert [m["status"] for m in sweep["members"]] == ["finished", "finished"] and sweep["seeds"] == [0, 3]
+    # every checkpoint carries the tokenizer, as the single run's do
+    steps = sorted(p.name for p in (tmp_path / "alone" / "checkpoints").iterdir())
+    assert steps == sorted(p.name for p in (member / "checkpoints").iterdir())
+    for step in steps:
+        assert (member / "checkpoints" / step / "tokenizer.json").read_bytes() == (
+            tmp_path / "alone" / "checkpoints" / step / "tokenizer.json").read_bytes()
 
 
 # --- resume ---------------------------------------------------------------------------------------------
