@@ -266,6 +266,9 @@ class _Sweep:
         if resume and (self.out / SWEEP_FILE).is_file():
             old = read_sweep(self.out)
             if old.get("status") == "finished" and old.get("steps") == cfg.steps and old.get("seeds") == self.seeds:
+                for k, (d, c, m) in enumerate(zip(self.dirs, self.cfgs, self.members, strict=True)):
+                    if old["members"][k].get("status") != "failed":  # only with its own model and settings
+                        ts.resume_changes(d, c, m, ts.resumable_checkpoints(d))
                 return old
         step0 = self.restore(resume)
         for d, c in zip(self.dirs, self.cfgs, strict=True):

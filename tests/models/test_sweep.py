@@ -287,3 +287,11 @@ def test_sweep_eval_every_zero_evaluates_at_checkpoints_only(corpus_dir, tmp_pat
     for k in (0, 1):
         m = read_metrics(member_dir(tmp_path / "s", k) / "metrics.jsonl")
         assert [r["step"] for r in m if "val_loss" in r] == [0, 6, 8]
+
+
+def test_resuming_a_finished_sweep_refuses_changed_settings(corpus_dir, tmp_path):
+    train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "s", steps=4), [0, 1])
+    assert train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "s", steps=4), [0, 1], resume=True)["status"] == (
+        "finished")
+    with pytest.raises(TrainConfigError, match="weight_decay"):  # as a single run's resume (test_train)
+        train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "s", steps=4, weight_decay=0.5), [0, 1], resume=True)
