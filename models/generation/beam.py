@@ -20,7 +20,6 @@ class Stepper(Protocol):
         """Keep the rows `rows` (an index into the current rows, repeats allowed) for the next call."""
 
 
-@torch.no_grad()
 def check_beams(beams: int, batch: int, d_vocab: int, d_model: int, layers_x_positions: int, error: type[Exception],
                 option: str = "beams") -> None:
     """Refuse `beams` whose search state exceeds the memory bound of every size option
@@ -32,6 +31,7 @@ def check_beams(beams: int, batch: int, d_vocab: int, d_model: int, layers_x_pos
     check_memory(option, beams, batch * 8 * (3 * d_vocab + layers_x_positions * d_model), error)
 
 
+@torch.no_grad()
 def beam_search(step: Stepper, prefix: torch.Tensor, beams: int, max_new_tokens: int, eos_token_id: int | None = None,
                 pad_token_id: int | None = None, stop_at_eos: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The `beams` most likely continuations of each prefix `[batch, pos]` by up to `max_new_tokens` tokens, scored by

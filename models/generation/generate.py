@@ -230,7 +230,6 @@ class _Steps:
             self.cache.select(rows)
 
 
-@torch.no_grad()
 def wants_cache(model, use_past_kv_cache: bool | None) -> bool:
     """Whether decoding may keep a key/value cache: by default (None) for causal attention only. Under bidirectional
     attention every earlier position attends to each new token, so the keys and values of earlier positions change

@@ -151,6 +151,7 @@ def test_beam_search_scores_and_order():
     assert seqs.shape == (4, 8) and (seqs[:, :3] == PROMPT[:1]).all()
     assert torch.all(scores[:-1] >= scores[1:])
     assert len({tuple(s.tolist()) for s in seqs}) == 4
+    assert not scores.requires_grad and scores.grad_fn is None  # a search keeps no autograd graph of its steps
     for s, score in zip(seqs, scores):
         assert float(score) == pytest.approx(summed_log_probs(model, s, 3), abs=1e-4)
 
