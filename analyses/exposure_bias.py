@@ -22,14 +22,15 @@ its teacher-forced accuracy first reaches a threshold.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
-import numpy as np
 import torch
 
 from models.data.seq2seq import EOS
 from models.training.loop import train
+
+from . import stats
+from .stats import t_quantile
 
 FIRST_SYMBOL = EOS + 1  # ids below are PAD, BOS, EOS (models.data.seq2seq)
 
@@ -114,42 +115,15 @@ def compounded(rates) -> torch.Tensor:
     return 1 - torch.cumprod(1 - r, 0)
 
 
-def _t_cdf(x: float, df: float) -> float:
-    """Student's t distribution function: ½ + the integral of its density from 0 to x, by Simpson's rule
-    (2,000 panels, float64)."""
-    if x == 0:
-        return 0.5
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-    n = 2000
-    t = np.linspace(0.0, abs(x), n + 1)
-    f = (1 + t * t / df) ** (-(df + 1) / 2)
-    half = c * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum()) * (abs(x) / n) / 3
-    return 0.5 + half if x > 0 else 0.5 - half
-
-
-@functools.lru_cache(maxsize=1024)
-def t_quantile(p: float, df: float) -> float:
-    """The p-quantile of Student's t with `df` degrees of freedom (bisection on `_t_cdf`, to 1e-9)."""
-    lo, hi = -200.0, 200.0
-    while hi - lo > 1e-9:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
 def _mean_var(values) -> tuple[float, float, int]:
     v = torch.as_tensor(values, dtype=torch.float64)
     return float(v.mean()), float(v.var(unbiased=True)) if v.numel() > 1 else math.nan, v.numel()
 
 
 def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
-    """`(mean, low, high)`: the Student t confidence interval of the mean of per-seed values,
-    mean ± t_{(1+c)/2, n−1} · s / √n (Student 1908; s the sample standard deviation)."""
-    m, var, n = _mean_var(values)
-    if n < 2:
-        return m, math.nan, math.nan
-    half = t_quantile((1 + confidence) / 2, n - 1) * math.sqrt(var / n)
-    return m, m - half, m + half
+    """`(mean, low, high)` of `analyses.stats.t_interval` (NaN bounds below 2 values), the form results.json keeps."""
+    a = stats.t_interval(values, confidence)
+    return a["mean"], math.nan if a["low"] is None else a["low"], math.nan if a["high"] is None else a["high"]
 
 
 def _welch(a, b) -> tuple[float, float, float]:

@@ -22,8 +22,6 @@ in every small attention-only model they trained, abrupt and within a narrow win
 
 from __future__ import annotations
 
-import functools
-import math
 from collections import Counter
 from pathlib import Path
 
@@ -32,89 +30,11 @@ from models.training.state import read_metrics
 from models.training.sweep import SWEEP_FILE, read_sweep
 
 from .dynamics import FORMED, loss_bump
+from .stats import max_count_p_value, t_interval, wilson_interval
 
-__all__ = ["sweep_summary", "t_interval", "wilson_interval", "plot_sweep", "sweep_markdown", "student_t_quantile",
-           "rise_tokens", "max_count_p_value"]
+__all__ = ["sweep_summary", "plot_sweep", "sweep_markdown", "rise_tokens"]
 
 INDUCTION_KEY = "induction_scores_50"
-
-
-# --- intervals ------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=256)
-def student_t_quantile(p: float, df: int) -> float:
-    """The `p` quantile of Student's t distribution with `df` degrees of freedom: the CDF (the density
-    Γ((ν+1)/2) / (√(νπ) Γ(ν/2)) · (1 + x²/ν)^(−(ν+1)/2) integrated by Simpson's rule on a substitution that maps
-    the half line to [0, 1)) inverted by bisection; accurate to ~1e-9 for ν ≥ 1 (t₀.₉₇₅,₇ = 2.364624)."""
-    if not 0 < p < 1 or df < 1:
-        raise ValueError(f"need 0 < p < 1 and df >= 1, got p={p}, df={df}")
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def upper_tail(t: float) -> float:  # P(T > t) for t ≥ 0: x = t + u / (1 − u), u in [0, 1)
-        n = 1200
-        total = 0.0
-        for i in range(n + 1):
-            u = i / n * (1 - 1e-12)
-            x = t + u / (1 - u)
-            f = math.exp(log_c - (df + 1) / 2 * math.log1p(x * x / df)) / (1 - u) ** 2
-            total += f * (1 if i in (0, n) else 4 if i % 2 else 2)
-        return total / (3 * n)
-
-    q = p if p >= 0.5 else 1 - p
-    lo, hi = 0.0, 1.0
-    while upper_tail(hi) > 1 - q:
-        hi *= 2
-    for _ in range(48):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if upper_tail(mid) > 1 - q else (lo, mid)
-    t = (lo + hi) / 2
-    return t if p >= 0.5 else -t
-
-
-def t_interval(values: list[float], level: float = 0.95) -> dict:
-    """`{"n", "mean", "sd", "low", "high"}`: Student's t interval mean ± t · s/√n (None bounds below 2 values)."""
-    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
-    n = len(v)
-    if n == 0:
-        return {"n": 0, "mean": None, "sd": None, "low": None, "high": None}
-    mean = sum(v) / n
-    if n < 2:
-        return {"n": 1, "mean": mean, "sd": None, "low": None, "high": None}
-    sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1))
-    half = student_t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "sd": sd, "low": mean - half, "high": mean + half}
-
-
-def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> dict:
-    """`{"k", "n", "fraction", "low", "high"}`: Wilson's score interval for k successes in n trials (95 % with
-    the default z, the normal 0.975 quantile)."""
-    if n == 0:
-        return {"k": 0, "n": 0, "fraction": None, "low": None, "high": None}
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return {"k": k, "n": n, "fraction": p, "low": max(0.0, centre - half), "high": min(1.0, centre + half)}
-
-
-def max_count_p_value(m: int, n: int, k: int) -> float:
-    """P(the most frequent of `k` equally likely outcomes occurs ≥ `m` times in `n` independent draws): the exact
-    p-value of "the seeds' choices are uniform" against the observed largest count `m` (the number of sequences
-    with every count ≤ m − 1 is n! [xⁿ] (Σ_{j<m} xʲ/j!)ᵏ, the exponential generating function of bounded
-    multinomial counts)."""
-    from fractions import Fraction
-
-    if m <= 0 or n == 0:
-        return 1.0
-    term = [Fraction(1, math.factorial(j)) for j in range(min(m, n + 1))]
-    poly = [Fraction(1)]
-    for _ in range(k):
-        nxt = [Fraction(0)] * (n + 1)
-        for i, a in enumerate(poly):
-            for j, b in enumerate(term):
-                if i + j <= n:
-                    nxt[i + j] += a * b
-        poly = nxt
-    below = poly[n] * math.factorial(n) / Fraction(k) ** n
-    return float(1 - below)
 
 
 # --- per seed -------------------------------------------------------------------------------------------------

@@ -4,12 +4,10 @@ command end to end (e2e)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ import torch
 
 from analyses.cli import main
 from analyses.figure_checks import figure_problems
-from analyses.sweep import plot_sweep, student_t_quantile, sweep_markdown, sweep_summary, t_interval, wilson_interval
+from analyses.sweep import plot_sweep, sweep_markdown, sweep_summary
 from models import HookedTransformer, HookedTransformerConfig, load, save
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,22 +45,6 @@ def test_seed_and_seeds_exclusive(tmp_path):
 def test_sweep_of_a_folder_that_is_not_one_exits_2(tmp_path, capsys):
     assert main(["sweep", str(tmp_path)]) == 2
     assert "not a seed sweep" in capsys.readouterr().err
-
-
-# --- intervals against textbook values ------------------------------------------------------------------------
-@pytest.mark.parametrize("df, value", [(1, 12.706204736), (2, 4.302652730), (7, 2.364624252), (30, 2.042272456)])
-def test_t_quantile_matches_tables(df, value):  # Student's t 0.975 quantiles (any statistics table)
-    assert student_t_quantile(0.975, df) == pytest.approx(value, abs=1e-7)
-    assert student_t_quantile(0.025, df) == pytest.approx(-value, abs=1e-7)
-
-
-def test_intervals():
-    t = t_interval([1.0, 2.0, 3.0, 4.0])
-    half = 3.182446305 * math.sqrt(5 / 3) / 2
-    assert t["mean"] == 2.5 and t["low"] == pytest.approx(2.5 - half) and t["high"] == pytest.approx(2.5 + half)
-    assert t_interval([None, 3.0])["n"] == 1 and t_interval([])["mean"] is None
-    w = wilson_interval(8, 8)  # Wilson (1927): n / (n + z²) for k = n
-    assert w["high"] == 1.0 and w["low"] == pytest.approx(8 / (8 + 1.959963984540054 ** 2))
 
 
 # --- the analysis of a hand-built sweep -----------------------------------------------------------------------
@@ -114,12 +96,9 @@ def test_sweep_summary_reads_what_was_written(tmp_path):
     assert by[0]["induction_heads"] == ["L1H1"] and by[1]["induction_heads"] == ["L1H3"]
     assert by[2]["induction_heads"] == []
     assert by[0]["rise_tokens"] == 100 * 4096 and by[2]["rise_tokens"] is None  # one checkpoint interval: 0.05 → 0.6
-    from analyses.sweep import max_count_p_value, rise_tokens
+    from analyses.stats import max_count_p_value
+    from analyses.sweep import rise_tokens
 
-    for m, n, k in ((5, 8, 4), (2, 3, 4), (3, 6, 2), (1, 4, 3), (4, 4, 4)):  # against every sequence of choices
-        seqs = list(itertools.product(range(k), repeat=n))
-        brute = sum(max(Counter(q).values()) >= m for q in seqs) / len(seqs)
-        assert max_count_p_value(m, n, k) == pytest.approx(brute, abs=1e-12)
     assert s["most_common_previous_token_head"]["p_uniform"] == pytest.approx(max_count_p_value(2, 3, 4))
     assert rise_tokens([(0, 0, 0.0), (1, 10, 0.05), (2, 20, 0.3), (3, 30, 0.55), (4, 40, 0.6)]) == 30 - 10
     assert by[0]["final_icl_score"] == -0.5 and by[2]["final_icl_score"] == -0.1
