@@ -7,25 +7,14 @@ The SAE is SAELens' (`models.sae`); the measures are `models.sae.feature_stats` 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from models.sae import feature_stats, sae_losses
 
-from .labels import token_labels
+from .labels import markdown_text, token_labels
 from .util import markdown_table
-
-#: Characters CommonMark reads as markup inside a table cell (`|` is escaped by `markdown_table`).
-_MD_ACTIVE = re.compile(r"([\\`*_\[\]<>#!~&])")
-
-
-def md_text(s: str) -> str:
-    """Token text as literal Markdown: each markup character backslash-escaped (CommonMark escapes any ASCII
-    punctuation so)."""
-    return _MD_ACTIVE.sub(r"\\\1", s)
 
 
 def residual_direction(model, hook_name: str, direction: torch.Tensor) -> torch.Tensor | None:
@@ -54,14 +43,13 @@ class Feature:
 
 @dataclass
 class SAEReport:
-    """The measures (`stats`: FVU, L0, dead, d_sae, tokens; `losses`; `frequency [d_sae]`), the top `features`, and
-    the files written."""
+    """The measures (`stats`: FVU, L0, dead, d_sae, tokens; `losses`; `frequency [d_sae]`), and the top
+    `features`."""
 
     stats: dict
     losses: dict
     frequency: torch.Tensor
     features: list[Feature] = field(default_factory=list)
-    files: list[Path] = field(default_factory=list)
 
 
 def analyse(model, sae, windows: torch.Tensor, bos: int | None, top: int = 8, contexts: int = 5,
@@ -112,12 +100,12 @@ def analyse(model, sae, windows: torch.Tensor, bos: int | None, top: int = 8, co
 
 def markdown(report: SAEReport, name: str, settings: dict | None, text: str) -> str:
     s, lo = report.stats, report.losses
-    md = [f"# Sparse autoencoder on {md_text(name)} at `{s['hook_name']}`", "",
-          f"Measured on {s['tokens']} token positions of {md_text(text)} (the BOS position left out). "
+    md = [f"# Sparse autoencoder on {markdown_text(name)} at `{s['hook_name']}`", "",
+          f"Measured on {s['tokens']} token positions of {markdown_text(text)} (the BOS position left out). "
           "Losses are mean next-token cross-entropy in nats per token.", ""]
     if settings:
         keys = ("steps", "expansion", "l1", "batch_size", "lr", "d_in", "d_sae", "tokens_seen", "seconds", "sae_lens")
-        md += ["Training: " + ", ".join(f"{k} {settings[k]}" for k in keys if k in settings) + ".", ""]
+        md += ["Training: " + ", ".join(f"{k} {markdown_text(settings[k])}" for k in keys if k in settings) + ".", ""]
     md += ["## Reconstruction", "",
            markdown_table(["measure", "value", "what it is"], [
                ["FVU", s["fvu"], "fraction of variance unexplained, Σ‖x − x̂‖² / Σ‖x − mean x‖²"],
@@ -129,15 +117,14 @@ def markdown(report: SAEReport, name: str, settings: dict | None, text: str) -> 
                ["zero-ablated (the hook's output set to 0)", lo["zero_ablated"]],
                ["loss recovered, (zero − spliced) / (zero − clean)", lo["recovered"]]]), "",
            "## Top features", "",
-           "By largest activation on these tokens. Contexts: the tokens before, **[the token]**, and after (whitespace "
-           "shown as ␣ and ⏎); promoted: the tokens of largest logit weight (decoder direction · W_U).", ""]
+           "By largest activation on these tokens. Contexts: the tokens before, the token, and the tokens after "
+           "(whitespace shown as ␣ and ⏎); promoted: the tokens of largest logit weight (decoder direction · W_U).", ""]
     for f in report.features:
         md += [f"### Feature {f.index}", "",
                f"Active on {f.frequency:.2%} of tokens; largest activation {f.max_act:.3f}.", ""]
-        md += [markdown_table(["context", "activation"],
-                              [[f"{md_text(b)}**[{md_text(t)}]**{md_text(a)}", v] for b, t, a, v in f.contexts]), ""]
+        md += [markdown_table(["before", "token", "after", "activation"], [list(c) for c in f.contexts]), ""]
         if f.promoted:
-            md += ["Promotes: " + ", ".join(f"{md_text(t)} ({v:+.2f})" for t, v in f.promoted), ""]
+            md += ["Promotes: " + ", ".join(f"{markdown_text(t)} ({v:+.2f})" for t, v in f.promoted), ""]
     return "\n".join(md)
 
 

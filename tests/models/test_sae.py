@@ -277,3 +277,17 @@ def test_sae_lens_imports_after_models_in_one_program():
             "from sae_lens import HookedSAETransformer; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_sae_report_markdown_escapes_token_text_once():
+    """A context's token text lands in report.md as itself: escaped once (by `markdown_table`), in its own columns,
+    whatever Markdown it holds."""
+    from analyses.sae_report import Feature, SAEReport, markdown
+
+    stats = {"hook_name": "blocks.0.hook_mlp_out", "tokens": 10, "fvu": 0.1, "l0": 2.0, "dead": 0, "d_sae": 4}
+    losses = {"clean": 1.0, "spliced": 1.1, "zero_ablated": 2.0, "recovered": 0.9}
+    feat = Feature(0, 0.5, 1.25, [("a_b", "*[x*]", "<c>", 1.25)], [("`t`", 0.5)])
+    md = markdown(SAEReport(stats, losses, torch.zeros(4), [feat]), "m*", {"steps": "3_0"}, "te|xt")
+    assert "| a\\_b | \\*\\[x\\*\\] | \\<c\\> | 1.250 |" in md
+    assert "\\\\" not in md  # nothing escaped twice
+    assert "Promotes: \\`t\\` (+0.50)" in md and "steps 3\\_0" in md and "on m\\*" in md
