@@ -81,7 +81,8 @@ def train_settings(args) -> tuple:
     cfg.validate()
     from models.io.size_checks import check_train_sizes
 
-    check_train_sizes(model_cfg, cfg, UsageError)  # as train() does, before the corpus is read for evaluation
+    models = len(getattr(args, "seed_list", None) or [None])  # a sweep trains them all at once
+    check_train_sizes(model_cfg, cfg, UsageError, models)  # as train() does, before the corpus is read for evaluation
     return model_cfg, cfg, about
 
 
@@ -95,17 +96,16 @@ def run_train(args) -> int:
 
     if args.device is not None:  # checked as the analyses check it (case-insensitive; exit 2 when absent)
         args.device = "auto" if args.device.lower() == "auto" else str(resolve_device(args.device))
-    seeds = None
+    args.seed_list = None
     if args.seeds is not None:
         from models.training.sweep import parse_seeds
 
-        seeds = parse_seeds(args.seeds)  # TrainConfigError: exit 2, one line
+        args.seed_list = parse_seeds(args.seeds)  # TrainConfigError: exit 2, one line
     model_cfg, cfg, about = train_settings(args)
-    if seeds is not None:
+    if args.seed_list is not None:
         from models.training.stacked import check_stackable
 
         check_stackable(model_cfg)
-        args.seed_list = seeds
     if args.device is None and cfg.device != "auto":  # a device from --config / --train-config
         resolve_device(cfg.device)
     command = "circuits " + shlex.join(["train"] + list(args.argv))

@@ -93,11 +93,12 @@ def check_memory(option: str, value: int, per_unit: int, error: type[Exception],
 MAX_SEQ_LEN = 1 << 20
 
 
-def check_train_sizes(model_cfg, cfg, error: type[Exception]) -> None:
+def check_train_sizes(model_cfg, cfg, error: type[Exception], models: int = 1) -> None:
     """Refuse a training run whose weights (with gradients and Adam's two moments: 16 bytes each) or whose
     activations for `seq_len` / `batch_size` (float32, kept for the backward pass: per token the logits and, per
-    layer, ~16 residual-width vectors and a row of each head's pattern) exceed `memory_limit()`; `train()` calls
-    this before building anything, so the command line and the Python API share it."""
+    layer, ~16 residual-width vectors and a row of each head's pattern) exceed `memory_limit()`; with `models` > 1
+    (a seed sweep trains that many at once), also their sum over the models. `train()` and `train_sweep()` call this
+    before building anything, so the command line and the Python API share it."""
     if cfg.seq_len is not None and cfg.seq_len > MAX_SEQ_LEN:
         raise error(f"seq_len {cfg.seq_len} is more than the {MAX_SEQ_LEN} allowed")
     check_memory("the model's weights (d_vocab, d_model, n_layers, d_mlp)", implied_weights(model_cfg), 16, error)
@@ -111,3 +112,6 @@ def check_train_sizes(model_cfg, cfg, error: type[Exception]) -> None:
     per_token = 4 * (3 * d_vocab + max(n_layers, 1) * (16 * model_cfg.d_model + 3 * model_cfg.n_heads * seq))
     check_memory("seq_len", seq, per_token, error)  # one sequence
     check_memory("batch_size (--batch-size)", cfg.batch_size, seq * per_token, error)
+    if models > 1:
+        check_memory("the models trained at once (--seeds)", models,
+                     16 * implied_weights(model_cfg) + cfg.batch_size * seq * per_token, error)

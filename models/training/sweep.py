@@ -32,6 +32,7 @@ from ..errors import CheckpointError, TrainConfigError
 from ..io.atomic import atomic_write_json
 from ..io.checkpoint import WEIGHTS_FILE, read_safetensors
 from ..io.safe_read import JSON_LIMIT, read_text
+from ..io.size_checks import check_train_sizes
 from . import state as ts
 from .config import TrainConfig, lr_at
 from .loop import adamw, build_data, check_setup, dist_info, finalize, init_positions, optimizer_groups, pick_device
@@ -132,6 +133,7 @@ def train_sweep(model_cfg, cfg: TrainConfig, seeds: list[int], *, eval_fn=None, 
     check_stackable(model_cfg)
     if not seeds:
         raise TrainConfigError("a seed sweep needs at least one seed")
+    check_train_sizes(model_cfg, cfg, TrainConfigError, models=len(seeds))  # before anything is built or read
     if dist_info()[1] > 1:
         raise TrainConfigError("a seed sweep runs in one process (not under torchrun): the stack is its parallelism")
     if cfg.out_dir is None:

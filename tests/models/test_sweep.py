@@ -295,3 +295,25 @@ def test_resuming_a_finished_sweep_refuses_changed_settings(corpus_dir, tmp_path
         "finished")
     with pytest.raises(TrainConfigError, match="weight_decay"):  # as a single run's resume (test_train)
         train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "s", steps=4, weight_decay=0.5), [0, 1], resume=True)
+
+
+def test_sweep_memory_bound_counts_every_member(corpus_dir, tmp_path):
+    """Each model fits the memory bound, the sweep's N at once do not: refused by name before anything is built
+    or written, from the API and the command line alike (sized from this machine's bound, so on any machine)."""
+    from analyses.cli import main
+    from models.io.size_checks import check_train_sizes, implied_weights, memory_limit
+
+    d_model = 64
+    d_vocab = memory_limit() // (16 * 2 * d_model * 6)  # one model's weights ~ a sixth of the bound
+    big = HookedTransformerConfig(n_layers=1, d_model=d_model, n_ctx=8, d_vocab=d_vocab, n_heads=2, d_mlp=None,
+                                  attn_only=True, normalization_type=None)
+    cfg = run_cfg(corpus_dir, tmp_path / "s", batch_size=1)
+    check_train_sizes(big, cfg, TrainConfigError)  # one model: allowed
+    assert 16 * implied_weights(big) * 8 > memory_limit()
+    with pytest.raises(TrainConfigError, match="models trained at once"):
+        train_sweep(big, cfg, list(range(8)))
+    assert not (tmp_path / "s").exists()
+    config = json.dumps({"model": big.to_dict(), "train": {"data": str(corpus_dir), "tokenizer": "bytes",
+                                                           "batch_size": 1}})
+    assert main(["train", "--config", config, "--seeds", "0-7", "--out", str(tmp_path / "c")]) == 2
+    assert not (tmp_path / "c").exists()
