@@ -26,10 +26,12 @@ from collections import Counter
 from pathlib import Path
 
 from models.arch.model import head_label
-from models.training.state import read_metrics
+from models.io.checkpoint import WEIGHTS_FILE
+from models.training.state import METRICS_FILE, read_metrics, step_dir
 from models.training.sweep import SWEEP_FILE, read_sweep
 
 from .dynamics import FORMED, loss_bump
+from .labels import figure_text
 from .stats import max_count_p_value, t_interval, wilson_interval
 
 __all__ = ["sweep_summary", "plot_sweep", "sweep_markdown", "rise_tokens"]
@@ -53,7 +55,7 @@ def _best_induction(scores) -> float:
 
 def member_numbers(folder: Path, batch_tokens: int, copying: bool = True) -> dict:
     """The per-seed numbers of the module docstring from one member's folder."""
-    recs = read_metrics(folder / "metrics.jsonl")
+    recs = read_metrics(folder / METRICS_FILE)
     scored = [r for r in recs if INDUCTION_KEY in r and "tokens" in r]
     curve = [(r["step"], r["tokens"], _best_induction(r[INDUCTION_KEY])) for r in scored]
     formed = next(((s, t, v) for s, t, v in curve if v >= FORMED), None)
@@ -101,8 +103,8 @@ def _copying(folder: Path, step: int, layer: int, head: int) -> float | None:
     from circuits.eigen import copying_scores
     from models.io.checkpoint import load
 
-    for where in (folder / "checkpoints" / f"step-{step:06d}", folder):
-        if (where / "model.safetensors").is_file():
+    for where in (step_dir(folder, step), folder):
+        if (where / WEIGHTS_FILE).is_file():
             return float(copying_scores(load(where, device="cpu"))[layer, head])
     return None
 
@@ -197,11 +199,6 @@ def sweep_markdown(s: dict) -> str:
 
 
 # --- the figure -----------------------------------------------------------------------------------------------
-def _label(text) -> str:
-    """Text from a sweep's metadata as a figure label (matplotlib's mathtext `$` escaped)."""
-    return str(text).replace("$", r"\$")
-
-
 def plot_sweep(s: dict):
     """Every seed's validation loss (tokens on a log axis: the whole run) and best layer-1 induction score (tokens
     on a linear axis, in millions: the phase change at its own width) against tokens, one colour per seed, the
@@ -212,7 +209,7 @@ def plot_sweep(s: dict):
     cmap = plt.get_cmap("tab10" if len(s["seeds"]) <= 10 else "tab20")
     for i, r in enumerate(s["seeds"]):
         colour = cmap(i % cmap.N)
-        label = _label(f"seed {r['seed']}" + (" (failed)" if r["status"] == "failed" else ""))
+        label = figure_text(f"seed {r['seed']}" + (" (failed)" if r["status"] == "failed" else ""))
         val, ind = r.get("val_loss_curve") or [], r.get("induction_curve") or []
         if val:
             ax_loss.plot(*zip(*val), "-", color=colour, lw=1.2, label=label)
@@ -237,7 +234,7 @@ def plot_sweep(s: dict):
         ax.tick_params(labelsize=8)
     ax_loss.set_ylabel("validation loss (nats/token)", fontsize=9)
     ax_ind.set_ylabel("best layer-1 induction score (|R| = 50)", fontsize=9)
-    name = _label(s.get("model_name") or "model")
+    name = figure_text(s.get("model_name") or "model")
     ax_loss.set_title(f"{name}: {s['n_seeds']} seeds, validation loss", fontsize=10)
     ax_ind.set_title("induction score; ○ = formation point", fontsize=10)
     ax_ind.set_ylim(-0.02, 1.02)

@@ -22,7 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.io.checkpoint import read_safetensors  # noqa: E402
+from models.io.checkpoint import WEIGHTS_FILE, read_safetensors  # noqa: E402
+from models.training.state import METRICS_FILE, read_metrics, step_dir  # noqa: E402
 
 
 def train(preset: str, steps: int, *args: str) -> None:
@@ -30,15 +31,10 @@ def train(preset: str, steps: int, *args: str) -> None:
                     "--no-scores", "--no-progress", *args], check=True, capture_output=True)
 
 
-def metrics(folder: Path) -> list[dict]:
-    return [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
-
-
 def compare(member: Path, alone: Path) -> dict:
-    first = "checkpoints/step-000000/model.safetensors"
-    a, b = read_safetensors(member / first), read_safetensors(alone / first)
-    fa, fb = read_safetensors(member / "model.safetensors"), read_safetensors(alone / "model.safetensors")
-    ma, mb = metrics(member), metrics(alone)
+    a, b = (read_safetensors(step_dir(f, 0) / WEIGHTS_FILE) for f in (member, alone))
+    fa, fb = (read_safetensors(f / WEIGHTS_FILE) for f in (member, alone))
+    ma, mb = (read_metrics(f / METRICS_FILE) for f in (member, alone))
     rel = lambda key: max(abs(x[key] - y[key]) / abs(y[key]) for x, y in zip(ma, mb, strict=True)  # noqa: E731
                           if key in x and x["step"] > 0)
     return {"init_bitwise": all(torch.equal(a[n], b[n]) for n in a), "max_rel_train_loss": rel("train_loss"),

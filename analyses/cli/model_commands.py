@@ -128,7 +128,9 @@ def run_report(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
-    if (Path(args.model) / "sweep.json").is_file():
+    from models.training.sweep import SWEEP_FILE
+
+    if (Path(args.model) / SWEEP_FILE).is_file():
         return _report_sweep(args, out)
     device = setup(args)
     loaded = load_model(args, device)

@@ -1,6 +1,6 @@
 """N attention-only decoders of one configuration as one set of stacked weights `[model, ...]`, for seed sweeps
 (`models.training.sweep`): every dense product is one batched product (`torch.bmm`) over the model axis, attention one
-`F.scaled_dot_product_attention` call over `model × batch`, and the loss one cross-entropy over every model's tokens.
+`F.scaled_dot_product_attention` call over `model × batch`, and the loss `models.lm_cross_entropy` per member.
 
 Member k computes what `HookedTransformer` computes with member k's weights (the tests hold the two to float32
 rounding: a batched product may sum in another order than the single model's). Nothing mixes members: each product,
@@ -19,10 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..arch.config import HookedTransformerConfig
-from ..arch.model import HookedTransformer
+from ..arch.model import HookedTransformer, lm_cross_entropy
 from ..errors import TrainConfigError
-
-IGNORE = -100  # F.cross_entropy's ignore_index: the last position of a row has no next token
 
 #: (field, the value a stackable config holds) for every field the stacked forward does not implement.
 REQUIRED = (("attn_only", True), ("normalization_type", None), ("attention_dir", "causal"),
@@ -134,17 +132,13 @@ class StackedDecoder(nn.Module):
         resid = self.residual(tokens)
         N, B, P = tokens.shape
         W_U, b_U = self.stacked("unembed.W_U"), self._bias("unembed.b_U")
-        target = F.pad(tokens[..., 1:], (0, 1), value=IGNORE).reshape(N, B * P)
-        losses = []
         # unbind, not resid[k]: its backward stacks the members' gradients once, where N selections would each
         # backpropagate a zero-filled gradient of the whole stack
         biases = [None] * N if b_U is None else b_U.unbind(0)
-        for r, W, b, t in zip(resid.unbind(0), W_U.unbind(0), biases, target.unbind(0), strict=True):
-            logits = r @ W if b is None else torch.addmm(b, r, W)
-            if logits.dtype in (torch.float16, torch.bfloat16):
-                logits = logits.float()
-            losses.append(F.cross_entropy(logits, t, ignore_index=IGNORE,
-                                          label_smoothing=label_smoothing))
+        losses = []
+        for r, W, b, t in zip(resid.unbind(0), W_U.unbind(0), biases, tokens.unbind(0), strict=True):
+            logits = (r @ W if b is None else torch.addmm(b, r, W)).view(B, P, -1)
+            losses.append(lm_cross_entropy(logits, t, label_smoothing=label_smoothing))
         return torch.stack(losses)
 
 

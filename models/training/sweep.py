@@ -177,6 +177,8 @@ class _Sweep:
         for k, m in enumerate(self.members):  # each member's parameters become views of its row of the stack
             for name, p in m.named_parameters():
                 p.data = self.stack.stacked(name).data[k]
+        self.params = [p for _, p in self.stack.named_stacked()]
+        self.alive = torch.ones(len(self.seeds), dtype=torch.bool, device=self.device)  # False: a failed member
         self.opt = adamw(optimizer_groups(self.stack.named_stacked(), cfg), lr=cfg.lr, betas=tuple(cfg.betas))
         self.val = torch.as_tensor(self.batches.val_batch(cfg.val_sequences)).to(self.device)
         self.schedule = set(ts.checkpoint_steps(cfg.steps, cfg.checkpoint_every, cfg.log_checkpoints))
@@ -203,6 +205,7 @@ class _Sweep:
 
     def zero_member(self, k: int) -> None:
         """A failed member: zero weights and moments (its loss is left out, so its gradients stay zero)."""
+        self.alive[k] = False
         with torch.no_grad():
             for _, p in self.stack.named_stacked():
                 p[k].zero_()
@@ -320,14 +323,12 @@ class _Sweep:
         rows = rows.to(self.device)
         with autocast:
             losses = self.stack.losses(rows, cfg.label_smoothing)
-        alive = torch.tensor([k not in self.failed for k in range(N)], device=losses.device)
         self.opt.zero_grad(set_to_none=True)
-        torch.where(alive, losses, torch.zeros_like(losses)).sum().backward()
-        params = [p for _, p in self.stack.named_stacked()]
+        torch.where(self.alive, losses, torch.zeros_like(losses)).sum().backward()
         if cfg.grad_clip is not None:
-            norms = clip_per_member(params, cfg.grad_clip)
+            norms = clip_per_member(self.params, cfg.grad_clip)
         else:
-            norms = torch.stack([p.grad.reshape(N, -1).float().pow(2).sum(1) for p in params]).sum(0)
+            norms = torch.stack([p.grad.reshape(N, -1).float().pow(2).sum(1) for p in self.params]).sum(0)
         self.opt.step()
         self.tokens_seen += cfg.batch_size * rows.shape[2]
         return losses.detach().float().cpu(), norms.detach().cpu()
@@ -383,7 +384,13 @@ class _Sweep:
     # --- the end --------------------------------------------------------------------------------------
     def finish(self) -> dict:
         cfg = self.cfg
-        rows = []
+        rows, corpus_numbers = [], {}
+        if self.corpus is not None:  # the members share one corpus
+            from ..data.corpora import unigram_baseline_loss
+
+            corpus_numbers = {"unigram_val_loss": unigram_baseline_loss(self.corpus),
+                              "train_tokens_in_corpus": int(self.corpus.train.size),
+                              "val_tokens_in_corpus": int(self.corpus.val.size)}
         for k, (m, d, c) in enumerate(zip(self.members, self.dirs, self.cfgs, strict=True)):
             if k in self.failed:
                 continue
@@ -393,12 +400,7 @@ class _Sweep:
                        "device": str(self.device), "sweep_members": len(self.seeds),
                        "final_val_loss": last_val[-1] if last_val else self.task.evaluate(m, self.val),
                        "wall_time": max([self.wall_time()] + [r.get("wall_time", 0) for r in metrics])}
-            if self.corpus is not None:
-                from ..data.corpora import unigram_baseline_loss
-
-                summary["unigram_val_loss"] = unigram_baseline_loss(self.corpus)
-                summary["train_tokens_in_corpus"] = int(self.corpus.train.size)
-                summary["val_tokens_in_corpus"] = int(self.corpus.val.size)
+            summary.update(corpus_numbers)
             report_fn = self.report_fn_for(c) if self.report_fn_for is not None else None
             extra = dict(report_fn(m, summary, metrics)) if report_fn is not None else {}
             finalize(m, d, c, summary, extra)
