@@ -82,14 +82,19 @@ def _with_saes_class(cls: type) -> type:
     return WithSAEs
 
 
+def check_model(model, what: str) -> None:
+    """`SAEError` unless `model` is a `HookedTransformer` (a decoder-only model): the models SAEs here read."""
+    from .arch.model import HookedTransformer
+
+    if not isinstance(model, HookedTransformer):
+        raise SAEError(f"{what} takes a HookedTransformer (a decoder-only model), got {type(model).__name__}")
+
+
 def with_saes(model):
     """`model` itself, its class extended by SAELens' `HookedSAETransformer` methods (see the module docstring);
     idempotent. Decoder-only models (`HookedTransformer`)."""
     sae_lens()
-    from .arch.model import HookedTransformer
-
-    if not isinstance(model, HookedTransformer):
-        raise SAEError(f"with_saes takes a HookedTransformer (a decoder-only model), got {type(model).__name__}")
+    check_model(model, "with_saes")
     if not hasattr(model, "_acts_to_saes"):
         model._acts_to_saes = {}
         model._transcoder_output_hooks = {}
@@ -195,6 +200,7 @@ def train_sae(model, hook_name: str, tokens: torch.Tensor, steps: int = 1000, ex
     `tokens`: `d_sae = expansion * d_in`, `l1` SAELens' `l1_coefficient` on activations normalised to mean squared
     norm `d_in` (its `expected_average_only_in`, folded into the weights at the end). Returns the inference SAE."""
     sl = sae_lens()
+    check_model(model, "train_sae")
     from sae_lens import SAE, SAETrainer, StandardTrainingSAE, StandardTrainingSAEConfig
     from sae_lens.config import LoggingConfig, SAETrainerConfig
 

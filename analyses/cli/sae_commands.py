@@ -17,6 +17,7 @@ from .common import (
     read_text_tokens,
     save_figure,
     setup,
+    text_windows,
     warn,
 )
 
@@ -97,15 +98,14 @@ def _text(loaded, args, split: str, max_tokens: int):
 
 
 def run_train(args) -> int:
-    from models.sae import save_sae, train_sae
+    from models.sae import check_model, save_sae, train_sae
 
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} exists and is not an empty folder; give a new folder (nothing is overwritten)")
     device = setup(args)
     loaded = load_model(args, device)
-    if not hasattr(loaded.model, "firing_hook_names") or hasattr(loaded.model, "cross_W_Q"):
-        raise UsageError(f"{loaded.name} is not a decoder-only model; SAEs here read a HookedTransformer")
+    check_model(loaded.model, "circuits sae train")  # SAEError: exit 2, one line
     tokens, what = _text(loaded, args, "train", TRAIN_TOKENS)
     trained = train_sae(loaded.model, args.hook, tokens, steps=args.steps, expansion=args.expansion, l1=args.l1,
                         batch_size=args.batch_size, lr=args.lr, seed=args.seed, bos=_bos(loaded.model),
@@ -125,10 +125,10 @@ def run_report(args) -> int:
     import torch
 
     from models.io.atomic import atomic_write_text
+    from models.io.safe_read import JSON_LIMIT, read_text
     from models.sae import TRAINING_FILE, load_sae
 
     from ..sae_report import analyse, markdown, plot
-    from ..util import windows
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -142,23 +142,21 @@ def run_report(args) -> int:
     settings = None
     if (sae_dir / TRAINING_FILE).is_file():
         try:
-            settings = json.loads((sae_dir / TRAINING_FILE).read_text())
+            settings = json.loads(read_text(sae_dir / TRAINING_FILE, JSON_LIMIT, ValueError))
         except (ValueError, UnicodeDecodeError):
             warn(f"circuits sae report: {sae_dir / TRAINING_FILE} is not valid JSON; left out")
         if not isinstance(settings, dict):
             settings = None
-    n_ctx = loaded.model.cfg.n_ctx
-    stream, what = _text(loaded, args, "val", max(400_000, args.windows * n_ctx))
-    bos = _bos(loaded.model)
-    if stream.numel() < n_ctx:
-        raise UsageError(f"the validation text holds {stream.numel()} tokens; need at least {n_ctx} (n_ctx)")
-    win = windows(stream, n_ctx, args.windows, args.seed, bos=bos).to(device)
+    win, what, _ = text_windows(loaded, args, args.windows, args.seed)
+    if win is None:
+        raise UsageError(f"{loaded.name}: {what}; pass --text-file FILE")
+    win, bos = win.to(device), _bos(loaded.model)
     with torch.no_grad():
         report = analyse(loaded.model, sae, win, bos, top=args.top)
     out.mkdir(parents=True, exist_ok=True)
     md_path, png_path = out / "sae_report.md", out / "sae_report.png"
     save_figure(plot(report, loaded.name), png_path)
-    text = markdown(report, loaded.name, settings, f"{args.windows} windows of {n_ctx} tokens of {what}")
+    text = markdown(report, loaded.name, settings, what)  # "N windows of n_ctx tokens of ..."
     text += f"\n![feature densities and losses]({png_path.name})\n"
     atomic_write_text(md_path, text)
     html_path = None

@@ -291,3 +291,12 @@ def test_sae_report_markdown_escapes_token_text_once():
     assert "| a\\_b | \\*\\[x\\*\\] | \\<c\\> | 1.250 |" in md
     assert "\\\\" not in md  # nothing escaped twice
     assert "Promotes: \\`t\\` (+0.50)" in md and "steps 3\\_0" in md and "on m\\*" in md
+
+
+def test_sae_train_refuses_an_encoder_decoder_by_name(tmp_path, capsys):
+    from analyses.cli import main
+
+    out = tmp_path / "sae"
+    assert main(["sae", "train", "enc-dec-reverse", "--hook", "blocks.0.hook_mlp_out", "--steps", "1", "--out",
+                 str(out)]) == 2
+    assert "decoder-only" in capsys.readouterr().err and not out.exists()
