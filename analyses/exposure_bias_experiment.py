@@ -21,7 +21,7 @@ import torch
 
 from models import EncoderDecoderConfig
 from models.data.seq2seq import Seq2SeqBatches, make_task
-from models.io.atomic import atomic_write_json, atomic_write_text
+from models.files.atomic import atomic_write_json, atomic_write_text
 from models.training.config import TrainConfig
 
 from . import exposure_bias as eb

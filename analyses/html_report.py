@@ -84,6 +84,6 @@ def write_page(markdown: str, path, title: str, views: str = "") -> Path:
     page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n"
             f"<body>\n{body}\n</body>\n</html>\n")
-    from models.io.atomic import atomic_write_text
+    from models.files.atomic import atomic_write_text
 
     return atomic_write_text(path, page)

@@ -81,7 +81,7 @@ def _load(model_or_name_or_path):
 def read_train_config(folder: Path | None) -> dict:
     if folder is not None and (Path(folder) / "train_config.json").is_file():
         from models.errors import CheckpointError
-        from models.io.safe_read import JSON_LIMIT, read_text
+        from models.files.safe_read import JSON_LIMIT, read_text
 
         return json.loads(read_text(Path(folder) / "train_config.json", JSON_LIMIT, CheckpointError))
     return {}

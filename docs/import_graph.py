@@ -20,8 +20,8 @@ TL_PATHS = ROOT / "models" / "tl_paths"
 
 #: Bottom to top: a module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("models.errors", "models.lazy", "models.deferred_import", "models.io.safe_read",
-              "models.io.size_checks", "models.io.cache_dir", "models.io.atomic")),
+    ("base", ("models.errors", "models.lazy", "models.deferred_import", "models.files.safe_read",
+              "models.files.size_checks", "models.files.cache_dir", "models.files.atomic")),
     ("arch", ("models.arch",)),
     ("generation", ("models.generation",)),
     ("data", ("models.data",)),
@@ -39,7 +39,7 @@ CONVENIENCES = {("models.arch.model", "save"), ("models.arch.model", "generate")
 
 
 def layer_of(module: str) -> int:
-    """Index in `LAYERS` of `module` (the longest matching prefix wins, so `models.io.atomic` is base)."""
+    """Index in `LAYERS` of `module` (the longest matching prefix wins, so `models.files.atomic` is base)."""
     best, best_len = -1, -1
     for i, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .arch.encoder import EncoderConfig, HookedEncoder
     from .arch.encoder_decoder import HookedEncoderDecoder
     from .arch.encoder_decoder_config import EncoderDecoderConfig
+    from .arch.kind import model_kind
     from .arch.model import HookedTransformer, head_label, lm_cross_entropy
     from .arch.tl_compat import ActivationCache, FactoredMatrix
     from .errors import (

@@ -278,7 +278,7 @@ def save_sae(trained: Trained, folder) -> Path:
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise SAEError(f"{folder} exists and is not an empty folder; give a new folder (nothing is overwritten)")
-    from .io.atomic import atomic_write_dir
+    from .files.atomic import atomic_write_dir
 
     def write(tmp: Path) -> None:
         trained.sae.save_model(tmp)

@@ -129,13 +129,13 @@ def test_models_top_level_holds_few_loose_modules():
 
 
 def test_no_private_torch_api_or_process_wide_switch_on_the_default_path():
-    """Nowhere (but `models/io`, which calls libc's renameat2 for atomic folder swaps): no private torch operator, no
+    """Nowhere (but `models/files`, which calls libc's renameat2 for atomic folder swaps): no private torch operator, no
     process-wide precision switch, no ctypes, no compiler at run time."""
     import re
 
     pattern = re.compile(r"torch\._[a-z]|torch\.ops\.mkldnn|fp32_precision|set_flush_denormal|ctypes\.|"
                          r"cpp_extension|subprocess\.run\(\[.*(g\+\+|CXX)")
     bad = [f"{p.relative_to(ROOT)}:{i}" for package in PACKAGES for p in _sources(package)
-           if "io" not in p.relative_to(ROOT).parts
+           if "files" not in p.relative_to(ROOT).parts
            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert bad == []

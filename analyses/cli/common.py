@@ -155,7 +155,7 @@ def read_json_object(spec: str, what: str) -> dict:
         if inline:
             d = json.loads(spec)
         else:
-            from models.io.safe_read import JSON_LIMIT, read_bytes
+            from models.files.safe_read import JSON_LIMIT, read_bytes
 
             d = json.loads(read_bytes(spec, JSON_LIMIT, UsageError, what))
     except OSError as e:
@@ -256,7 +256,7 @@ def read_text_tokens(model, text_file: str, max_tokens: int = TEXT_TOKENS):
     file; a FIFO or device is refused."""
     import torch
 
-    from models.io.safe_read import open_regular
+    from models.files.safe_read import open_regular
 
     if model.tokenizer is None:
         raise UsageError("--text-file needs a tokenizer: this model has none (pass --tokenizer TOKENIZER.json)")
@@ -276,8 +276,8 @@ def read_text_tokens(model, text_file: str, max_tokens: int = TEXT_TOKENS):
 
 
 def check_memory(option: str, value: int, per_unit: int, limit: int | None = None) -> None:
-    """`models.io.size_checks.check_memory` with `UsageError` (exit 2)."""
-    from models.io.size_checks import check_memory as check
+    """`models.files.size_checks.check_memory` with `UsageError` (exit 2)."""
+    from models.files.size_checks import check_memory as check
 
     check(option, value, per_unit, UsageError, limit)
 

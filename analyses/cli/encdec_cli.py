@@ -41,7 +41,7 @@ def route(args, loaded, plain: str, encdec: tuple[str, ...], run):
 
 
 def _train_config(loaded) -> dict:
-    from ..report import read_train_config  # a regular file of bounded size (models.io.safe_read)
+    from ..report import read_train_config  # a regular file of bounded size (models.files.safe_read)
 
     return read_train_config(loaded.folder)
 

@@ -124,8 +124,8 @@ def run_report(args) -> int:
 
     import torch
 
-    from models.io.atomic import atomic_write_text
-    from models.io.safe_read import JSON_LIMIT, read_text
+    from models.files.atomic import atomic_write_text
+    from models.files.safe_read import JSON_LIMIT, read_text
     from models.sae import TRAINING_FILE, load_sae
 
     from ..sae_report import analyse, markdown, plot

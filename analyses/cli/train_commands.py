@@ -79,7 +79,7 @@ def train_settings(args) -> tuple:
     if args.steps is not None and cfg.keep_checkpoints is not None:
         cfg.keep_checkpoints = sorted({s for s in cfg.keep_checkpoints if s <= cfg.steps} | {cfg.steps})
     cfg.validate()
-    from models.io.size_checks import check_train_sizes
+    from models.files.size_checks import check_train_sizes
 
     models = len(getattr(args, "seed_list", None) or [None])  # a sweep trains them all at once
     check_train_sizes(model_cfg, cfg, UsageError, models)  # as train() does, before the corpus is read for evaluation
@@ -214,7 +214,7 @@ def write_sweep(folder, dest, copying: bool = True, report_name: str | None = No
 
     matplotlib.use("Agg")  # figures go to files
 
-    from models.io.atomic import atomic_write_json, atomic_write_text
+    from models.files.atomic import atomic_write_json, atomic_write_text
     from models.training.sweep import SWEEP_FILE, read_sweep
 
     from ..sweep import plot_sweep, sweep_markdown, sweep_summary

@@ -56,6 +56,8 @@ class HookedTransformerConfig:
     TransformerLens) and written to JSON as its name.
     """
 
+    model_type = "decoder"  # a class constant (`models.model_kind`); config.json of a decoder omits it
+
     n_layers: int
     d_model: int
     n_ctx: int

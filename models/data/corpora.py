@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorpusError
-from ..io.atomic import atomic_write_dir
-from ..io.cache_dir import default_cache_dir
-from ..io.safe_read import open_regular
+from ..files.atomic import atomic_write_dir
+from ..files.cache_dir import default_cache_dir
+from ..files.safe_read import open_regular
 
 _ANY_SIZE = 1 << 62  # corpus files are streamed: the bound that matters is "a regular file"
 

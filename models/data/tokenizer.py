@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import TokenizerError
-from ..io.safe_read import TOKENIZER_LIMIT, read_text
+from ..files.safe_read import TOKENIZER_LIMIT, read_text
 
 BOS, PAD, EOS = "<|bos|>", "<|pad|>", "<|endoftext|>"
 SPECIALS = (BOS, PAD, EOS)

@@ -23,10 +23,10 @@ class Stepper(Protocol):
 def check_beams(beams: int, batch: int, d_vocab: int, d_model: int, layers_x_positions: int, error: type[Exception],
                 option: str = "beams") -> None:
     """Refuse `beams` whose search state exceeds the memory bound of every size option
-    (`models.io.size_checks.check_memory`). Per beam and prompt, float32 and counted twice for a step's temporaries:
+    (`models.files.size_checks.check_memory`). Per beam and prompt, float32 and counted twice for a step's temporaries:
     three vocabulary rows (log-probabilities, the scores they add to, top-k's input) and `layers_x_positions`
     residual-width rows (cached keys and values, an encoder's memory: the caller sums layers × positions)."""
-    from ..io.size_checks import check_memory
+    from ..files.size_checks import check_memory
 
     check_memory(option, beams, batch * 8 * (3 * d_vocab + layers_x_positions * d_model), error)
 

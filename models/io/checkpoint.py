@@ -17,12 +17,12 @@ import torch
 
 from ..arch.config import dtype_name
 from ..arch.model import HookedTransformer
-from ..arch.registry import config_from_dict, config_from_json, model_class, model_types  # noqa: F401  (re-exported)
 from ..arch.state_dict import load_state_dict  # noqa: F401  (re-exported)
 from ..errors import CheckpointError, ConfigError
-from .atomic import _recover, atomic_write_dir  # noqa: F401  (atomic_write_dir: re-exported)
-from .safe_read import JSON_LIMIT, open_regular, read_text
-from .size_checks import check_size, implied_weights  # noqa: F401  (re-exported: loaders and tests use them)
+from ..files.atomic import _recover, atomic_write_dir  # noqa: F401  (atomic_write_dir: re-exported)
+from ..files.safe_read import JSON_LIMIT, open_regular, read_text
+from ..files.size_checks import check_size, implied_weights  # noqa: F401  (re-exported: loaders and tests use them)
+from .registry import config_from_dict, config_from_json, model_class, model_types  # noqa: F401  (re-exported)
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"

@@ -30,8 +30,8 @@ from ..data.corpora import build_token_corpus, get_tokenizer, unigram_baseline_l
 from ..data.seq2seq import Seq2SeqBatches, make_task
 from ..data.tokenizer import load_tokenizer
 from ..errors import TrainConfigError
+from ..files.size_checks import check_train_sizes
 from ..io.checkpoint import atomic_write_dir, config_from_json, load, model_class, save
-from ..io.size_checks import check_train_sizes
 from . import state as ts
 from .config import TrainConfig, lr_at
 from .tasks import LanguageModelling, MaskedLM, Seq2Seq

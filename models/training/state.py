@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, TrainConfigError
+from ..files.safe_read import JSON_LIMIT, read_text
 from ..io.checkpoint import CHECKPOINTS, CONFIG_FILE, WEIGHTS_FILE, load_state_dict, read_config, read_safetensors, save
-from ..io.safe_read import JSON_LIMIT, read_text
 from .config import RESUME_FREE, TrainConfig
 
 OPTIMIZER_FILE, STATE_FILE, METRICS_FILE = "optimizer.safetensors", "trainer_state.json", "metrics.jsonl"

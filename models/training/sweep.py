@@ -29,10 +29,10 @@ from ..arch.model import HookedTransformer
 from ..arch.state_dict import load_state_dict
 from ..data.tokenizer import load_tokenizer
 from ..errors import CheckpointError, TrainConfigError
-from ..io.atomic import atomic_write_json
+from ..files.atomic import atomic_write_json
+from ..files.safe_read import JSON_LIMIT, read_text
+from ..files.size_checks import check_train_sizes
 from ..io.checkpoint import WEIGHTS_FILE, read_safetensors
-from ..io.safe_read import JSON_LIMIT, read_text
-from ..io.size_checks import check_train_sizes
 from . import state as ts
 from .config import TrainConfig, lr_at
 from .loop import adamw, build_data, check_setup, dist_info, finalize, init_positions, optimizer_groups, pick_device

@@ -301,7 +301,7 @@ def test_sweep_memory_bound_counts_every_member(corpus_dir, tmp_path):
     """Each model fits the memory bound, the sweep's N at once do not: refused by name before anything is built
     or written, from the API and the command line alike (sized from this machine's bound, so on any machine)."""
     from analyses.cli import main
-    from models.io.size_checks import check_train_sizes, implied_weights, memory_limit
+    from models.files.size_checks import check_train_sizes, implied_weights, memory_limit
 
     d_model = 64
     d_vocab = memory_limit() // (16 * 2 * d_model * 6)  # one model's weights ~ a sixth of the bound

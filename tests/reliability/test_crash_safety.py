@@ -22,7 +22,7 @@ import torch
 
 import models
 from models import HookedTransformer, HookedTransformerConfig
-from models.io import atomic
+from models.files import atomic
 from models.training import state as ts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +113,7 @@ BIG = dict(n_layers=1, d_model=128, n_ctx=16, d_vocab=50257, n_heads=2, d_mlp=No
 SAVE_CHILD = textwrap.dedent("""
     import torch
     from models import HookedTransformer, HookedTransformerConfig, save
-    from models.io import atomic
+    from models.files import atomic
     if {fallback}:
         atomic._exchange = lambda a, b: False  # the two-rename path of platforms without renameat2
     cfg = HookedTransformerConfig(**{big!r}, model_name="s{seed}")

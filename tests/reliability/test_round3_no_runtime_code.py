@@ -1,6 +1,6 @@
 """Round three (issue 32), rows 10-12: the compiled-kernel cache is gone (issue 29 removed run-time compilation and
 `models/accel`), so nothing can be planted there. These tests hold that: no module of ours loads a shared library
-(but libc's `renameat2`, `models/io/atomic.py`), builds a C++ extension or starts a compiler, and a training step,
+(but libc's `renameat2`, `models/files/atomic.py`), builds a C++ extension or starts a compiler, and a training step,
 report sections and generation, run with a cache folder holding a planted library and a FIFO (world-writable, as on
 shared storage), open nothing in it but the token and tokenizer caches they write themselves."""
 
@@ -41,8 +41,8 @@ def test_no_module_of_ours_can_load_or_build_native_code():
             if hits:
                 found[str(path.relative_to(ROOT))] = sorted(hits)
     # the one exception: libc's renameat2 for atomic folder swaps, looked up in the running process (CDLL(None))
-    assert found == {"models/io/atomic.py": ["CDLL(", "ctypes"]}, found
-    assert "ctypes.CDLL(None, use_errno=True)" in (ROOT / "models/io/atomic.py").read_text()
+    assert found == {"models/files/atomic.py": ["CDLL(", "ctypes"]}, found
+    assert "ctypes.CDLL(None, use_errno=True)" in (ROOT / "models/files/atomic.py").read_text()
     assert not (ROOT / "models" / "accel").exists()
 
 

@@ -3,18 +3,17 @@ and training dispatch on this one table (CONTRIBUTING.md, "Model type")."""
 
 from __future__ import annotations
 
+from ..arch.config import HookedTransformerConfig
+from ..arch.encoder import EncoderConfig, HookedEncoder
+from ..arch.encoder_decoder import HookedEncoderDecoder
+from ..arch.encoder_decoder_config import EncoderDecoderConfig, config_json_dict
+from ..arch.model import HookedTransformer
 from ..errors import ConfigError
-from .config import HookedTransformerConfig
-from .model import HookedTransformer
 
 
 def model_types() -> dict:
     """`model_type` in config.json → (config class, model class); a config without the field is a decoder-only
     `HookedTransformerConfig` (every folder written before the field existed)."""
-    from .encoder import EncoderConfig, HookedEncoder
-    from .encoder_decoder import HookedEncoderDecoder
-    from .encoder_decoder_config import EncoderDecoderConfig
-
     return {"decoder": (HookedTransformerConfig, HookedTransformer),
             EncoderDecoderConfig.model_type: (EncoderDecoderConfig, HookedEncoderDecoder),
             EncoderConfig.model_type: (EncoderConfig, HookedEncoder)}
@@ -32,8 +31,6 @@ def model_class(cfg) -> type:
 def config_from_json(text: str):
     """The config object of a config.json's text, by its `model_type` (`model_types`), read as
     `HookedTransformerConfig.from_json` reads it (duplicated keys refused, a stored `device` ignored)."""
-    from .encoder_decoder_config import config_json_dict
-
     return config_from_dict(config_json_dict(text))
 
 
