@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .patching.attribution import attribution_patching
     from .patching.lens import direct_logit_attribution, logit_lens
     from .patching.paths import path_patching, path_patching_matrix
-    from .report import Report, build_report
+    from .report.build import Report, build_report
     from .scores import (  # behavioural head scores and the in-context-learning score
         arena_induction_scores,
         attention_patterns,

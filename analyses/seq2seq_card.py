@@ -70,7 +70,7 @@ def cross_diagonal_line(model, numbers: dict) -> str:
     over the task's symbols (`circuits.cross_diagonal_accuracy`; the specials PAD, BOS, EOS left out)."""
     from circuits.cross_attention import cross_diagonal_accuracy
 
-    from .encdec_report import symbol_ids
+    from .report.encdec_sections import symbol_ids
 
     ids = symbol_ids(model)
     acc = cross_diagonal_accuracy(model, ids, k=(1, 5))

@@ -57,8 +57,8 @@ def checked_report(monkeypatch, model, out, **kw) -> tuple[dict, object]:
     """`build_report(model, out, **kw)` on one thread with every figure checked by `analyses.figure_checks` as it is
     saved: `({figure name: its problems}, the Report)`; asserts no section failed."""
     from analyses import build_report
-    from analyses import report_sections as S
     from analyses.figure_checks import figure_problems
+    from analyses.report import sections as S
 
     found = {}
     figure = S.Context.figure

@@ -196,8 +196,8 @@ def heads(args, loaded) -> int:
     from models.errors import ConfigError
 
     from ..alignment import alignment_scores
-    from ..encdec_report import held_out_probes, seq2seq_task, symbol_ids
     from ..one_layer import DIAGONAL_THRESHOLD, copying_verdict
+    from ..report.encdec_sections import held_out_probes, seq2seq_task, symbol_ids
 
     model, cfg = loaded.model, loaded.model.cfg
     spec = seq2seq_task(model, _train_config(loaded))
@@ -275,7 +275,7 @@ def paths(args, loaded) -> int:
 
     from circuits.encdec_paths import encdec_path_expansion
 
-    from ..encdec_report import held_out_probes, seq2seq_task, term_contributions
+    from ..report.encdec_sections import held_out_probes, seq2seq_task, term_contributions
 
     model = loaded.model
     if args.source is not None:

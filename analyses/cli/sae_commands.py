@@ -161,7 +161,7 @@ def run_report(args) -> int:
     atomic_write_text(md_path, text)
     html_path = None
     if args.html:
-        from ..html_report import write_page
+        from ..report.html import write_page
 
         html_path = write_page(text, out / "sae_report.html", f"SAE report: {loaded.name}")
     obj = {"model": loaded.name, "sae": str(sae_dir), "report": str(md_path), "figure": str(png_path),

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from analyses import report_run
 from analyses.report import SECOND_PROCESS, SECTIONS, build_report
-from analyses.report_run import Progress, run_sections
+from analyses.report import run as report_run
+from analyses.report.run import Progress, run_sections
 
 pytestmark = [pytest.mark.e2e,  # whole reports over two processes
               pytest.mark.skipif(sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2,
@@ -21,7 +21,7 @@ DISK = (errno.ENOSPC,)
 
 @pytest.fixture
 def forks(monkeypatch):
-    """Counts the forks made by `analyses.report_run` (counted in this, the parent, process)."""
+    """Counts the forks made by `analyses.report.run` (counted in this, the parent, process)."""
     n = {"forks": 0}
     real = os.fork
 

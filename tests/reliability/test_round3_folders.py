@@ -202,7 +202,7 @@ def test_a_config_claiming_more_layers_is_refused_before_building(base, tmp_path
 
 
 # --- row 14: staging folders of killed reports ------------------------------------------------------------------------
-KILLED = ("import os, signal, sys\nimport analyses.report as R\n"
+KILLED = ("import os, signal, sys\nimport analyses.report.build as R\n"
           "R._write = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
           "from analyses.cli import main\nsys.exit(main())")
 LIVE = ("import sys\nfrom pathlib import Path\nfrom analyses.report import staging_folder\n"

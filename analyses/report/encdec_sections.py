@@ -13,9 +13,9 @@ from circuits.cross_attention import (
     full_cross_qk_circuit,
 )
 
-from .alignment import alignment_scores, ranked, task_alignment
-from .one_layer import DIAGONAL_THRESHOLD
-from .util import markdown_table
+from ..alignment import alignment_scores, ranked, task_alignment
+from ..one_layer import DIAGONAL_THRESHOLD
+from ..util import markdown_table
 
 THRESHOLD = 0.9
 N_PROBES = 256
@@ -109,7 +109,7 @@ def overview(ctx) -> str:
 
 def alignment(ctx) -> str:
     """Per-head alignment scores, the alignment heads, and one probe's cross-attention patterns."""
-    from .encdec_plots import plot_cross_patterns
+    from ..encdec_plots import plot_cross_patterns
 
     _, _, src, tgt, src_mask, tgt_mask, aligned = probes(ctx)
     scores = alignment_scores(ctx.model, src, tgt, aligned, src_mask, tgt_mask)
@@ -153,7 +153,7 @@ def symbol_ids(model) -> list[int]:
 
 def copying(ctx) -> str:
     """Copying scores of the full cross-attention OV circuits, and the circuits themselves."""
-    from .encdec_plots import plot_full_cross_ov
+    from ..encdec_plots import plot_full_cross_ov
 
     scores = cross_copying_scores(ctx.model)
     ctx.cache["cross_copying_scores"] = scores
@@ -185,7 +185,7 @@ def copying(ctx) -> str:
 
 def positional_qk(ctx) -> str:
     """The positional part of each cross-attention head's full QK circuit."""
-    from .encdec_plots import plot_positional_cross_qk
+    from ..encdec_plots import plot_positional_cross_qk
 
     parts = full_cross_qk_circuit(ctx.model, positional=True)
     pos = (parts.pos_pos.AB / ctx.cfg.d_head ** 0.5).detach().float().cpu()

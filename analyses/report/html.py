@@ -53,8 +53,8 @@ def _views_html(ctx) -> str:
     """The interactive block, or "" when the model has no attention layers."""
     if ctx.cfg.n_layers == 0:
         return ""
-    from .interactive import html_fragment, model_views
-    from .sequences import repeated_tokens
+    from ..interactive import html_fragment, model_views
+    from ..sequences import repeated_tokens
 
     seq = min(50, (ctx.cfg.n_ctx - 1) // 2)
     probe = repeated_tokens(ctx.model, seq, 2, 1, ctx.seed, ctx.vocab)[0]

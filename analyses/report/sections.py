@@ -11,8 +11,8 @@ import torch
 
 from models.arch.model import head_label
 
-from .labels import markdown_text
-from .util import fmt, markdown_table
+from ..labels import markdown_text
+from ..util import fmt, markdown_table
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Context:
 
     def detection(self):
         if "detect" not in self.cache:
-            from .detect import detect_induction_heads, detect_previous_token_heads
+            from ..detect import detect_induction_heads, detect_previous_token_heads
 
             prev_tokens = self.windows[:8] if self.windows is not None else None
             self.cache["detect"] = (
@@ -89,7 +89,7 @@ def overview(ctx: Context) -> str:
 
 
 def direct_path(ctx: Context) -> str:
-    from .zero_layer import bigram_table, direct_path_fit, plot_bigrams
+    from ..zero_layer import bigram_table, direct_path_fit, plot_bigrams
 
     if ctx.text is None:
         return "Skipped: needs validation text to count bigrams."
@@ -119,8 +119,8 @@ def direct_path(ctx: Context) -> str:
 
 
 def attention(ctx: Context) -> str:
-    from .plots import plot_attention_patterns, plot_score_panels
-    from .scores import duplicate_token_scores, first_token_scores
+    from ..plots import plot_attention_patterns, plot_score_panels
+    from ..scores import duplicate_token_scores, first_token_scores
 
     ind, prev = ctx.detection()
     L, H = ctx.cfg.n_layers, ctx.cfg.n_heads
@@ -181,8 +181,8 @@ def detection(ctx: Context) -> str:
 
 
 def copying(ctx: Context) -> str:
-    from .one_layer import copying_heads_table
-    from .plots import plot_eigenvalues
+    from ..one_layer import copying_heads_table
+    from ..plots import plot_eigenvalues
 
     t = copying_heads_table(ctx.model, vocab=ctx.vocab)
     ctx.cache["copying"] = t
@@ -205,7 +205,7 @@ def copying(ctx: Context) -> str:
 
 
 def skip_trigram_section(ctx: Context) -> str:
-    from .trigrams import skip_trigram_bugs, skip_trigrams
+    from ..trigrams import skip_trigram_bugs, skip_trigrams
 
     heads = [(0, h) for h in range(ctx.cfg.n_heads)][:8]
     vocab, note = ctx.vocab, ""
@@ -230,7 +230,7 @@ def skip_trigram_section(ctx: Context) -> str:
 
 
 def positional(ctx: Context) -> str:
-    from .one_layer import positional_vs_content
+    from ..one_layer import positional_vs_content
 
     r = positional_vs_content(ctx.model, seed=ctx.seed, vocab=ctx.vocab)
     return ("Content independence is 1 − the mean total-variation distance between a head's attention on two "
@@ -239,8 +239,8 @@ def positional(ctx: Context) -> str:
 
 
 def ablation(ctx: Context) -> str:
-    from .one_layer import head_ablation_losses
-    from .plots import plot_ablation
+    from ..one_layer import head_ablation_losses
+    from ..plots import plot_ablation
 
     if ctx.windows is None:
         return "Skipped: needs validation text."
@@ -271,8 +271,8 @@ def ablation(ctx: Context) -> str:
 
 
 def composition(ctx: Context) -> str:
-    from .plots import plot_composition, plot_positivity
-    from .two_layer import composition_study, find_induction_circuit
+    from ..plots import plot_composition, plot_positivity
+    from ..two_layer import composition_study, find_induction_circuit
 
     study = composition_study(ctx.model)
     prev_tokens = ctx.windows[:8] if ctx.windows is not None else None
@@ -291,7 +291,7 @@ def composition(ctx: Context) -> str:
 
 
 def term_importance(ctx: Context) -> str:
-    from .two_layer import term_importance_by_order, virtual_head_importance
+    from ..two_layer import term_importance_by_order, virtual_head_importance
 
     if ctx.windows is None:
         return "Skipped: needs validation text."
@@ -328,8 +328,8 @@ def _icl_caveat(ctx: Context, n: int, early: int, late: int) -> str:
 
 
 def in_context(ctx: Context) -> str:
-    from .plots import plot_position_loss
-    from .scores import icl_positions, icl_windows, in_context_learning_differences, position_losses
+    from ..plots import plot_position_loss
+    from ..scores import icl_positions, icl_windows, in_context_learning_differences, position_losses
 
     if ctx.windows is None:
         return "Skipped: needs validation text."
@@ -355,12 +355,12 @@ def in_context(ctx: Context) -> str:
 
 
 def dynamics(ctx: Context) -> str:
-    from .dynamics import BUMP_MIN, BUMP_RATIO, FORMED, plot_training_dynamics, training_dynamics
+    from ..dynamics import BUMP_MIN, BUMP_RATIO, FORMED, plot_training_dynamics, training_dynamics
 
     d = training_dynamics(ctx.run_dir)
     extra, cs = [], None
     if d.checkpoints:
-        from .dynamics import checkpoint_scores
+        from ..dynamics import checkpoint_scores
 
         cs = checkpoint_scores(ctx.run_dir, ctx.windows, ctx.vocab, tokenizer=getattr(ctx.model, "tokenizer", None),
                                max_checkpoints=12)

@@ -1,0 +1,15 @@
+"""The circuits report of one model: `build_report` (build.py) runs the sections (sections.py for decoder-only models,
+encdec_sections.py for encoder–decoders) in one process or two (run.py) and writes report.md, its figures and
+optionally one HTML page (html.py) into a staged folder."""
+
+from .build import (  # noqa: F401
+    ENCDEC_SECTIONS,
+    SECOND_PROCESS,
+    SECTIONS,
+    Report,
+    build_report,
+    read_train_config,
+    staging_folder,
+    training_corpus,
+    validation_text,
+)
