@@ -1,17 +1,16 @@
 """Hookable toy transformers: config, model, positional schemes, tokenizers, data, training, checkpoints and the
-model zoo. The names below load on first use (`models.lazy`), so `circuits --help` answers without importing torch."""
+model zoo. The names below load on first use (`models.lazy`), so `circuits --help` answers without importing torch.
 
-import os
+TransformerLens 2.x's module paths are files of this package: `models.utils`, `models.hook_points`,
+`models.patching`, `models.past_key_value_caching`, `models.evals` (`import transformer_lens.utils as utils` becomes
+`import models.utils as utils`).
+"""
+
 from typing import TYPE_CHECKING
 
+from .arch.persist import save  # bound now, not on first use: nnsight 0.8 gives every object a `save` method
 from .deferred_import import TRANSFORMER_LENS, defer_package_inits
 from .lazy import lazy_exports
-
-# The module paths TransformerLens 2.x code imports (`transformer_lens.utils`, `.hook_points`, `.patching`,
-# `.past_key_value_caching`, `.evals`) are files of models/tl_paths/, imported as `models.utils`, `models.hook_points`,
-# …: that folder (no __init__.py) is on this package's search path, so changing the package name is the whole
-# migration.
-__path__.append(os.path.join(os.path.dirname(__file__), "tl_paths"))
 
 # TransformerLens' package `__init__` imports transformers, datasets, pandas and pyarrow, none of which we use: its
 # classes load without it, the `__init__` running only if something asks for a name it alone makes
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     from .arch.encoder_decoder_config import EncoderDecoderConfig
     from .arch.kind import model_kind
     from .arch.model import HookedTransformer, head_label, lm_cross_entropy
+    from .arch.persist import save
     from .arch.tl_compat import ActivationCache, FactoredMatrix
     from .errors import (
         CheckpointError,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
         WeightProcessingError,
     )
     from .generation.kv_cache import HookedTransformerKeyValueCache, HookedTransformerKeyValueCacheEntry
-    from .io.checkpoint import load, save
+    from .io.checkpoint import load
     from .io.interop import from_transformer_lens_state_dict, to_transformer_lens
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, __file__)

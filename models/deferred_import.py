@@ -3,19 +3,21 @@
 TransformerLens 4.3's `transformer_lens/__init__.py` and those of `transformer_lens.utilities` and
 `transformer_lens.conversion_utils` import Hugging Face `transformers`, `datasets`, `pandas` and pytest (1.3 s of CPU,
 benchmarks/README.md), while the toolkit needs `hook_points`, `HookedRootModule`, `ActivationCache` and
-`FactoredMatrix`, which need none of them. `import models` (and so the `circuits` command line) calls
-`defer_package_inits(TRANSFORMER_LENS)`: `import models` and a first model then cost 1.09× `import torch` in CPU time
-instead of 2.38× (benchmarks/import_cost.py, quiet Xeon). It puts
-those packages into `sys.modules` as the module objects the import system would make (same spec, `__path__`,
-`__file__`) with their `__init__` code not yet run:
+`FactoredMatrix`, which need none of them. `import models` calls `defer_package_inits(TRANSFORMER_LENS)`, which puts
+those packages into `sys.modules` as the plain module objects the import system would make
+(`importlib.util.module_from_spec`: same spec, `__path__`, `__file__`) with their `__init__` code not yet run and a
+module `__getattr__` / `__dir__` (PEP 562) in their namespace:
 
 - a name bound by one of the import statements that open the `__init__` (before any other statement, and bound
   nowhere else in it) is served by importing its submodule only: `from transformer_lens import FactoredMatrix`
-  gives the class the `__init__` binds, and `import transformer_lens.hook_points` imports that module only;
-- anything else (another name, `dir()`, a submodule those lines do not import, such as
-  `transformer_lens.model_bridge`) first runs every deferred `__init__` in place, with the loader's own
+  gives the class the `__init__` binds (`models.arch.tl_compat` takes TransformerLens' classes this way);
+- anything else (another name, `dir()`) first runs every deferred `__init__` in place, with the loader's own
   `exec_module` on the same module objects: from then on the packages are what `import transformer_lens` makes,
-  side effects included (TransformerLens patches Hugging Face's config classes there).
+  side effects included (TransformerLens patches Hugging Face's config classes there). So does a program's import
+  of a submodule not loaded yet (`import transformer_lens.model_bridge`, SAELens importing TransformerLens' model
+  classes): a `sys.meta_path` finder (the import system's public hook, `importlib.abc.MetaPathFinder`) runs the
+  `__init__`s first, so that other libraries' imports happen in TransformerLens' own order, and leaves
+  `sys.meta_path` when they have run.
 
 The classes are TransformerLens' own, each imported once, so `isinstance` checks hold either way. Setting the
 environment variable `TOY_CIRCUITS_EAGER_IMPORTS=1` turns the deferral off; it is skipped when TransformerLens is
@@ -29,36 +31,37 @@ import os
 import sys
 import threading
 from importlib import import_module
+from importlib.abc import MetaPathFinder
 from importlib.machinery import PathFinder
 from importlib.util import find_spec, module_from_spec
 from types import ModuleType
 
 TRANSFORMER_LENS = ("transformer_lens", "transformer_lens.utilities", "transformer_lens.conversion_utils")
-#: What the toolkit takes from `transformer_lens` before its `__init__` has run: these names and submodules only.
-#: Anything else a program asks for (SAELens' `from transformer_lens import HookedTransformer`) first runs the
-#: deferred `__init__`s, so that other libraries' imports happen in TransformerLens' own order (served early, 3.9's
-#: `HookedTransformer` module would reach its `__init__` half-way through and meet itself half-initialised).
+#: What the toolkit takes from `transformer_lens` before its `__init__` has run: these names only. Anything else a
+#: program asks for (SAELens' `from transformer_lens import HookedTransformer`) first runs the deferred `__init__`s,
+#: so that other libraries' imports happen in TransformerLens' own order (served early, 3.9's `HookedTransformer`
+#: module would reach its `__init__` half-way through and meet itself half-initialised).
 SERVED_EARLY = {"transformer_lens": frozenset({"ActivationCache", "FactoredMatrix", "HookedRootModule", "hook_points",
                                                "utilities", "conversion_utils"})}
 SWITCH = "TOY_CIRCUITS_EAGER_IMPORTS"
 
 _lock = threading.RLock()
-_pending: dict[str, tuple[ModuleType, dict[str, tuple[str, str | None]], set[str]]] = {}
+#: package name -> (its module, {served name: (module, attribute or None)})
+_pending: dict[str, tuple[ModuleType, dict[str, tuple[str, str | None]]]] = {}
+#: per thread: how deep this thread is in serving a name or running the `__init__`s (imports made then are
+#: TransformerLens' own, which the finder leaves alone)
+_busy = threading.local()
 
 
-def leading_imports(source: str, package: str) -> tuple[dict[str, tuple[str, str | None]], set[str]]:
-    """`(names, submodules)` of a package `__init__`'s opening import statements: `names` maps each name they bind
-    to `(module, attribute)` (attribute None: the submodule itself), for names bound nowhere else in the file;
-    `submodules` holds the first path component below `package` of every module they import from it."""
+def leading_imports(source: str, package: str) -> dict[str, tuple[str, str | None]]:
+    """The names a package `__init__`'s opening import statements bind, each mapped to `(module, attribute)`
+    (attribute None: the submodule itself), for names bound nowhere else in the file."""
     body = ast.parse(source).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # the docstring
     names: dict[str, tuple[str, str | None]] = {}
-    submodules: set[str] = set()
     for node in body:
-        if isinstance(node, ast.Import):  # `import package.sub as s`: a submodule, no name served early
-            submodules.update(a.name[len(package) + 1:].split(".")[0] for a in node.names
-                              if a.name.startswith(package + "."))
+        if isinstance(node, ast.Import):  # `import package.sub as s`: no name served early
             continue
         if not isinstance(node, ast.ImportFrom):
             break
@@ -67,13 +70,11 @@ def leading_imports(source: str, package: str) -> tuple[dict[str, tuple[str, str
         if module == package:  # from . import a, b
             for a in node.names:
                 names[a.asname or a.name] = (f"{package}.{a.name}", None)
-                submodules.add(a.name)
         elif module.startswith(package + "."):
-            submodules.add(module[len(package) + 1:].split(".")[0])
             for a in node.names:
                 names[a.asname or a.name] = (module, a.name)
     bindings = _binding_counts(source)
-    return {n: t for n, t in names.items() if bindings.get(n) == 1 and n != "*"}, submodules
+    return {n: t for n, t in names.items() if bindings.get(n) == 1 and n != "*"}
 
 
 def _binding_counts(source: str) -> dict[str, int]:
@@ -103,61 +104,70 @@ def _binding_counts(source: str) -> dict[str, int]:
     return counts
 
 
-class _Deferred(ModuleType):
-    """The class of a package whose `__init__` has not run yet (restored to `ModuleType` when it runs)."""
+def _depth() -> int:
+    return getattr(_busy, "depth", 0)
 
-    def __getattr__(self, name: str):
-        entry = _pending.get(self.__name__)
+
+class _Busy:
+    """`with _Busy():` marks this thread as serving or completing (re-entrant)."""
+
+    def __enter__(self):
+        _busy.depth = _depth() + 1
+
+    def __exit__(self, *exc):
+        _busy.depth = _depth() - 1
+
+
+def _module_getattr(package: str):
+    """The PEP 562 `__getattr__` of deferred package `package`."""
+
+    def __getattr__(name: str):
+        entry = _pending.get(package)
         if entry is not None and name in entry[1]:
             module, attr = entry[1][name]
-            try:  # the import system's own module locks make this thread-safe
-                value = import_module(module)
-                value = value if attr is None else getattr(value, attr)
-            except (ImportError, AttributeError):
-                value = None
-            if value is not None:
-                ModuleType.__setattr__(self, name, value)
-                return value
+            with _lock, _Busy():  # the import system's own module locks make the import thread-safe
+                try:
+                    value = import_module(module)
+                    value = value if attr is None else getattr(value, attr)
+                except (ImportError, AttributeError):
+                    value = None
+                if value is not None:
+                    _rebind_served()
+                    setattr(sys.modules[package], name, value)
+                    return value
         complete_all()
-        return getattr(self, name)
+        return getattr(sys.modules[package], name)
 
-    def __dir__(self):
+    return __getattr__
+
+
+def _module_dir(package: str):
+    def __dir__() -> list[str]:
         complete_all()
-        return dir(self)
+        return dir(sys.modules[package])
 
-    def __setattr__(self, name: str, value) -> None:
-        # The import system sets `package.sub = <module sub>` after loading a submodule; where the `__init__`
-        # rebinds that name (`from .ActivationCache import ActivationCache`), keep the `__init__`'s binding.
-        entry = _pending.get(self.__name__)
-        target = entry[1].get(name) if entry is not None else None
-        if (isinstance(value, ModuleType) and target is not None and target[1] is not None
-                and target[0] == value.__name__ == f"{self.__name__}.{name}"):
-            value = getattr(value, target[1], value)
-        ModuleType.__setattr__(self, name, value)
+    return __dir__
 
 
-class _Finder:
-    """A `sys.meta_path` entry that runs the deferred `__init__`s before code outside the package imports a
-    submodule they do not import. Imports made while one of the package's own modules is executing (found by
-    the import system's `spec._initializing` flag) are its own dependencies, as in a normal import."""
+def _rebind_served() -> None:
+    """After a submodule import, the import system has set `package.sub = <module sub>`; where the `__init__` binds
+    that name to something the submodule defines (`from .ActivationCache import ActivationCache`), bind that."""
+    for module, names in _pending.values():
+        for name, (source, attr) in names.items():
+            value = vars(module).get(name)
+            if attr is not None and isinstance(value, ModuleType) and value.__name__ == source and \
+                    hasattr(value, attr):
+                setattr(module, name, getattr(value, attr))
 
-    @staticmethod
-    def find_spec(fullname: str, path=None, target=None):
-        parent, _, child = fullname.rpartition(".")
-        while parent:
-            entry = _pending.get(parent)
-            if entry is not None:
-                if child not in entry[2] and not _executing(fullname.partition(".")[0]):
-                    complete_all()
-                return None
-            parent, _, child = parent.rpartition(".")
+
+class _Finder(MetaPathFinder):
+    """Runs the deferred `__init__`s before a program imports a submodule of a deferred package that is not loaded
+    yet, unless the import is TransformerLens' own (made while a name is served or the `__init__`s run)."""
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if _depth() == 0 and fullname.partition(".")[0] in _pending:
+            complete_all()
         return None
-
-
-def _executing(top: str) -> bool:
-    """Whether a submodule of package `top` is being executed by the import system right now."""
-    return any(name.startswith(top + ".") and getattr(getattr(m, "__spec__", None), "_initializing", False)
-               for name, m in list(sys.modules.items()))
 
 
 _FINDER = _Finder()
@@ -170,7 +180,7 @@ def defer_package_inits(packages: tuple[str, ...]) -> bool:
     if os.environ.get(SWITCH, "") not in ("", "0") or packages[0] in sys.modules:
         return False
     with _lock:
-        made: list[tuple[ModuleType, tuple]] = []
+        made: list[tuple[ModuleType, dict]] = []
         try:
             for name in packages:
                 parent = name.rpartition(".")[0]
@@ -180,16 +190,16 @@ def defer_package_inits(packages: tuple[str, ...]) -> bool:
                 source = spec.loader.get_source(name)
                 if source is None:
                     return False
-                names, subs = leading_imports(source, name)
+                names = leading_imports(source, name)
                 if name in SERVED_EARLY:
                     names = {n: t for n, t in names.items() if n in SERVED_EARLY[name]}
-                    subs = subs & SERVED_EARLY[name]
-                made.append((module_from_spec(spec), (names, subs)))
+                made.append((module_from_spec(spec), names))
         except (ImportError, OSError, SyntaxError, AttributeError, ValueError):
             return False
-        for module, (names, subs) in made:
-            _pending[module.__name__] = (module, names, subs)
-            module.__class__ = _Deferred
+        for module, names in made:
+            _pending[module.__name__] = (module, names)
+            module.__getattr__ = _module_getattr(module.__name__)
+            module.__dir__ = _module_dir(module.__name__)
             sys.modules[module.__name__] = module
             parent, _, child = module.__name__.rpartition(".")
             if parent:
@@ -208,22 +218,19 @@ def _path_of(made: list, package: str) -> list[str]:
 def complete_all() -> None:
     """Run every deferred `__init__` in place, innermost package first (the order in which a normal import finishes
     them), and remove the finder. Re-entrant: an `__init__` that triggers it again skips those already started."""
-    with _lock:
+    with _lock, _Busy():
         for name in sorted(_pending, key=lambda n: -n.count(".")):
             entry = _pending.pop(name, None)
             if entry is None:
                 continue
             module = entry[0]
-            module.__class__ = ModuleType
-            spec = module.__spec__
-            spec._initializing = True
+            for hook in ("__getattr__", "__dir__"):  # the `__init__` defines its own, or none
+                vars(module).pop(hook, None)
             try:
-                spec.loader.exec_module(module)
+                module.__spec__.loader.exec_module(module)
             except BaseException:
                 sys.modules.pop(name, None)
                 raise
-            finally:
-                spec._initializing = False
         if not _pending and _FINDER in sys.meta_path:
             sys.meta_path.remove(_FINDER)
 

@@ -1,9 +1,13 @@
 """Package exports that load on first use, written as ordinary imports that readers and static tools follow.
 
 A package lists its public names as imports inside `if TYPE_CHECKING:` (so go-to-definition, type checkers and readers
-go straight to each definition) and ends with `__all__, __getattr__, __dir__ = lazy_exports(__name__, __file__)`,
-which reads those imports and loads a module the first time one of its names is asked for. Importing the package
-stays cheap: the `circuits` command answers `--help` without importing torch.
+go straight to each definition) and ends with `__all__, __getattr__, __dir__ = lazy_exports(__name__, __file__)`:
+a module `__getattr__` (PEP 562) that reads those imports and loads a module the first time one of its names is
+asked for. Importing the package stays cheap: the `circuits` command answers `--help` without importing torch.
+
+A module's `__getattr__` is asked only for names the normal look-up does not find. nnsight 0.8 mounts a `save`
+method on every object, which that look-up finds first, so a package whose export is named like such a method binds
+it in its namespace at import (models/__init__.py does so for `save`).
 """
 
 from __future__ import annotations
@@ -12,19 +16,6 @@ import ast
 import sys
 from importlib import import_module
 from pathlib import Path
-from types import ModuleType
-
-
-class LazyPackage(ModuleType):
-    """The class of a package with lazy exports: an export not loaded yet is loaded even where the normal attribute
-    look-up would find something else first. (nnsight 0.8 gives every object a `save` method, which would otherwise
-    answer `models.save` with a bound method of the module before the package's `__getattr__` is asked.)"""
-
-    def __getattribute__(self, name: str):
-        namespace = ModuleType.__getattribute__(self, "__dict__")
-        if name not in namespace and name in namespace.get("__lazy_exports__", ()):
-            return namespace["__getattr__"](name)
-        return ModuleType.__getattribute__(self, name)
 
 
 def lazy_exports(package: str, init_file: str):
@@ -48,7 +39,4 @@ def lazy_exports(package: str, init_file: str):
     def __dir__() -> list[str]:
         return sorted(set(vars(sys.modules[package])) | set(exports))
 
-    module = sys.modules[package]
-    module.__lazy_exports__ = frozenset(exports)
-    module.__class__ = LazyPackage
     return sorted(exports), __getattr__, __dir__

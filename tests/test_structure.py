@@ -102,15 +102,27 @@ def _import_graph():
     return module
 
 
-def test_models_keeps_its_layers_and_has_no_knot():
-    """`models/`: base → arch → generation → data → io → training, bottom to top (docs/import_graph.py),
-    in-function imports counted; the only calls up the stack are the models' own `save` and `generate` conveniences;
-    no import cycle of more than two modules."""
+@pytest.mark.parametrize("package", [
+    "models", "circuits",
+    pytest.param("analyses", marks=pytest.mark.xfail(strict=True, reason="fixed by the cli branch")),
+])
+def test_no_import_cycle(package):
+    """No import cycle of any length (two modules included) in `package`, imports inside functions counted, and no
+    exemption: docs/import_graph.py has no list of allowed edges."""
     graph = _import_graph()
-    edges = graph.imports()
-    assert len(edges) > 60  # the graph was read
-    assert graph.upward(edges) == []
+    edges = graph.imports(package)
+    assert len(edges) > 20  # the graph was read
     assert graph.cycles(edges) == []
+
+
+def test_models_keeps_its_layers():
+    """`models/`: base → arch (with generation beside it) → data → io → training, bottom to top
+    (docs/import_graph.py), in-function imports counted, no call up the stack."""
+    graph = _import_graph()
+    edges = graph.imports("models")
+    assert len(edges) > 60
+    assert graph.upward(edges) == []
+    assert not hasattr(graph, "CONVENIENCES")  # no written exceptions
 
 
 def test_the_import_graph_sees_a_planted_upward_import_and_cycle():
@@ -121,11 +133,34 @@ def test_the_import_graph_sees_a_planted_upward_import_and_cycle():
     assert "models.arch.attention -> models.training.loop" in graph.upward(edges)
     assert any({"models.arch.attention", "models.training.loop", "models.data.corpora"} <= set(c)
                for c in graph.cycles(edges))
+    # a model's own convenience calling up the stack inside a method is an upward import like any other
+    planted = graph.imports() + [("models.arch.model", "models.io.checkpoint", "save")]
+    assert "models.arch.model -> models.io.checkpoint (in save)" in graph.upward(planted)
+    # two modules importing each other, one of them inside a function, is a cycle
+    two = graph.imports("circuits") + [("circuits.eigen", "circuits.paths", None),
+                                       ("circuits.paths", "circuits.eigen", "expand")]
+    assert ["circuits.eigen", "circuits.paths"] in graph.cycles(two)
+
+
+def test_the_import_graph_reads_in_function_and_package_imports():
+    """Imports inside functions are edges; a package's lazy exports (its `TYPE_CHECKING` block) are edges of the
+    package; `from package import submodule` is an edge to the submodule."""
+    graph = _import_graph()
+    edges = graph.imports("models")
+    assert any(f is not None for _, _, f in edges)
+    assert ("models", "models.io.checkpoint", None) in edges
+    assert all(b != "models" for a, b, _ in edges if a != "models")
+
+
+#: TransformerLens 2.x's module paths (`transformer_lens.utils` → `models.utils`, …): re-export files that must sit at
+#: the top of the package, beside the modules of the package itself
+TL_PATHS = {"utils.py", "hook_points.py", "patching.py", "past_key_value_caching.py", "evals.py"}
 
 
 def test_models_top_level_holds_few_loose_modules():
-    loose = sorted(p.name for p in (ROOT / "models").glob("*.py") if p.name != "__init__.py")
-    assert len(loose) <= 4, loose
+    loose = {p.name for p in (ROOT / "models").glob("*.py") if p.name != "__init__.py"}
+    assert len(loose - TL_PATHS) <= 4, sorted(loose - TL_PATHS)
+    assert TL_PATHS <= loose
 
 
 def test_no_private_torch_api_or_process_wide_switch_on_the_default_path():

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError
+from ..generation.seq2seq import generate as generate_seq2seq
 from .components import (
     MLP,
     Attention,
@@ -34,6 +35,7 @@ from .components import (
 from .encoder_decoder_config import EncoderDecoderConfig
 from .inputs import check_mask, check_tokens
 from .model import RETURN_TYPES, init_weights, lm_cross_entropy
+from .persist import save as save_folder
 from .score_bias import Bidirectional, Causal, KeyPadding, combine
 from .tl_compat import ActivationCache, FactoredMatrix, HookedRootModule, HookPoint
 from .watch import decide, forced
@@ -266,14 +268,11 @@ class HookedEncoderDecoder(HookedRootModule):
     # --- generation, persistence ----------------------------------------------------------------------------------
     def generate(self, src, max_new_tokens: int = 20, method: str = "greedy", **kw):
         """Decode target sequences for `src` (`models.generation.seq2seq.generate`)."""
-        from ..generation.seq2seq import generate
-
-        return generate(self, src, max_new_tokens, method, **kw)
+        return generate_seq2seq(self, src, max_new_tokens, method, **kw)
 
     def save(self, path) -> None:
-        from ..io.checkpoint import save
-
-        save(self, path)
+        """`models.save(self, path)` (`models.arch.persist.save`)."""
+        save_folder(self, path)
 
     @property
     def device(self) -> torch.device:

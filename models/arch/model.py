@@ -12,17 +12,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..generation.generate import beam_search as beam_search_of
+from ..generation.generate import generate as generate_from
+from . import weight_processing
 from .attention import soft_cap
 from .components import BlockInputs, Embed, PosEmbed, TransformerBlock, Unembed, final_norm
 from .config import HookedTransformerConfig
 from .hook_switches import HookSwitches
 from .inputs import check_tokens
+from .persist import save as save_folder
 from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
 from .tl_compat import ActivationCache, FactoredMatrix, HookedRootModule, HookPoint
 from .tokens import TextMixin, int_ids  # noqa: F401  (int_ids: re-exported)
 from .watch import decide, forced, watched
-from .weight_processing import ProcessWeights
 
 IGNORE = -100  # F.cross_entropy's ignore_index
 
@@ -51,7 +54,7 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModule):
+class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
     """A transformer whose every activation is a named `HookPoint` (names as in TransformerLens).
 
     `forward(tokens)` takes int64 `[batch, pos]` (or `[pos]`) token ids, or text when a tokenizer is
@@ -340,24 +343,40 @@ class HookedTransformer(TextMixin, HookSwitches, ProcessWeights, HookedRootModul
     def all_head_labels(self) -> list[str]:
         return [head_label(l, h) for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]
 
-    # --- generation, persistence ------------------------------------------------------------------------
+    # --- weight processing, generation, persistence: each a function of the model, in its own module -----------
+    def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
+                         fold_value_biases: bool = True, refactor_factored_attn_matrices: bool = False):
+        """Fold the norms into the weights that read them (then LN → LNPre, RMS → RMSPre), centre the weights that
+        write to the residual stream and the unembedding, fold value biases into b_O and optionally re-factor QK / OV
+        evenly, in place, as TransformerLens 2.18 (`models.arch.weight_processing.process_weights_`). Outputs are
+        unchanged up to float error (logits up to a per-position constant with `center_unembed`);
+        `WeightProcessingError` names a step that TransformerLens refuses or that would change them. Returns the
+        model."""
+        return weight_processing.process_weights_(self, fold_ln, center_writing_weights, center_unembed,
+                                                  fold_value_biases, refactor_factored_attn_matrices)
+
+    def load_and_process_state_dict(self, state_dict: dict, fold_ln: bool = True, center_writing_weights: bool = True,
+                                    center_unembed: bool = True, fold_value_biases: bool = True,
+                                    refactor_factored_attn_matrices: bool = False):
+        """TransformerLens 2.18's `load_and_process_state_dict`
+        (`models.arch.weight_processing.load_and_process_state_dict`). Returns the model."""
+        return weight_processing.load_and_process_state_dict(
+            self, state_dict, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
+            refactor_factored_attn_matrices)
+
     def generate(self, input=None, max_new_tokens: int = 20, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, tokens=None, **kw):
         """`models.generation.generate.generate` (TransformerLens 2.x's arguments; `tokens=` is `input=`)."""
-        from ..generation.generate import generate
-
-        return generate(self, tokens if input is None else input, max_new_tokens, temperature, top_k, top_p, seed,
-                        **kw)
+        return generate_from(self, tokens if input is None else input, max_new_tokens, temperature, top_k, top_p,
+                             seed, **kw)
 
     def beam_search(self, tokens, beams: int = 4, max_new_tokens: int = 20):
-        from ..generation.generate import beam_search
-
-        return beam_search(self, tokens, beams, max_new_tokens)
+        """`models.generation.generate.beam_search`."""
+        return beam_search_of(self, tokens, beams, max_new_tokens)
 
     def save(self, path) -> None:
-        from ..io.checkpoint import save
-
-        save(self, path)
+        """`models.save(self, path)` (`models.arch.persist.save`)."""
+        save_folder(self, path)
 
     @property
     def device(self) -> torch.device:

@@ -21,10 +21,12 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 
-from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
-from transformer_lens.hook_points import HookPoint
+# as names of the package, which `models.deferred_import` serves before TransformerLens' package `__init__` has run
+from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule, hook_points
 
 from ..errors import UnsupportedByTransformerLens
+
+HookPoint = hook_points.HookPoint
 
 __all__ = ["ActivationCache", "FactoredMatrix", "HookPoint", "HookedRootModule", "TL_VERSION", "analysis_tool",
            "head_detector", "evals", "patching", "patching_sweep", "transformer_bridge", "utilities", "version_tuple"]

@@ -1,4 +1,5 @@
-"""TransformerLens 2.18's weight processing for our decoder-only `HookedTransformer`: `process_weights_`,
+"""TransformerLens 2.18's weight processing for our decoder-only `HookedTransformer`, as functions of a model (the
+model's methods of the same names call them; nothing here imports the model class): `process_weights_`,
 `load_and_process_state_dict` and the processing flags of the loaders.
 
 Each step is TransformerLens 2.18's method of the same name (transformer_lens/HookedTransformer.py, v2.18.0:
@@ -25,6 +26,10 @@ import warnings
 import torch
 
 from ..errors import WeightProcessingError
+from .components import Norm, final_norm
+from .config import HookedTransformerConfig
+from .kind import DECODER, model_kind
+from .state_dict import load_state_dict, tl_state_to_ours
 from .tl_compat import FactoredMatrix
 
 FLAGS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases", "refactor_factored_attn_matrices")
@@ -43,12 +48,13 @@ def _fold_norm(sd: dict, norm: str, readers: list[tuple[str, str | None, bool]],
             sd[W] = sd[W] - sd[W].mean(-2, keepdim=True)
 
 
-def fold_layer_norm(cfg, sd: dict, fold_biases: bool = True, center_weights: bool = True) -> dict:
-    """TransformerLens' `fold_layer_norm` (RMS: `fold_biases=False, center_weights=False`): ln1 into W_Q, W_K, W_V
-    (b_Q, b_K, b_V), ln2 into W_in (b_in) and a gated MLP's W_gate (weight only, not centred), a SoLU-LN MLP's `mlp.ln`
-    into W_out (b_out, centred over d_mlp), ln_final into W_U (b_U unless `final_rms`); readers are centred over
-    d_model, since LNPre's output has zero mean. One difference: with `final_rms` W_U is not centred (ln_final is an
-    RMSNorm, whose output keeps its mean; TransformerLens 2.18 centres it and changes the outputs)."""
+def fold_norms(cfg, sd: dict, fold_biases: bool = True, center_weights: bool = True) -> dict:
+    """TransformerLens' `fold_layer_norm`, on a state dict (`circuits.fold_layer_norm` folds a copy of a model with
+    it; RMS: `fold_biases=False, center_weights=False`): ln1 into W_Q, W_K, W_V (b_Q, b_K, b_V), ln2 into W_in
+    (b_in) and a gated MLP's W_gate (weight only, not centred), a SoLU-LN MLP's `mlp.ln` into W_out (b_out, centred
+    over d_mlp), ln_final into W_U (b_U unless `final_rms`); readers are centred over d_model, since LNPre's output
+    has zero mean. One difference: with `final_rms` W_U is not centred (ln_final is an RMSNorm, whose output keeps
+    its mean; TransformerLens 2.18 centres it and changes the outputs)."""
     for l in range(cfg.n_layers):
         a, m = f"blocks.{l}.attn.", f"blocks.{l}.mlp."
         _fold_norm(sd, f"blocks.{l}.ln1", [(a + "W_Q", a + "b_Q", True), (a + "W_K", a + "b_K", True),
@@ -192,7 +198,7 @@ def check(model, fold_ln: bool, center_writing_weights: bool, center_unembed: bo
     return fold_ln, center_writing_weights
 
 
-#: the steps after fold_layer_norm, in TransformerLens' order (the flags of `process_weights_` shadow their names there)
+#: the steps after fold_norms, in TransformerLens' order (the flags of `process_weights_` shadow their names there)
 _STEPS = (center_writing_weights, center_unembed, fold_value_biases, refactor_factored_attn_matrices)
 
 
@@ -200,8 +206,6 @@ _STEPS = (center_writing_weights, center_unembed, fold_value_biases, refactor_fa
 def set_norms(model, kind: str | None) -> None:
     """Rebuild every norm of `model` as `kind` (`cfg.normalization_type` too, in place, as TransformerLens'
     `process_weights_` does): ln1, ln2, a SoLU-LN MLP's `mlp.ln` (LNPre when `kind` ends in "Pre"), ln_final."""
-    from .components import Norm, final_norm
-
     cfg = model.cfg
     cfg.normalization_type = kind
     for block in model.blocks:
@@ -221,9 +225,7 @@ def process_weights_(model, fold_ln: bool = True, center_writing_weights: bool =
     flag, default True as there), in place; returns the model. See the module docstring for what is refused. A
     `use_bias=False` model whose norm biases fold into its (zero) biases becomes `use_bias=True` (ours only:
     TransformerLens always has biases)."""
-    from .model import HookedTransformer
-
-    if not isinstance(model, HookedTransformer) or hasattr(model, "mlm_head"):
+    if not isinstance(getattr(model, "cfg", None), HookedTransformerConfig) or model_kind(model) != DECODER:
         raise WeightProcessingError(f"process_weights_ handles the decoder-only models.HookedTransformer, got "
                                     f"{type(model).__name__}")
     fold, centre = check(model, fold_ln, center_writing_weights, center_unembed, refactor_factored_attn_matrices)
@@ -231,7 +233,7 @@ def process_weights_(model, fold_ln: bool = True, center_writing_weights: bool =
     with torch.no_grad():
         sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if fold:
-            fold_layer_norm(cfg, sd, fold_biases=kind == "LN", center_weights=kind == "LN")
+            fold_norms(cfg, sd, fold_biases=kind == "LN", center_weights=kind == "LN")
         run = (centre, center_unembed, fold_value_biases, refactor_factored_attn_matrices)
         for on, step in zip(run, _STEPS):  # TransformerLens' order (load_and_process_state_dict)
             if on:
@@ -256,7 +258,6 @@ def _biases_to_parameters(model) -> None:
             module.register_parameter(name, torch.nn.Parameter(module._buffers.pop(name)))
 
 
-
 def process_loaded(model, flags: dict):
     """A loader's processing flags (`models.load(..., fold_ln=True)`, `from_transformer_lens_state_dict`), checked
     by name. None given: no processing (TransformerLens' `from_pretrained_no_processing`). Any given: the others take
@@ -272,32 +273,16 @@ def process_loaded(model, flags: dict):
     return process_weights_(model, **{name: bool(flags[name]) for name in FLAGS})
 
 
-class ProcessWeights:
-    """`HookedTransformer`'s TransformerLens 2.x weight-processing methods."""
-
-    def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
-                         fold_value_biases: bool = True, refactor_factored_attn_matrices: bool = False):
-        """Fold the norms into the weights that read them (then LN → LNPre, RMS → RMSPre), centre the weights that
-        write to the residual stream and the unembedding, fold value biases into b_O and optionally re-factor QK / OV
-        evenly, in place, as TransformerLens 2.18 (`models.arch.weight_processing`). Outputs are unchanged up to float
-        error (logits up to a per-position constant with `center_unembed`); `WeightProcessingError` names a step that
-        TransformerLens refuses or that would change them. Returns the model."""
-        return process_weights_(self, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
-                                refactor_factored_attn_matrices)
-
-    def load_and_process_state_dict(self, state_dict: dict, fold_ln: bool = True, center_writing_weights: bool = True,
-                                    center_unembed: bool = True, fold_value_biases: bool = True,
-                                    refactor_factored_attn_matrices: bool = False):
-        """TransformerLens 2.18's `load_and_process_state_dict`: load `state_dict` (its layout, as
-        `models.from_transformer_lens_state_dict` reads it), then `process_weights_` with these flags. A model built
-        with LNPre / RMSPre norms (as `from_pretrained` prepares one) takes a state dict that still has its norm
-        weights when `fold_ln` is set. Returns the model."""
-        from .state_dict import load_state_dict, tl_state_to_ours
-
-        kind = self.cfg.normalization_type
-        if fold_ln and kind in ("LNPre", "RMSPre") and any(k.endswith(".ln1.w") or k == "ln_final.w"
-                                                           for k in state_dict):
-            set_norms(self, kind[: -len("Pre")])
-        load_state_dict(self, tl_state_to_ours(state_dict, self, "state dict"))
-        return process_weights_(self, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
-                                refactor_factored_attn_matrices)
+def load_and_process_state_dict(model, state_dict: dict, fold_ln: bool = True, center_writing_weights: bool = True,
+                                center_unembed: bool = True, fold_value_biases: bool = True,
+                                refactor_factored_attn_matrices: bool = False):
+    """TransformerLens 2.18's `load_and_process_state_dict`: load `state_dict` (its layout, as
+    `models.from_transformer_lens_state_dict` reads it) into `model`, then `process_weights_` with these flags. A
+    model built with LNPre / RMSPre norms (as `from_pretrained` prepares one) takes a state dict that still has its
+    norm weights when `fold_ln` is set. Returns the model."""
+    kind = model.cfg.normalization_type
+    if fold_ln and kind in ("LNPre", "RMSPre") and any(k.endswith(".ln1.w") or k == "ln_final.w" for k in state_dict):
+        set_norms(model, kind[: -len("Pre")])
+    load_state_dict(model, tl_state_to_ours(state_dict, model, "state dict"))
+    return process_weights_(model, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
+                            refactor_factored_attn_matrices)

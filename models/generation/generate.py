@@ -9,8 +9,7 @@ import warnings
 import torch
 
 from ..arch.padding import infer_attention_mask
-from ..arch.tokens import ContextWindowWarning
-from ..errors import InputError
+from ..errors import ContextWindowWarning, InputError
 from .beam import beam_search as batched_beam_search
 from .beam import check_beams
 from .kv_cache import HookedTransformerKeyValueCache

@@ -1,4 +1,5 @@
-"""Checkpoints as data: `config.json` + `model.safetensors` (+ `tokenizer.json`), written atomically; the model zoo.
+"""Checkpoints as data: reading a model folder (`config.json` + `model.safetensors` + `tokenizer.json`, written by
+`models.arch.persist.save`, re-exported here) by its model type; the model zoo.
 
 The safetensors keys are TransformerLens' former `HookedTransformer` state-dict keys (`embed.W_E`,
 `blocks.0.attn.W_Q [n_heads, d_model, d_head]`, ...), so one loader serves our folders and legacy
@@ -16,8 +17,11 @@ from pathlib import Path
 import torch
 
 from ..arch.config import dtype_name
+from ..arch.kind import ENCODER_DECODER, model_kind
 from ..arch.model import HookedTransformer
+from ..arch.persist import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, save  # noqa: F401  (save: re-exported)
 from ..arch.state_dict import load_state_dict  # noqa: F401  (re-exported)
+from ..arch.weight_processing import process_loaded
 from ..errors import CheckpointError, ConfigError
 from ..files.atomic import _recover, atomic_write_dir  # noqa: F401  (atomic_write_dir: re-exported)
 from ..files.safe_read import JSON_LIMIT, open_regular, read_text
@@ -25,7 +29,6 @@ from ..files.size_checks import check_size, implied_weights  # noqa: F401  (re-e
 from .registry import config_from_dict, config_from_json, model_class, model_types  # noqa: F401  (re-exported)
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
-CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 
 
 def zoo_names() -> list[str]:
@@ -58,26 +61,6 @@ def zoo_cards() -> list[dict]:
                     "positions": cfg["positional_embedding_type"],
                     "val_loss": summary.get("final_val_loss"), "path": str(d)})
     return out
-
-
-def save(model: HookedTransformer, path, extra_files: dict | None = None) -> Path:
-    """Write `model` to folder `path` (config.json, model.safetensors, tokenizer.json if attached, and any
-    `extra_files` {name: str | bytes}) atomically."""
-    from safetensors.torch import save_file
-
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-
-    def write(tmp: Path) -> None:
-        (tmp / CONFIG_FILE).write_text(model.cfg.to_json())
-        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "layout": "transformer_lens"})
-        if model.tokenizer is not None and hasattr(model.tokenizer, "save"):
-            model.tokenizer.save(tmp / TOKENIZER_FILE)
-        for name, content in (extra_files or {}).items():
-            target = tmp / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            (target.write_bytes if isinstance(content, bytes) else target.write_text)(content)
-
-    return atomic_write_dir(path, write)
 
 
 # --- reading ----------------------------------------------------------------------------------------
@@ -188,7 +171,7 @@ def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransform
         from ..data.tokenizer import load_tokenizer
 
         model.tokenizer = load_tokenizer(folder / TOKENIZER_FILE)
-        for what, tok, d_vocab in _vocabularies(model.tokenizer, cfg):
+        for what, tok, d_vocab in _vocabularies(model):
             if tok.vocab_size > d_vocab:
                 raise CheckpointError(f"{folder / TOKENIZER_FILE}: {what}tokenizer has {tok.vocab_size} ids but the "
                                       f"model's d_vocab{'_' + what.strip() if what else ''} is {d_vocab}")
@@ -196,8 +179,6 @@ def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransform
         model.to(dtype)
         model.cfg.dtype = dtype
     if processing:
-        from ..arch.weight_processing import process_loaded
-
         process_loaded(model, processing)
     return model.eval()  # as TransformerLens' from_pretrained (transformer_lens.patching refuses training mode)
 
@@ -213,10 +194,11 @@ def checkpoint_step(folder: Path) -> int | None:
     return int(match.group(1)) if match and folder.parent.name == CHECKPOINTS else None
 
 
-def _vocabularies(tokenizer, cfg) -> list[tuple]:
+def _vocabularies(model) -> list[tuple]:
     """`(label, tokenizer, d_vocab)` pairs to check: the source and target tokenizers of an encoder–decoder model,
     the one tokenizer otherwise."""
-    if hasattr(cfg, "d_vocab_src"):
+    tokenizer, cfg = model.tokenizer, model.cfg
+    if model_kind(model) == ENCODER_DECODER:
         if not hasattr(tokenizer, "source"):
             raise CheckpointError(f"an encoder–decoder model needs a source and a target tokenizer, got "
                                   f"{type(tokenizer).__name__}")

@@ -62,15 +62,14 @@ def fake(tmp_path):
 
 
 def test_leading_imports_takes_opening_imports_bound_once():
-    names, subs = leading_imports(FAKE["__init__.py"], "fakepkg")
+    names = leading_imports(FAKE["__init__.py"], "fakepkg")
     assert names == {"light": ("fakepkg.light", None), "Thing": ("fakepkg.Thing", "Thing"),
                      "helper": ("fakepkg.sub", "helper")}  # name_x is rebound, Late comes after a statement
-    assert subs == {"light", "Thing", "sub", "rebound", "side"}
     src = ("import os\nfrom .a import x\ntry:\n    from .b import y\nexcept ImportError:\n    y = None\n"
            "from .c import z\n")
-    assert leading_imports(src, "p") == ({"x": ("p.a", "x")}, {"a"})
+    assert leading_imports(src, "p") == {"x": ("p.a", "x")}
     src = "from ..up import u\nfrom p.s.q import w\ndef f():\n    global w\n    w = 1\n"
-    assert leading_imports(src, "p.s") == ({}, {"q"})
+    assert leading_imports(src, "p.s") == {}
 
 
 DEFER = "from models.deferred_import import defer_package_inits, pending\n" \
@@ -78,19 +77,22 @@ DEFER = "from models.deferred_import import defer_package_inits, pending\n" \
 
 
 def test_light_names_import_their_submodule_only(fake):
+    """Names the `__init__` binds from its opening imports are served from their submodule alone."""
     got = _run("""
-        import sys
-        import fakepkg.Thing
+        import sys, types
         from fakepkg import Thing, helper
-        import fakepkg.light
+        from fakepkg import light
+        import fakepkg
         import json
         print(json.dumps({"thing": isinstance(Thing, type) and Thing.__module__, "helper": helper(),
                           "attr": type(fakepkg.Thing).__name__, "light": fakepkg.light.VALUE,
+                          "plain": [type(sys.modules[m]) is types.ModuleType for m in ("fakepkg", "fakepkg.sub")],
                           "loaded": sorted(m for m in sys.modules if m.startswith("fakepkg")),
                           "pending": [p for p in pending() if p.startswith("fakepkg")]}))
     """, fake, prefix=DEFER)
     assert got["thing"] == "fakepkg.Thing" and got["helper"] == "h" and got["light"] == 1
     assert got["attr"] == "type"  # the class the __init__ binds, not the submodule of the same-named import
+    assert got["plain"] == [True, True]  # plain module objects (PEP 562 `__getattr__`), no class of our own
     assert got["loaded"] == ["fakepkg", "fakepkg.Thing", "fakepkg.dep", "fakepkg.light", "fakepkg.sub",
                              "fakepkg.sub.helper_mod"]  # no side.py: neither __init__ has run
     assert got["pending"] == ["fakepkg", "fakepkg.sub"]

@@ -245,14 +245,14 @@ def test_a_tl2_notebook_needs_only_the_package_name_changed():
     """The imports of ARENA 1.2 and TransformerLens 2.18's demos with `transformer_lens` replaced by `models`: the
     same TransformerLens objects (utils, hook points) or ours (model, config, cache), and TransformerLens' patching
     run on our model equals patching by hand."""
+    import transformer_lens
+
     import models.patching as patching
     import models.utils as utils
-    import transformer_lens
-    from models.hook_points import HookedRootModule, HookPoint
-    from models.past_key_value_caching import HookedTransformerKeyValueCache
-
     from models import ActivationCache, FactoredMatrix, HookedTransformerConfig  # noqa: F401
     from models import utils as same_utils
+    from models.hook_points import HookedRootModule, HookPoint
+    from models.past_key_value_caching import HookedTransformerKeyValueCache
 
     assert same_utils is utils and HookPoint is transformer_lens.hook_points.HookPoint
     assert HookedRootModule is transformer_lens.HookedRootModule and FactoredMatrix is transformer_lens.FactoredMatrix

@@ -82,11 +82,11 @@ def test_nnsight_patches_as_run_with_hooks(model, tokens, name, edit):
 
 
 def test_lazy_exports_survive_nnsight_save(tmp_path):
-    """nnsight gives every object a `save` method; `models.save` is still ours (models.lazy.LazyPackage)."""
+    """nnsight gives every object a `save` method; `models.save` is still ours (bound in models/__init__.py)."""
     import subprocess
     import sys
 
-    code = ("import nnsight, models; assert models.save.__module__ == 'models.io.checkpoint', models.save; "
+    code = ("import nnsight, models; assert models.save.__module__ == 'models.arch.persist', models.save; "
             "m = models.load('attn-only-1l'); models.save(m, {!r}); print(models.load({!r}).cfg.n_layers)")
     out = subprocess.run([sys.executable, "-c", code.format(str(tmp_path / "m"), str(tmp_path / "m"))],
                          capture_output=True, text=True, timeout=600)
