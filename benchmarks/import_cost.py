@@ -4,11 +4,11 @@ Each configuration runs in a fresh Python process, alternating configuration by 
 and is measured by the child's CPU time (user + system, `resource.getrusage(RUSAGE_CHILDREN)`, less sensitive to a
 busy machine than wall time) and wall time; medians and the ratio to `import torch` are printed with the CPU model.
 
-    python benchmarks/import_cost.py [--rounds 7]
+    python benchmarks/import_cost.py [--rounds 7] [--model attn-only-1l]
 
 - torch: `import torch`;
-- models: `import models`, load the zoo's attn-only-1l and run it on a short text (TransformerLens' package `__init__`
-  deferred: `models.deferred_import`);
+- models: `import models`, load the zoo's `--model` (default attn-only-1l) and run it on a short text
+  (TransformerLens' package `__init__` deferred: `models.deferred_import`);
 - models, eager: the same with TOY_CIRCUITS_EAGER_IMPORTS=1 (TransformerLens' `__init__` run on import, as before).
 """
 
@@ -25,11 +25,15 @@ import time
 from machine import cpu as machine_info  # benchmarks/machine.py (run as a script: its folder is on sys.path)
 
 HEAVY = "('transformers', 'datasets', 'pandas', 'pyarrow')"
-USE = ("import models, sys; m = models.load('attn-only-1l'); m(m.to_tokens('def f(x): return x')); "
+USE = ("import models, sys; m = models.load({model!r}); m(m.to_tokens('def f(x): return x')); "
        f"print(len(sys.modules), sorted(k for k in {HEAVY} if k in sys.modules))")
-CONFIGS = {"torch": ("import torch, sys; print(len(sys.modules), [])", {}),
-           "models": (USE, {}),
-           "models, eager": (USE, {"TOY_CIRCUITS_EAGER_IMPORTS": "1"})}
+
+
+def configs(model: str) -> dict:
+    use = USE.format(model=model)
+    return {"torch": ("import torch, sys; print(len(sys.modules), [])", {}),
+            "models": (use, {}),
+            "models, eager": (use, {"TOY_CIRCUITS_EAGER_IMPORTS": "1"})}
 
 
 def run(code: str, env: dict) -> tuple[float, float, str]:
@@ -46,11 +50,13 @@ def run(code: str, env: dict) -> tuple[float, float, str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--model", default="attn-only-1l")
     args = ap.parse_args()
-    results = {name: [] for name in CONFIGS}
+    runs = configs(args.model)
+    results = {name: [] for name in runs}
     seen = {}
     for _ in range(args.rounds):
-        for name, (code, env) in CONFIGS.items():
+        for name, (code, env) in runs.items():
             cpu, wall, out = run(code, env)
             results[name].append((cpu, wall))
             seen[name] = out

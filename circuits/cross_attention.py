@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import torch
 
+from models.arch.kind import ENCODER_DECODER, model_kind
 from models.arch.tl_compat import FactoredMatrix
 from models.errors import ConfigError
 
@@ -39,13 +40,13 @@ STACKS = {"encoder": ("enc", "encoder", "attn", "ln1", "W_E_src"),
           "cross": ("cross", "decoder", "cross_attn", "ln2", "W_E_src")}
 
 
-def is_encoder_decoder(model) -> bool:
-    """True for an encoder–decoder model (`models.HookedEncoderDecoder` or anything with its weight properties)."""
-    return hasattr(model, "cross_W_Q") and hasattr(model, "W_E_src")
-
-
 def check_encoder_decoder(model, what: str):
-    if not is_encoder_decoder(model):
+    """`model`, or `TypeError` unless it is an encoder–decoder (`models.model_kind`)."""
+    try:
+        kind = model_kind(model)
+    except ConfigError:  # not a model at all
+        kind = None
+    if kind != ENCODER_DECODER:
         raise TypeError(f"{what} needs an encoder-decoder model (models.HookedEncoderDecoder), got "
                         f"{type(model).__name__}")
     return model

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+from models.arch.config import HookedTransformerConfig
+
 
 def fold_layer_norm(model, center_writing_weights: bool = True, center_unembed: bool = False):
     """A copy of `model` with every LayerNorm/RMSNorm weight and bias folded into the weights that read it:
@@ -23,10 +25,9 @@ def fold_layer_norm(model, center_writing_weights: bool = True, center_unembed: 
     `center_unembed` centres W_U and b_U over the vocabulary (logits shift by a per-position constant; log-probs
     unchanged). The model's log-probs are unchanged (up to rounding); the copy is marked
     `cfg.extra["layer_norm_folded"] = True`. For our `HookedTransformer` (fold it before converting with
-    `models.to_transformer_lens`). Raises `models.WeightProcessingError` (a ValueError) for what cannot be folded."""
-    from models import HookedTransformer
-
-    if not isinstance(model, HookedTransformer):
+    `models.to_transformer_lens`). Raises `TypeError` for anything but our models and `models.WeightProcessingError` (a
+    ValueError) for what cannot be folded (`process_weights_` serves the decoder-only kind, `models.model_kind`)."""
+    if not isinstance(getattr(model, "cfg", None), HookedTransformerConfig):  # one of our models (its kind: below)
         raise TypeError(f"fold_layer_norm needs a models.HookedTransformer, got {type(model).__name__}")
     kind = model.cfg.normalization_type
     new = copy.deepcopy(model)  # its own cfg too (shared by its modules), which processing switches to LNPre / RMSPre

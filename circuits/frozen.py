@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from models.arch.kind import ENCODER, model_kind
+
 from .checks import as_tokens, check_model
 from .interface import NormParams, norm_params, positional_scheme
 
@@ -60,7 +62,7 @@ def frozen_forward(model, tokens, n_layers: int | None = None, extra_hooks: tupl
     cfg = model.cfg
     if not getattr(cfg, "attn_only", False):
         raise ValueError("path expansion and score decomposition need an attention-only model (attn_only=True)")
-    if hasattr(model, "mlm_head"):
+    if model_kind(model) == ENCODER:
         raise ValueError("path expansion and score decomposition need logits linear in the residual stream; this "
                          "encoder's masked-LM head (dense, activation, norm) is not")
     tokens = as_tokens(model, tokens)
