@@ -31,10 +31,6 @@ def prepare(model):
     return model.eval()
 
 
-def device_of(model) -> torch.device:
-    return model.W_E.device
-
-
 def as_tokens(model, tokens, name: str = "tokens") -> torch.Tensor:
     """`[batch, pos]` int64 ids on the model's device, from ids (tensor, list, array) or text (a string or a list of
     strings, tokenized with the model's tokenizer and its default BOS). Ids go through `circuits.checks.as_tokens`;

@@ -39,6 +39,42 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     return d
 
 
+def config_json_dict(text: str):
+    """A config.json's text as every config class reads it: unreadable JSON and duplicated keys are a `ConfigError`
+    (naming the key: which value was meant is unknowable), a stored run-time field (`device`, older folders) is
+    dropped, so the config builds on the CPU until the caller moves it."""
+    try:
+        d = json.loads(text, object_pairs_hook=unique_keys)
+    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: '[[[[...' nested too deep
+        raise ConfigError(f"config is not valid JSON: {type(e).__name__}: {e}") from None
+    return {k: v for k, v in d.items() if k not in RUNTIME_FIELDS} if isinstance(d, dict) else d
+
+
+def checked_fields(cls, d: dict, model_type: str) -> dict:
+    """The fields of `d` for dataclass `cls`, refusing a non-object, unknown fields, missing required ones and a
+    `model_type` other than `model_type` (each a `ConfigError` naming the fields)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"a config must be a JSON object, got {type(d).__name__}")
+    d = dict(d)
+    if d.pop("model_type", model_type) != model_type:
+        raise ConfigError(f"model_type must be {model_type!r} for {cls.__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ConfigError(f"unknown config field(s) {unknown}; allowed fields: {sorted(names)}")
+    missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING and f.name not in d]
+    if missing:
+        raise ConfigError(f"config is missing required field(s) {missing}")
+    return d
+
+
+def config_json_text(config) -> str:
+    """A config's architecture as JSON (`config.to_dict()` less the run-time fields), keys sorted."""
+    return json.dumps({k: v for k, v in config.to_dict().items() if k not in RUNTIME_FIELDS}, indent=2,
+                      sort_keys=True)
+
+
 def dtype_name(dtype: Any) -> str:
     """A supported dtype (a `torch.dtype` or its name) as its name; `ConfigError` otherwise."""
     name = str(dtype).replace("torch.", "")
@@ -246,36 +282,17 @@ class HookedTransformerConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> HookedTransformerConfig:
-        if not isinstance(d, dict):
-            raise ConfigError(f"a config must be a JSON object, got {type(d).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ConfigError(f"unknown config field(s) {unknown}; allowed fields: {sorted(names)}")
-        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-                    and f.default_factory is dataclasses.MISSING]
-        missing = [n for n in required if n not in d]
-        if missing:
-            raise ConfigError(f"config is missing required field(s) {missing}")
-        return cls(**d)
+        return cls(**checked_fields(cls, d, cls.model_type))
 
     def to_json(self) -> str:
         """The architecture as JSON: every field but `device`, which is a run-time choice (a model trained on a GPU
         must load on a CPU), chosen when loading."""
-        return json.dumps({k: v for k, v in self.to_dict().items() if k not in RUNTIME_FIELDS}, indent=2,
-                          sort_keys=True)
+        return config_json_text(self)
 
     @classmethod
     def from_json(cls, text: str) -> HookedTransformerConfig:
-        """Parse `to_json`'s output. A duplicated key is refused (naming it: which value was meant is unknowable);
-        a stored `device` (older folders) is ignored, so the config builds on the CPU until the caller moves it."""
-        try:
-            d = json.loads(text, object_pairs_hook=unique_keys)
-        except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: '[[[[...' nested too deep
-            raise ConfigError(f"config is not valid JSON: {type(e).__name__}: {e}") from None
-        if isinstance(d, dict):
-            d = {k: v for k, v in d.items() if k not in RUNTIME_FIELDS}
-        return cls.from_dict(d)
+        """Parse `to_json`'s output (`config_json_dict`: a duplicated key is refused, a stored `device` ignored)."""
+        return cls.from_dict(config_json_dict(text))
 
     def replace(self, **changes: Any) -> HookedTransformerConfig:
         return dataclasses.replace(self, **changes)

@@ -18,7 +18,6 @@ from torch import nn
 from ..errors import ConfigError, InputError
 from .components import _ACTIVATIONS, Norm, linear
 from .config import HookedTransformerConfig
-from .encoder_decoder_config import checked_fields, from_json_object
 from .model import RETURN_TYPES, HookedTransformer, init_weights
 from .tl_compat import HookPoint
 
@@ -44,15 +43,7 @@ class EncoderConfig(HookedTransformerConfig):
             raise ConfigError(f"mask_token_id must be an id in 0..{self.d_vocab - 1}, got {self.mask_token_id!r}")
 
     def to_dict(self) -> dict:
-        return dict(super().to_dict(), model_type=self.model_type)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> EncoderConfig:
-        return cls(**checked_fields(cls, d, cls.model_type))
-
-    @classmethod
-    def from_json(cls, text: str) -> EncoderConfig:
-        return from_json_object(cls, text)
+        return dict(super().to_dict(), model_type=self.model_type)  # `from_dict`, `from_json`: inherited
 
 
 class MLMHead(nn.Module):

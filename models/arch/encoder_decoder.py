@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError
-from ..generation.seq2seq import generate as generate_seq2seq
+from ..generation.seq2seq import generate_seq2seq
 from .components import (
     MLP,
     Attention,
@@ -267,7 +267,7 @@ class HookedEncoderDecoder(HookedRootModule):
 
     # --- generation, persistence ----------------------------------------------------------------------------------
     def generate(self, src, max_new_tokens: int = 20, method: str = "greedy", **kw):
-        """Decode target sequences for `src` (`models.generation.seq2seq.generate`)."""
+        """Decode target sequences for `src` (`models.generation.seq2seq.generate_seq2seq`)."""
         return generate_seq2seq(self, src, max_new_tokens, method, **kw)
 
     def save(self, path) -> None:

@@ -15,51 +15,23 @@ carry target positions and its keys source positions.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from .config import NORMALIZATION_POSITIONS, RUNTIME_FIELDS, HookedTransformerConfig, dtype_name, unique_keys
+from .config import (
+    NORMALIZATION_POSITIONS,
+    HookedTransformerConfig,
+    checked_fields,
+    config_json_dict,
+    config_json_text,
+    dtype_name,
+)
 
 #: Fields that both stacks share, copied into their `HookedTransformerConfig`s.
 _SHARED = ("d_model", "n_heads", "d_head", "d_mlp", "act_fn", "normalization_type", "normalization_position", "eps",
            "positional_embedding_type", "rotary_dim", "rotary_base", "rotary_adjacent_pairs", "use_bias",
            "use_attn_result", "init_range", "seed", "dtype", "device")
-
-
-def config_json_dict(text: str):
-    """A config.json's text as `HookedTransformerConfig.from_json` reads it: unreadable JSON and duplicated keys are a
-    `ConfigError`, a stored run-time field (`device`) is dropped."""
-    try:
-        d = json.loads(text, object_pairs_hook=unique_keys)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise ConfigError(f"config is not valid JSON: {type(e).__name__}: {e}") from None
-    return {k: v for k, v in d.items() if k not in RUNTIME_FIELDS} if isinstance(d, dict) else d
-
-
-def from_json_object(cls, text: str):
-    """`cls.from_dict(config_json_dict(text))`."""
-    return cls.from_dict(config_json_dict(text))
-
-
-def checked_fields(cls, d: dict, model_type: str) -> dict:
-    """The fields of `d` for dataclass `cls`, refusing a non-object, unknown fields, missing required ones and a
-    `model_type` other than `model_type` (each a `ConfigError` naming the fields)."""
-    if not isinstance(d, dict):
-        raise ConfigError(f"a config must be a JSON object, got {type(d).__name__}")
-    d = dict(d)
-    if d.pop("model_type", model_type) != model_type:
-        raise ConfigError(f"model_type must be {model_type!r} for {cls.__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise ConfigError(f"unknown config field(s) {unknown}; allowed fields: {sorted(names)}")
-    missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING and f.name not in d]
-    if missing:
-        raise ConfigError(f"config is missing required field(s) {missing}")
-    return d
 
 
 @dataclass
@@ -182,12 +154,11 @@ class EncoderDecoderConfig:
 
     def to_json(self) -> str:
         """The architecture as JSON: every field but `device` (a run-time choice, as `HookedTransformerConfig`'s)."""
-        return json.dumps({k: v for k, v in self.to_dict().items() if k not in RUNTIME_FIELDS}, indent=2,
-                          sort_keys=True)
+        return config_json_text(self)
 
     @classmethod
     def from_json(cls, text: str) -> EncoderDecoderConfig:
-        return from_json_object(cls, text)
+        return cls.from_dict(config_json_dict(text))
 
     def replace(self, **changes: Any) -> EncoderDecoderConfig:
         return dataclasses.replace(self, **changes)

@@ -32,8 +32,9 @@ def check_beams(beams: int, batch: int, d_vocab: int, d_model: int, layers_x_pos
 
 
 @torch.no_grad()
-def beam_search(step: Stepper, prefix: torch.Tensor, beams: int, max_new_tokens: int, eos_token_id: int | None = None,
-                pad_token_id: int | None = None, stop_at_eos: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def batched_beam_search(step: Stepper, prefix: torch.Tensor, beams: int, max_new_tokens: int,
+                        eos_token_id: int | None = None, pad_token_id: int | None = None,
+                        stop_at_eos: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The `beams` most likely continuations of each prefix `[batch, pos]` by up to `max_new_tokens` tokens, scored by
     the sum of their tokens' log-probabilities. Returns `(seqs [batch, beams, pos + n], scores [batch, beams])`, each
     source's beams best first; a beam with no finite score (fewer than `beams` continuations exist) scores −inf.

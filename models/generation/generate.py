@@ -10,8 +10,7 @@ import torch
 
 from ..arch.padding import infer_attention_mask
 from ..errors import ContextWindowWarning, InputError
-from .beam import beam_search as batched_beam_search
-from .beam import check_beams
+from .beam import batched_beam_search, check_beams
 from .kv_cache import HookedTransformerKeyValueCache
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import InputError
-from .beam import beam_search, check_beams
+from .beam import batched_beam_search, check_beams
 from .generate import _check_int, filter_logits
 from .kv_cache import HookedTransformerKeyValueCache
 
@@ -53,9 +53,9 @@ def check_beam_memory(model, beams: int, batch: int, error: type[Exception], opt
 
 
 @torch.no_grad()
-def generate(model, src, max_new_tokens: int = 20, method: str = "greedy", src_mask=None, temperature: float = 1.0,
-             top_k: int = 5, top_p: float = 0.9, beams: int = 4, seed: int | None = None, use_cache: bool = True,
-             stop_at_eos: bool = True) -> torch.Tensor:
+def generate_seq2seq(model, src, max_new_tokens: int = 20, method: str = "greedy", src_mask=None,
+                     temperature: float = 1.0, top_k: int = 5, top_p: float = 0.9, beams: int = 4,
+                     seed: int | None = None, use_cache: bool = True, stop_at_eos: bool = True) -> torch.Tensor:
     """Target ids `[batch, 1 + n]` for source ids `src`: BOS, then up to `max_new_tokens` tokens (fewer where the
     target's learned positions run out), the pad id after a sequence's EOS. `method`: "greedy" (argmax), "top_k" /
     "top_p" (sampling at `temperature` from the `top_k` most likely tokens / the smallest set with probability
@@ -84,7 +84,8 @@ def generate(model, src, max_new_tokens: int = 20, method: str = "greedy", src_m
     step = _Decoder(model, memory, src_mask, use_cache)
     tgt = torch.full((src.shape[0], 1), cfg.bos_token_id, dtype=torch.long, device=src.device)
     if method == "beam":
-        seqs, scores = beam_search(step, tgt, beams, max_new_tokens, cfg.eos_token_id, cfg.pad_token_id, stop_at_eos)
+        seqs, scores = batched_beam_search(step, tgt, beams, max_new_tokens, cfg.eos_token_id, cfg.pad_token_id,
+                                           stop_at_eos)
         return seqs[torch.arange(seqs.shape[0], device=seqs.device), scores.argmax(-1)]  # each source's best beam
     gen = torch.Generator(device=src.device)
     gen.manual_seed(seed) if seed is not None else gen.seed()

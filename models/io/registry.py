@@ -3,10 +3,10 @@ and training dispatch on this one table (CONTRIBUTING.md, "Model type")."""
 
 from __future__ import annotations
 
-from ..arch.config import HookedTransformerConfig
+from ..arch.config import HookedTransformerConfig, config_json_dict
 from ..arch.encoder import EncoderConfig, HookedEncoder
 from ..arch.encoder_decoder import HookedEncoderDecoder
-from ..arch.encoder_decoder_config import EncoderDecoderConfig, config_json_dict
+from ..arch.encoder_decoder_config import EncoderDecoderConfig
 from ..arch.model import HookedTransformer
 from ..errors import ConfigError
 
