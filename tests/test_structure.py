@@ -174,6 +174,29 @@ def test_model_kind_is_asked_not_tested_by_attributes(package):
     assert hits == []
 
 
+def test_import_machinery_is_plain_python():
+    """Every module of ours and of TransformerLens is a plain module object (lazy exports and the deferred
+    TransformerLens `__init__`s are module `__getattr__`s, PEP 562), no private import-system flag is set and the
+    `models` package's search path is its folder (TransformerLens 2.x's paths are real files). Before:
+    models.lazy and models.deferred_import gave modules classes of their own, deferred_import set
+    `spec._initializing`, models/__init__.py appended models/tl_paths to `__path__`."""
+    import sys
+    import types
+
+    import analyses
+    import circuits
+    import models
+
+    assert analyses.__all__ and circuits.__all__  # both packages imported
+    odd = [name for name, m in list(sys.modules.items()) if name.split(".")[0] in (*PACKAGES, "transformer_lens")
+           and type(m) is not types.ModuleType]
+    assert odd == []
+    assert [Path(p) for p in models.__path__] == [ROOT / "models"]
+    private = [f"{p.relative_to(ROOT)}:{i}" for package in PACKAGES for p in _sources(package)
+               for i, line in enumerate(p.read_text().splitlines(), 1) if "._initializing" in line]
+    assert private == []
+
+
 #: TransformerLens 2.x's module paths (`transformer_lens.utils` → `models.utils`, …): re-export files that must sit at
 #: the top of the package, beside the modules of the package itself
 TL_PATHS = {"utils.py", "hook_points.py", "patching.py", "past_key_value_caching.py", "evals.py"}
