@@ -125,7 +125,7 @@ def _module_getattr(package: str):
         entry = _pending.get(package)
         if entry is not None and name in entry[1]:
             module, attr = entry[1][name]
-            with _lock, _Busy():  # the import system's own module locks make the import thread-safe
+            with _Busy():  # the import system's own module locks make the import thread-safe (no lock of ours held)
                 try:
                     value = import_module(module)
                     value = value if attr is None else getattr(value, attr)
@@ -152,7 +152,7 @@ def _module_dir(package: str):
 def _rebind_served() -> None:
     """After a submodule import, the import system has set `package.sub = <module sub>`; where the `__init__` binds
     that name to something the submodule defines (`from .ActivationCache import ActivationCache`), bind that."""
-    for module, names in _pending.values():
+    for module, names in list(_pending.values()):
         for name, (source, attr) in names.items():
             value = vars(module).get(name)
             if attr is not None and isinstance(value, ModuleType) and value.__name__ == source and \
