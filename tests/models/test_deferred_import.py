@@ -184,3 +184,26 @@ def test_library_import_defers_transformer_lens_too():
     """, ROOT)
     assert got == {"pending": ["transformer_lens", "transformer_lens.conversion_utils", "transformer_lens.utilities"],
                    "hf": False}
+
+
+def test_a_program_importing_another_transformer_lens_module_gets_the_package_first():
+    """Why `models.deferred_import` keeps its one import hook (a `sys.meta_path` finder): after `import models`, a
+    program that imports a TransformerLens module by path (`transformer_lens.model_bridge`, as SAELens imports the
+    model classes) finds TransformerLens' package `__init__`s run before that module, side effects included, as
+    without the deferral; TransformerLens' own imports while a name is served do not trigger it."""
+    from models.arch.tl_compat import TL_VERSION, version_tuple
+
+    if version_tuple(TL_VERSION) < (4, 0):
+        pytest.skip(f"transformer-lens {TL_VERSION}: its classes import transformers themselves")
+    got = _run("""
+        import json, sys
+        import models
+        m = models.load("attn-only-1l")
+        m(m.to_tokens("ab"))
+        before = models.deferred_import.pending()
+        import transformer_lens.model_bridge
+        print(json.dumps({"before": before, "after": models.deferred_import.pending(),
+                          "finder": any(type(f).__name__ == "_Finder" for f in sys.meta_path)}))
+    """, ROOT)
+    assert got == {"before": ["transformer_lens", "transformer_lens.conversion_utils", "transformer_lens.utilities"],
+                   "after": [], "finder": False}
