@@ -105,7 +105,7 @@ def test_report_figures(tmp_path, monkeypatch):
     cfg = HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=64, d_vocab=259, n_heads=4, d_mlp=None,
                                   normalization_type=None, positional_embedding_type="shortformer", seed=0)
     model = HookedTransformer(cfg, tokenizer=ByteTokenizer())
-    found, _ = checked_report(monkeypatch, model, tmp_path / "r", tokens=TEXT, run_dir=_run_folder(tmp_path / "run"))
+    found, _ = checked_report(monkeypatch, model, tmp_path / "r", tokens=TEXT, folder=_run_folder(tmp_path / "run"))
     expect = {"direct_path_bigrams", "attention_patterns", "head_scores", "ov_eigenvalues", "head_ablation",
               "composition", "qk_ov_positivity", "loss_by_position", "training_dynamics", "path_patching"}
     assert set(found) == expect
