@@ -12,8 +12,9 @@ import torch
 from helpers import checked_report
 
 from analyses.figure_checks import figure_problems
-from models import HookedTransformer, HookedTransformerConfig
+from models import HookedTransformer, HookedTransformerConfig, load
 from models.data.tokenizer import ByteTokenizer
+from models.io.checkpoint import resolve
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -141,5 +142,5 @@ def test_interactive_static_twins():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["attn-only-1l", "attn-only-2l"])
 def test_zoo_report_figures(tmp_path, monkeypatch, name):
-    found, _ = checked_report(monkeypatch, name, tmp_path)
+    found, _ = checked_report(monkeypatch, load(name), tmp_path, folder=resolve(name))
     assert found and {k: v for k, v in found.items() if v} == {}
