@@ -19,7 +19,7 @@ from .common import (
     positive_int,
     progress,
     table,
-    text_windows,
+    validation_windows,
 )
 
 
@@ -55,7 +55,7 @@ def run_heads(args, loaded) -> int:
     model = loaded.model
     bar = progress(args, 3, f"heads {loaded.name}")
     bar.set_postfix_str("text")
-    text, text_about, vocab = text_windows(loaded, args, 8, args.seed)
+    text, text_about, vocab = validation_windows(loaded, args, 8, args.seed)
     bar.update()
     bar.set_postfix_str("previous-token")
     prev = detect_previous_token_heads(model, text, threshold=args.threshold, seed=args.seed)
@@ -259,7 +259,7 @@ def run_paths(args, loaded) -> int:
     if not (model.cfg.attn_only or model.cfg.d_mlp is None):
         raise UsageError(f"the path expansion is exact for attention-only models; {loaded.name} has MLPs")
     bar = progress(args, 2, f"paths {loaded.name}")
-    tokens, about, _ = text_windows(loaded, args, args.windows, args.seed)
+    tokens, about, _ = validation_windows(loaded, args, args.windows, args.seed)
     if tokens is None:
         from ..sequences import bos_token_id, random_tokens
 

@@ -54,7 +54,7 @@ def run_command(command: Command, args) -> int:
         return command.run(args)
     from models.arch.kind import KIND_NAMES, model_kind
 
-    loaded = load_model(args, setup(args))
+    loaded = load_model(args, setup_torch(args))
     kind = model_kind(loaded.model)
     if kind not in command.run:
         served = " and ".join(KIND_NAMES[k] for k in command.run)
@@ -141,7 +141,7 @@ def positive_int(s: str) -> int:
 
 
 # --- setup --------------------------------------------------------------------------------------------
-def setup(args):
+def setup_torch(args):
     """Seed torch, set its threads and return the `torch.device` that `--device` names (checked)."""
     import torch
 
@@ -333,18 +333,13 @@ def read_text_tokens(model, text_file: str, max_tokens: int = TEXT_TOKENS):
     return ids
 
 
-def check_memory(option: str, value: int, per_unit: int, limit: int | None = None) -> None:
-    """`models.files.size_checks.check_memory` with `UsageError` (exit 2)."""
-    from models.files.size_checks import check_memory as check
-
-    check(option, value, per_unit, UsageError, limit)
-
-
-def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
+def validation_windows(loaded: Loaded, args, n: int, seed: int = 0):
     """`(tokens [n, n_ctx] with BOS first, description, vocabulary)`: windows of `--text-file` if given, else of
     the validation split of the corpus the model was trained on (the folder's train_config.json; default the
     Python standard library, tokenized once and cached), else `(None, reason, None)`. The vocabulary is the ids
     of the whole text read (up to 400k tokens), which random probes are drawn from, as in the report."""
+    from models.files.size_checks import check_memory
+
     from ..sequences import bos_token_id
     from ..util import windows
 
@@ -353,7 +348,7 @@ def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
     text_file = getattr(args, "text_file", None)
     cfg = model.cfg
     check_memory("--windows", n, n_ctx * (4 * cfg.d_vocab + 8 * cfg.d_model * max(cfg.n_layers, 1)
-                                          + 4 * cfg.n_heads * n_ctx))  # logits, residuals, patterns (float32)
+                                          + 4 * cfg.n_heads * n_ctx), UsageError)  # logits, residuals, patterns (f32)
     if text_file:
         ids = read_text_tokens(model, text_file, max(TEXT_TOKENS, n * n_ctx))
         if ids.numel() < n_ctx:

@@ -80,12 +80,12 @@ def run_patch(args, loaded) -> int:
     import torch
 
     from ..patching import activation_patching, answers, metric, path_patching_matrix, plot_patching
-    from ..patching.inputs import as_tokens, token_pair
+    from ..patching.inputs import prompt_tokens, token_pair
 
     out = check_png_out(args.out)
     loaded = _text_model(args, loaded)
     model = loaded.model
-    clean, corrupt = token_pair(model, as_tokens(model, args.clean, "--clean"), as_tokens(model, args.corrupt,
+    clean, corrupt = token_pair(model, prompt_tokens(model, args.clean, "--clean"), prompt_tokens(model, args.corrupt,
                                                                                          "--corrupt"))
     if not -clean.shape[1] <= args.pos < clean.shape[1]:
         raise UsageError(f"--pos {args.pos} is out of range for prompts of {clean.shape[1]} tokens")

@@ -17,7 +17,7 @@ from .common import (
     positive_int,
     read_text_tokens,
     save_figure,
-    text_windows,
+    validation_windows,
     warn,
 )
 
@@ -148,7 +148,7 @@ def run_sae_report(args, loaded) -> int:
             warn(f"circuits sae report: {sae_dir / TRAINING_FILE} is not valid JSON; left out")
         if not isinstance(settings, dict):
             settings = None
-    win, what, _ = text_windows(loaded, args, args.windows, args.seed)
+    win, what, _ = validation_windows(loaded, args, args.windows, args.seed)
     if win is None:
         raise UsageError(f"{loaded.name}: {what}; pass --text-file FILE")
     win, bos = win.to(device), _bos(loaded.model)

@@ -125,7 +125,7 @@ def test_token_pattern_grids():
 
 
 def test_interactive_static_twins():
-    from analyses.interactive import DLA_QUANTITY, attention_view, direct_logit_attribution, token_values_view
+    from analyses.interactive import DLA_QUANTITY, attention_view, next_token_attribution, token_values_view
     from analyses.labels import token_labels
     from circuits.testing import build_induction_model
 
@@ -133,7 +133,7 @@ def test_interactive_static_twins():
     model.tokenizer = ByteTokenizer()
     t = torch.tensor([0, 5, 3, 9, 10, 11, 5, 3, 9, 10, 11])  # bytes: \t and \n among them
     assert figure_problems(attention_view(model, t).figure()) == []
-    dla, names = direct_logit_attribution(model, t)
+    dla, names = next_token_attribution(model, t)
     view = token_values_view(token_labels(model, t[1:].tolist()), dla, names, "direct logit attribution", DLA_QUANTITY)
     fig = view.figure()
     assert figure_problems(fig) == [] and fig.axes[-1].get_ylabel() == DLA_QUANTITY
