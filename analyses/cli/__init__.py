@@ -1,9 +1,11 @@
 """The `circuits` command line.
 
 One registration rule: each command module (`COMMAND_MODULES`) holds `COMMANDS`, a list of `Command`s (a name, a
-one-line help, a function that adds its arguments and `run(args) -> int`); `circuits --help` lists them in that
-order. A new command is one `Command` entry in the module of its group (a new group: one module here). Command
-modules import torch and the analyses inside `run`, so `circuits --help` stays fast.
+one-line help, a function that adds its arguments, and `run`: `run(args) -> int` for a command that reads no model,
+else one `run(args, loaded) -> int` per model kind it serves); `circuits --help` lists them in that order. A new
+command is one `Command` entry in the module of its group (a new group: one module here). `common.run_command` is
+the one place a model is loaded for a command and a kind it does not serve refused; `_outcome` below the one error
+boundary. Command modules import torch and the analyses inside `run`, so `circuits --help` stays fast.
 
 - `common`: `Command`, `UsageError`, the options every command shares, model loading (zoo name, folder, or a
   TransformerLens state dict with `--config`), head parsing, output and progress bars;
