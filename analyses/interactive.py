@@ -10,7 +10,7 @@ Token labels reach CircuitsVis HTML-escaped (`analyses.labels.html_text`): its c
 HTML. The props are JSON escaped for a `<script>` (`json_for_script`).
 
 - `token_values_view(labels, values, names)`: one value per token and per series (`ColoredTokensMulti`), e.g.
-  `direct_logit_attribution`, each head's push on the logit of each next token;
+  `next_token_attribution`, each head's push on the logit of each next token;
 - `html_fragment(views)`: several views sharing one copy of the bundle (the HTML report uses it);
 - `show(*views)`: in a notebook, the interactive views and then their static PNGs (`view.figure()`), so that a code
   host, which strips scripts, still shows the pictures.
@@ -128,25 +128,26 @@ def attention_view(model, tokens, heads: list[tuple[int, int]] | None = None, ti
                 "a token to see where it attends", static)
 
 
-#: The colour-bar label of `direct_logit_attribution`'s values: what they are and their unit.
+#: The colour-bar label of `next_token_attribution`'s values: what they are and their unit.
 DLA_QUANTITY = "direct logit attribution (logits)"
 
 
 @torch.no_grad()
-def direct_logit_attribution(model, tokens) -> tuple[torch.Tensor, list[str]]:
-    """Each head's direct push on the logit of the token that comes next: `[pos − 1, n_heads_total]` (float32,
-    CPU; row i is the prediction of token i + 1 made at position i) and the head names. Head h writes
-    `result_h = z_h W_O^h` into the residual stream; its direct logit attribution to token y is
-    `LN_final(result_h) · W_U[:, y]`, the final norm applied at its cached scale (TransformerLens'
-    `ActivationCache.stack_head_results` and `apply_ln_to_stack`)."""
+def next_token_attribution(model, tokens) -> tuple[torch.Tensor, list[str]]:
+    """Each head's direct logit attribution to the token that comes next, at every position: `[pos − 1,
+    n_heads_total]` (float32, CPU; row i is the prediction of token i + 1 made at position i) and the head names.
+    The one direct-logit-attribution implementation computes it (`analyses.patching.direct_logit_attribution`,
+    TransformerLens' DLA: head h's output `z_h W_O^h` through the final norm at its cached scale, norm weights
+    folded into W_U, dotted with W_U[:, y]; value biases, the same at every position, go to its remainder)."""
+    from .patching.lens import direct_logit_attribution
+
     t = torch.as_tensor(tokens).reshape(1, -1).to(model.W_E.device)
-    _, cache = model.run_with_cache(t)
-    per_head, names = cache.stack_head_results(layer=-1, return_labels=True)  # [head, 1, pos, d_model]
-    if getattr(model.cfg, "normalization_type", None) is not None:
-        per_head = cache.apply_ln_to_stack(per_head, layer=-1)
-    dirs = model.W_U[:, t[0, 1:]].T  # [pos − 1, d_model]
-    dla = (per_head[:, 0, :-1] * dirs).sum(-1)  # [head, pos − 1]
-    return dla.T.float().cpu(), list(names)
+    dla = direct_logit_attribution(model, t, t[:, 1:], by="head", pos=slice(0, -1))
+    return dla.attribution[:-1, 0].T.float().cpu(), list(dla.labels[:-1])  # every head, without the remainder
+
+
+#: The name notebooks 01 and 02 call (their cells are hashed: they change when the notebooks are next rebuilt).
+direct_logit_attribution = next_token_attribution
 
 
 def token_values_view(labels: list[str], values: torch.Tensor, names: list[str], title: str, quantity: str) -> View:
@@ -191,7 +192,7 @@ def model_views(model, tokens, text_tokens=None) -> list[View]:
 
         t = torch.as_tensor(text_tokens).reshape(-1)
         out.append(attention_view(model, t, title=f"Attention patterns on {t.numel()} tokens of validation text"))
-        dla, names = direct_logit_attribution(model, t)
+        dla, names = next_token_attribution(model, t)
         out.append(token_values_view(token_labels(model, t[1:].tolist()), dla, names,
                                      "Direct logit attribution: each head's push on the logit of each token, "
                                      "from the position before it (pick a head)", DLA_QUANTITY))

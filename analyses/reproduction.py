@@ -356,7 +356,7 @@ def write(out: Path = DEFAULT_OUT, zoo: Path | None = None) -> str:
     return text
 
 
-def main(argv=None) -> int:
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m analyses.reproduction", description=__doc__.split("\n")[0])
     p.add_argument("--out", default=str(DEFAULT_OUT))
     p.add_argument("--zoo", default=None, help="folder holding the zoo models (default: models/zoo)")
@@ -366,4 +366,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_main())

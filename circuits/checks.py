@@ -69,7 +69,7 @@ def check_materialised(tensors: dict, what: str) -> None:
                              "its weights) first")
 
 
-def check_model(model, what: str):
+def check_weight_properties(model, what: str):
     """`model` must expose `cfg` and the weight properties of the `circuits` interface, its weights materialised
     (`check_materialised`)."""
     if not hasattr(model, "cfg") or not hasattr(model, "W_E"):
@@ -83,7 +83,7 @@ def check_model(model, what: str):
 def check_layer_head(model, layer, head, what: str = "this circuit") -> tuple[int | None, int | None]:
     """Check `layer` in 0..n_layers-1 and `head` in 0..n_heads-1 (each may be None). Negative indices are refused:
     heads are named `L{layer}H{head}` everywhere, and -1 would silently mean the last one."""
-    check_model(model, what)
+    check_weight_properties(model, what)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     if L == 0:
         raise ValueError(f"{what} needs attention heads, but this model has n_layers=0 (only the direct path "

@@ -17,7 +17,7 @@ import torch
 
 from models.arch.tl_compat import FactoredMatrix
 
-from .checks import check_finite, check_int, check_model, check_model_finite
+from .checks import check_finite, check_int, check_model_finite, check_weight_properties
 from .interface import f64, serial_ops, warn_if_unfolded
 
 KINDS = ("q", "k", "v")
@@ -104,7 +104,7 @@ def composition_scores(model, kind: str, subtract_baseline: bool = False, baseli
     `l1 < l2` entries (the Framework's presentation); the result may then be negative. A 0-layer model gives an
     empty `[0, n_heads, 0, n_heads]`; NaN/inf weights raise `NonFiniteError` (a `ValueError`)."""
     kind = _check_kind(kind)
-    check_model(model, "composition_scores")
+    check_weight_properties(model, "composition_scores")
     if model.cfg.n_layers == 0:
         H = model.cfg.n_heads
         return torch.zeros(0, H, 0, H, dtype=torch.float64, device=model.W_E.device)

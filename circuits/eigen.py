@@ -12,7 +12,7 @@ import torch
 from models.arch.products import matmul
 from models.arch.tl_compat import FactoredMatrix
 
-from .checks import analysis_dtype, check_finite, check_matrix, check_model, check_model_finite
+from .checks import analysis_dtype, check_finite, check_matrix, check_model_finite, check_weight_properties
 from .interface import serial_ops, warn_if_unfolded
 
 Matrix = FactoredMatrix | torch.Tensor
@@ -93,7 +93,7 @@ def copying_scores(model) -> torch.Tensor:
     relative error ~1e-6; float16/bfloat16 models are read in float32, `models.arch.products.matmul`);
     `W_O M` times `W_V` and the eigenproblems run in float64.
     A 0-layer model gives an empty `[0, n_heads]`; NaN/inf weights raise `NonFiniteError`."""
-    check_model(model, "copying_scores")
+    check_weight_properties(model, "copying_scores")
     if model.cfg.n_layers == 0:
         return torch.zeros(0, model.cfg.n_heads, dtype=torch.float64, device=model.W_E.device)
     check_model_finite(model, "copying_scores", ("W_E", "W_V", "W_O", "W_U"))

@@ -15,7 +15,7 @@ import torch
 
 from models.arch.kind import ENCODER, model_kind
 
-from .checks import as_tokens, check_model
+from .checks import as_tokens, check_weight_properties
 from .interface import NormParams, norm_params, positional_scheme
 
 
@@ -58,7 +58,7 @@ class FrozenForward:
 def frozen_forward(model, tokens, n_layers: int | None = None, extra_hooks: tuple[str, ...] = ()) -> FrozenForward:
     """Run `model` once with its cache, then replay its attention layers linearly with the patterns and norm
     scales of that run (through `n_layers` layers; default all). Attention-only models only."""
-    check_model(model, "path expansion")
+    check_weight_properties(model, "path expansion")
     cfg = model.cfg
     if not getattr(cfg, "attn_only", False):
         raise ValueError("path expansion and score decomposition need an attention-only model (attn_only=True)")

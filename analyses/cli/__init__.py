@@ -1,9 +1,11 @@
 """The `circuits` command line.
 
 One registration rule: each command module (`COMMAND_MODULES`) holds `COMMANDS`, a list of `Command`s (a name, a
-one-line help, a function that adds its arguments and `run(args) -> int`); `circuits --help` lists them in that
-order. A new command is one `Command` entry in the module of its group (a new group: one module here). Command
-modules import torch and the analyses inside `run`, so `circuits --help` stays fast.
+one-line help, a function that adds its arguments, and `run`: `run(args) -> int` for a command that reads no model,
+else one `run(args, loaded) -> int` per model kind it serves); `circuits --help` lists them in that order. A new
+command is one `Command` entry in the module of its group (a new group: one module here). `common.run_command` is
+the one place a model is loaded for a command and a kind it does not serve refused; `_outcome` below the one error
+boundary. Command modules import torch and the analyses inside `run`, so `circuits --help` stays fast.
 
 - `common`: `Command`, `UsageError`, the options every command shares, model loading (zoo name, folder, or a
   TransformerLens state dict with `--config`), head parsing, output and progress bars;
@@ -31,7 +33,7 @@ import sys
 from models.deferred_import import TRANSFORMER_LENS, defer_package_inits
 
 from . import circuit_commands, model_commands, patch_commands, sae_commands, train_commands
-from .common import Command, UsageError, warn
+from .common import Command, UsageError, run_command, warn
 from .common import rank as _rank
 
 # The command line is a process of ours: TransformerLens' classes without its heavy package __init__ (1.3 s of CPU).
@@ -99,15 +101,29 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     for c in commands or COMMANDS:
         sp = sub.add_parser(c.name, help=c.help, description=c.help)
         c.add_arguments(sp)
-        sp.set_defaults(_run=c.run)
+        sp.set_defaults(_command=c)
+        _name_parsers(sp)
     return p
+
+
+def _name_parsers(parser: argparse.ArgumentParser) -> None:
+    """Record in each (sub)command's parser, as the default `_parser`, the parser itself, so that an option none of
+    them knows is reported by the innermost one the command line reached (`circuits sae train: error: ...`)."""
+    parser.set_defaults(_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _name_parsers(child)
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)  # bad usage: argparse prints one line and exits with 2
-    if not getattr(args, "_run", None):
+    # bad usage: argparse prints one line naming the (sub)command and exits with 2
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if not getattr(args, "_command", None):
         parser.print_help()
         return 2
     args.argv = argv[1:]
@@ -130,7 +146,7 @@ def _run(args) -> int:
         with warnings.catch_warnings():
             _notices(f"circuits {args.command}")
             _check_text_options(args)
-            code = args._run(args)
+            code = run_command(args._command, args)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except (Exception, KeyboardInterrupt) as e:
@@ -187,6 +203,9 @@ def _outcome(e: BaseException, where: str) -> int:
         from models.errors import ToyCircuitsError
 
         msg = (str(e).splitlines() or [type(e).__name__])[0]
+        if getattr(e, "errno", None) in _MACHINE_ERRNOS or isinstance(e, _environment_errors()):
+            warn(f"{where}: failed: {_os_message(e) or msg}")
+            return 1
         if isinstance(e, (ToyCircuitsError, *_FILE_ERRORS)) or getattr(e, "errno", None) in _USER_ERRNOS:
             warn(f"{where}: error: {_os_message(e) or msg}")
             if _rank():  # every rank meets the same bad input: let rank 0 say so before torchrun stops it
@@ -194,15 +213,20 @@ def _outcome(e: BaseException, where: str) -> int:
 
                 time.sleep(1)
             return 2
-        if getattr(e, "errno", None) in _MACHINE_ERRNOS:
-            warn(f"{where}: failed: {_os_message(e) or msg}")
-            return 1
         import traceback
 
         prefix = f"[rank {_rank()}] " if _rank() else ""
         print(prefix + traceback.format_exc().rstrip(), file=sys.stderr)
         print(f"{prefix}{where}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+
+
+def _environment_errors() -> tuple[type, ...]:
+    """The named errors that are the machine's, not the command line's (exit 1): `models.errors.DiskFullError`
+    where it is defined (an `OSError` too; its errno ENOSPC / EDQUOT alone already says so)."""
+    from models import errors
+
+    return tuple(c for c in (getattr(errors, "DiskFullError", None),) if c is not None)
 
 
 def _os_message(e: BaseException) -> str | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from models.arch.kind import DECODER, ENCODER, ENCODER_DECODER
+
 from . import encdec_cli
 from .common import (
     Command,
@@ -12,14 +14,12 @@ from .common import (
     add_common,
     add_model,
     emit,
-    load_model,
     need_layers,
     parse_head,
     positive_int,
     progress,
-    setup,
     table,
-    text_windows,
+    validation_windows,
 )
 
 
@@ -36,8 +36,14 @@ def _heads_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
-def run_heads(args) -> int:
+def _heads_check(args) -> None:
     import math
+
+    if not math.isfinite(args.threshold):
+        raise UsageError(f"--threshold must be a finite number, got {args.threshold}")
+
+
+def run_heads(args, loaded) -> int:
     import textwrap
 
     from models.arch.model import head_label
@@ -45,17 +51,11 @@ def run_heads(args) -> int:
     from ..detect import detect_induction_heads, detect_previous_token_heads
     from ..one_layer import COPYING_THRESHOLD, DIAGONAL_THRESHOLD, copying_verdict
 
-    if not math.isfinite(args.threshold):
-        raise UsageError(f"--threshold must be a finite number, got {args.threshold}")
-    device = setup(args)
-    loaded = load_model(args, device)
-    if encdec_cli.is_encoder_decoder(loaded.model):
-        return encdec_cli.heads(args, loaded)
     need_layers(loaded, 1, "heads")
     model = loaded.model
     bar = progress(args, 3, f"heads {loaded.name}")
     bar.set_postfix_str("text")
-    text, text_about, vocab = text_windows(loaded, args, 8, args.seed)
+    text, text_about, vocab = validation_windows(loaded, args, 8, args.seed)
     bar.update()
     bar.set_postfix_str("previous-token")
     prev = detect_previous_token_heads(model, text, threshold=args.threshold, seed=args.seed)
@@ -125,7 +125,12 @@ def _eigen_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
-def run_eigen(args) -> int:
+def _eigen_check(args) -> None:
+    if args.eigenvalues < 0:
+        raise UsageError(f"--eigenvalues must be >= 0, got {args.eigenvalues}")
+
+
+def run_eigen(args, loaded) -> int:
     import torch
 
     from circuits.composition import composition_scores
@@ -135,12 +140,6 @@ def run_eigen(args) -> int:
 
     from ..util import weight_view
 
-    if args.eigenvalues < 0:
-        raise UsageError(f"--eigenvalues must be >= 0, got {args.eigenvalues}")
-    device = setup(args)
-    loaded = load_model(args, device)
-    if encdec_cli.is_encoder_decoder(loaded.model):
-        return encdec_cli.eigen(args, loaded)
     need_layers(loaded, 1, "eigen")
     m = weight_view(loaded.model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
@@ -201,7 +200,7 @@ def _compose_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
-def run_compose(args) -> int:
+def run_compose(args, loaded) -> int:
     import torch
 
     from circuits.composition import composition_baseline, composition_scores
@@ -209,10 +208,6 @@ def run_compose(args) -> int:
 
     from ..util import weight_view
 
-    device = setup(args)
-    loaded = load_model(args, device)
-    encdec_cli.refuse(loaded, "compose", "composition scores are computed between the layers of one decoder-only "
-                      "stack; read cross-attention with `circuits heads`, `eigen` and `paths`")
     need_layers(loaded, 2, "compose")
     m = weight_view(loaded.model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
@@ -252,24 +247,19 @@ def _paths_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
-def run_paths(args) -> int:
+def run_paths(args, loaded) -> int:
     import torch
 
     from circuits.importance import term_importance
 
-    device = setup(args)
-    loaded = load_model(args, device)
-    if encdec_cli.is_encoder_decoder(loaded.model):
-        return encdec_cli.paths(args, loaded)
+    device = loaded.device
     if args.source is not None or args.target is not None:
         raise UsageError(f"--source/--target: only for encoder-decoder models; {loaded.name} reads --text-file")
-    encdec_cli.refuse_encoder_only(loaded, "paths", "its logits pass the masked-LM head's dense layer, activation "
-                                   "and norm, so path terms would not sum to them")
     model = loaded.model
     if not (model.cfg.attn_only or model.cfg.d_mlp is None):
         raise UsageError(f"the path expansion is exact for attention-only models; {loaded.name} has MLPs")
     bar = progress(args, 2, f"paths {loaded.name}")
-    tokens, about, _ = text_windows(loaded, args, args.windows, args.seed)
+    tokens, about, _ = validation_windows(loaded, args, args.windows, args.seed)
     if tokens is None:
         from ..sequences import bos_token_id, random_tokens
 
@@ -306,15 +296,11 @@ def _trigram_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
-def run_trigrams(args) -> int:
+def run_trigrams(args, loaded) -> int:
     from models.arch.model import head_label
 
     from ..trigrams import skip_trigram_bugs, skip_trigrams
 
-    device = setup(args)
-    loaded = load_model(args, device)
-    encdec_cli.refuse(loaded, "trigrams", "skip-trigrams read one decoder-only layer's tokens attending to earlier "
-                      "tokens of the same text; use `circuits eigen` for the cross-attention OV circuits")
     need_layers(loaded, 1, "trigrams")
     layer, head = parse_head(args.head, loaded.model.cfg)
     bar = progress(args, 1, f"trigrams {loaded.name} {head_label(layer, head)}")
@@ -343,10 +329,20 @@ def run_trigrams(args) -> int:
 
 COMMANDS = [
     Command("heads", "every head's induction, prefix-matching, previous-token and copying scores, with verdicts",
-            _heads_args, run_heads),
-    Command("eigen", "OV and QK eigenvalue copying scores per head", _eigen_args, run_eigen),
+            _heads_args, {DECODER: run_heads, ENCODER: run_heads, ENCODER_DECODER: encdec_cli.encdec_heads},
+            check=_heads_check),
+    Command("eigen", "OV and QK eigenvalue copying scores per head", _eigen_args,
+            {DECODER: run_eigen, ENCODER: run_eigen, ENCODER_DECODER: encdec_cli.encdec_eigen}, check=_eigen_check),
     Command("compose", "Q/K/V composition scores between heads, minus the random baseline", _compose_args,
-            run_compose),
-    Command("paths", "term importance of the path expansion (direct, heads, virtual heads)", _paths_args, run_paths),
-    Command("trigrams", "a head's strongest skip-trigrams", _trigram_args, run_trigrams),
+            {DECODER: run_compose, ENCODER: run_compose},
+            why={ENCODER_DECODER: "composition scores are computed between the layers of one decoder-only stack; "
+                                  "read cross-attention with `circuits heads`, `eigen` and `paths`"}),
+    Command("paths", "term importance of the path expansion (direct, heads, virtual heads)", _paths_args,
+            {DECODER: run_paths, ENCODER_DECODER: encdec_cli.encdec_paths},
+            why={ENCODER: "its logits pass the masked-LM head's dense layer, activation and norm, so path terms "
+                          "would not sum to them"}),
+    Command("trigrams", "a head's strongest skip-trigrams", _trigram_args,
+            {DECODER: run_trigrams, ENCODER: run_trigrams},
+            why={ENCODER_DECODER: "skip-trigrams read one decoder-only layer's tokens attending to earlier tokens of "
+                                  "the same text; use `circuits eigen` for the cross-attention OV circuits"}),
 ]

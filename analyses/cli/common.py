@@ -13,7 +13,7 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.errors import ToyCircuitsError
@@ -27,10 +27,41 @@ class UsageError(ToyCircuitsError):
 
 @dataclass
 class Command:
+    """One `circuits` command: its name, one-line help and the function that adds its arguments, and what runs it.
+
+    `run` is `run(args) -> int` for a command that reads no model (`zoo`, `train`, `sweep`), or, for one that reads
+    MODEL, `{kind: run(args, loaded) -> int}` (kinds of `models.arch.kind.KINDS`): the kinds it serves, one function
+    each. `run_command` loads the model, asks `models.model_kind` and calls the function of that kind, or refuses any
+    other kind in one line (exit 2) naming the command, the kind and the kinds served (`why[kind]` adds the reason).
+    `check(args)`, called before the model loads, checks the arguments that need no model; it may answer the command
+    itself by returning an exit code (`circuits report` of a seed-sweep folder, which holds no model)."""
+
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+    run: Callable[[argparse.Namespace], int] | dict[str, Callable[[argparse.Namespace, Loaded], int]]
+    check: Callable[[argparse.Namespace], int | None] | None = None
+    why: dict[str, str] = field(default_factory=dict)
+
+
+def run_command(command: Command, args) -> int:
+    """Run `command` on `args`: the one place a model is loaded for a command and a kind it does not serve refused."""
+    if command.check is not None:
+        code = command.check(args)
+        if code is not None:
+            return code
+    if callable(command.run):
+        return command.run(args)
+    from models.arch.kind import KIND_NAMES, model_kind
+
+    loaded = load_model(args, setup_torch(args))
+    kind = model_kind(loaded.model)
+    if kind not in command.run:
+        served = " and ".join(KIND_NAMES[k] for k in command.run)
+        why = command.why.get(kind)
+        raise UsageError(f"`circuits {command.name}` serves {served} models, not {KIND_NAMES[kind]} ones "
+                         f"({loaded.name}){': ' + why if why else ''}")
+    return command.run[kind](args, loaded)
 
 
 def _json_default(o):
@@ -110,7 +141,7 @@ def positive_int(s: str) -> int:
 
 
 # --- setup --------------------------------------------------------------------------------------------
-def setup(args):
+def setup_torch(args):
     """Seed torch, set its threads and return the `torch.device` that `--device` names (checked)."""
     import torch
 
@@ -169,11 +200,12 @@ def read_json_object(spec: str, what: str) -> dict:
 
 @dataclass
 class Loaded:
-    """A loaded model, the name to show, and its folder (None for a state-dict file)."""
+    """A loaded model, the name to show, its folder (None for a state-dict file) and the device it is on."""
 
     model: object
     name: str
     folder: Path | None
+    device: object = None
 
 
 def load_model(args, device) -> Loaded:
@@ -211,7 +243,33 @@ def load_model(args, device) -> Loaded:
                              f"{model.cfg.d_vocab}: not this model's tokenizer")
         model.tokenizer = tok
     model.eval()
-    return Loaded(model, name, folder)
+    return Loaded(model, name, folder, device)
+
+
+def _given(args, option: str):
+    return getattr(args, option.lstrip("-").replace("-", "_"), None)
+
+
+def refuse_options(args, loaded: Loaded, options: tuple[str, ...], needed: str) -> None:
+    """`UsageError` for any of `options` given (they are another kind's: e.g. an encoder–decoder's `--source`), and
+    for `needed` missing or empty (e.g. `--text`)."""
+    used = [o for o in options if _given(args, o) is not None]
+    if used:
+        raise UsageError(f"{'/'.join(used)}: only for encoder-decoder models; {loaded.name} takes {needed}")
+    if not _given(args, needed):
+        raise UsageError(f"{needed} is empty or missing")
+
+
+def parameter_counts(model) -> dict[str, int]:
+    """Parameter counts by component (embed, pos_embed, blocks.L.attn, blocks.L.mlp, norms, unembed) and total."""
+    out: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        parts = name.split(".")
+        key = ".".join(parts[:3]) if parts[0] == "blocks" and parts[2] in ("attn", "mlp") else \
+            ("norms" if parts[0] in ("ln_final",) or (parts[0] == "blocks" and parts[2].startswith("ln")) else parts[0])
+        out[key] = out.get(key, 0) + p.numel()
+    out["total"] = sum(v for k, v in out.items())
+    return out
 
 
 def parse_head(spec: str, cfg) -> tuple[int, int]:
@@ -275,18 +333,13 @@ def read_text_tokens(model, text_file: str, max_tokens: int = TEXT_TOKENS):
     return ids
 
 
-def check_memory(option: str, value: int, per_unit: int, limit: int | None = None) -> None:
-    """`models.files.size_checks.check_memory` with `UsageError` (exit 2)."""
-    from models.files.size_checks import check_memory as check
-
-    check(option, value, per_unit, UsageError, limit)
-
-
-def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
+def validation_windows(loaded: Loaded, args, n: int, seed: int = 0):
     """`(tokens [n, n_ctx] with BOS first, description, vocabulary)`: windows of `--text-file` if given, else of
     the validation split of the corpus the model was trained on (the folder's train_config.json; default the
     Python standard library, tokenized once and cached), else `(None, reason, None)`. The vocabulary is the ids
     of the whole text read (up to 400k tokens), which random probes are drawn from, as in the report."""
+    from models.files.size_checks import check_memory
+
     from ..sequences import bos_token_id
     from ..util import windows
 
@@ -295,7 +348,7 @@ def text_windows(loaded: Loaded, args, n: int, seed: int = 0):
     text_file = getattr(args, "text_file", None)
     cfg = model.cfg
     check_memory("--windows", n, n_ctx * (4 * cfg.d_vocab + 8 * cfg.d_model * max(cfg.n_layers, 1)
-                                          + 4 * cfg.n_heads * n_ctx))  # logits, residuals, patterns (float32)
+                                          + 4 * cfg.n_heads * n_ctx), UsageError)  # logits, residuals, patterns (f32)
     if text_file:
         ids = read_text_tokens(model, text_file, max(TEXT_TOKENS, n * n_ctx))
         if ids.numel() < n_ctx:

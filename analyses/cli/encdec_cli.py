@@ -1,43 +1,16 @@
-"""The encoder–decoder side of `circuits info | attention | generate | heads | eigen | paths`, and the refusal of
-the commands that do not apply (`refuse`). The command modules call these after loading a model whose type is
-`encoder_decoder`; torch and the analyses are imported inside, as in the command modules."""
+"""The encoder–decoder side of `circuits info | attention | generate | heads | eigen | paths`: each command's run
+function for the kind `encoder_decoder` (the command modules list them in their `Command`s; the dispatcher calls
+them with the loaded model). torch and the analyses are imported inside, as in the command modules."""
 
 from __future__ import annotations
 
-from .common import UsageError, check_png_out, emit, progress, save_figure, table
+from .common import UsageError, check_png_out, emit, parameter_counts, progress, save_figure, table
 
 
-def is_encoder_decoder(model) -> bool:
-    return getattr(model.cfg, "model_type", None) == "encoder_decoder"
-
-
-def refuse(loaded, command: str, why: str) -> None:
-    """For an encoder–decoder model, raise `UsageError` (exit 2, one line): `command` does not apply, and why."""
-    if is_encoder_decoder(loaded.model):
-        raise UsageError(f"{command} does not apply to encoder-decoder models ({loaded.name}): {why}")
-
-
-def refuse_encoder_only(loaded, command: str, why: str) -> None:
-    """For an encoder-only (masked-LM) model, raise `UsageError` (exit 2, one line): `command` does not apply."""
-    if getattr(loaded.model.cfg, "model_type", None) == "encoder":
-        raise UsageError(f"{command} does not apply to encoder-only models ({loaded.name}): {why}")
-
-
-def route(args, loaded, plain: str, encdec: tuple[str, ...], run):
-    """Send an encoder–decoder model to `run(args, loaded)` (refusing the decoder-only option `plain`, e.g.
-    "--text"); for any other model refuse the encoder–decoder options `encdec` and require `plain`. Returns `run`'s
-    exit code, or None: go on with the decoder-only command."""
-    given = lambda opt: getattr(args, opt.lstrip("-").replace("-", "_"), None) is not None
-    if is_encoder_decoder(loaded.model):
-        if given(plain):
-            raise UsageError(f"an encoder-decoder model takes {encdec[0]} TEXT, not {plain}")
-        return run(args, loaded)
-    used = [o for o in encdec if given(o)]
-    if used:
-        raise UsageError(f"{'/'.join(used)}: only for encoder-decoder models; {loaded.name} takes {plain}")
-    if not getattr(args, plain.lstrip("-").replace("-", "_"), None):
-        raise UsageError(f"{plain} is empty or missing")
-    return None
+def refuse_decoder_option(args, option: str, instead: str) -> None:
+    """`UsageError` when the decoder-only `option` (e.g. `--text`) is given: an encoder–decoder takes `instead`."""
+    if getattr(args, option.lstrip("-").replace("-", "_"), None) is not None:
+        raise UsageError(f"an encoder-decoder model takes {instead} TEXT, not {option}")
 
 
 def _train_config(loaded) -> dict:
@@ -88,9 +61,7 @@ def _target(model, text: str, eos: bool = False):
     return tgt
 
 
-def info(args, loaded) -> int:
-    from .model_commands import parameter_counts
-
+def encdec_info(args, loaded) -> int:
     model, cfg = loaded.model, loaded.model.cfg
     counts = parameter_counts(model)
     hooks = list(model.hook_dict)
@@ -112,13 +83,14 @@ def info(args, loaded) -> int:
     return 0
 
 
-def attention(args, loaded) -> int:
+def encdec_attention(args, loaded) -> int:
     """Cross-attention patterns `[target, source]` of `--source` (and `--target`, default: the greedy decoding)."""
     import torch
 
     from ..encdec_plots import plot_cross_patterns
 
     out = check_png_out(args.out)
+    refuse_decoder_option(args, "--text", "--source")
     model, cfg = loaded.model, loaded.model.cfg
     src = _source(model, args.source)
     if args.target is not None:
@@ -154,8 +126,9 @@ def attention(args, loaded) -> int:
     return 0
 
 
-def generate(args, loaded) -> int:
+def encdec_generate(args, loaded) -> int:
     """Decode `--source`: greedy by default, `--beams N` beam search, `--top-k` / `--top-p` sampling."""
+    refuse_decoder_option(args, "--prompt", "--source")
     model = loaded.model
     src = _source(model, args.source)
     if args.top_k is not None or args.top_p is not None:
@@ -190,7 +163,7 @@ def generate(args, loaded) -> int:
     return 0
 
 
-def heads(args, loaded) -> int:
+def encdec_heads(args, loaded) -> int:
     """Per cross-attention head: alignment score on held-out pairs of the model's task and OV copying score."""
     from circuits.cross_attention import check_shared_vocabulary, cross_copying_scores, cross_diagonal_accuracy
     from models.errors import ConfigError
@@ -240,7 +213,7 @@ def heads(args, loaded) -> int:
     return 0
 
 
-def eigen(args, loaded) -> int:
+def encdec_eigen(args, loaded) -> int:
     """Copying scores and positive-eigenvalue fractions of the cross-attention and decoder self-attention
     full OV circuits."""
     from circuits.cross_attention import check_shared_vocabulary, stack_view
@@ -269,7 +242,7 @@ def eigen(args, loaded) -> int:
     return 0
 
 
-def paths(args, loaded) -> int:
+def encdec_paths(args, loaded) -> int:
     """Path expansion on `--source`/`--target` texts or held-out pairs of the model's task."""
     import torch
 

@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+from models.arch.kind import DECODER, ENCODER, ENCODER_DECODER
+
 from . import encdec_cli
 from .common import (
     Command,
@@ -16,13 +18,13 @@ from .common import (
     add_model,
     check_png_out,
     emit,
-    load_model,
+    parameter_counts,
     parse_head,
     positive_int,
     progress,
     read_text_tokens,
+    refuse_options,
     save_figure,
-    setup,
     table,
     warn,
 )
@@ -34,25 +36,10 @@ def _info_args(p: argparse.ArgumentParser) -> None:
     add_common(p, progress=False)
 
 
-def parameter_counts(model) -> dict[str, int]:
-    """Parameter counts by component (embed, pos_embed, blocks.L.attn, blocks.L.mlp, norms, unembed) and total."""
-    out: dict[str, int] = {}
-    for name, p in model.named_parameters():
-        parts = name.split(".")
-        key = ".".join(parts[:3]) if parts[0] == "blocks" and parts[2] in ("attn", "mlp") else \
-            ("norms" if parts[0] in ("ln_final",) or (parts[0] == "blocks" and parts[2].startswith("ln")) else parts[0])
-        out[key] = out.get(key, 0) + p.numel()
-    out["total"] = sum(v for k, v in out.items())
-    return out
-
-
-def run_info(args) -> int:
+def run_info(args, loaded) -> int:
     import json
 
-    device = setup(args)
-    loaded = load_model(args, device)
-    if encdec_cli.is_encoder_decoder(loaded.model):
-        return encdec_cli.info(args, loaded)
+    device = loaded.device
     model, cfg = loaded.model, loaded.model.cfg
     counts = parameter_counts(model)
     hooks = model.firing_hook_names()  # not the opt-in points that are switched off
@@ -112,17 +99,14 @@ def _report_sweep(args, out: Path) -> int:
     return 0
 
 
-def run_report(args) -> int:
-    import sys
-
-    from ..report import ENCDEC_SECTIONS, SECTIONS, build_report
-
+def _report_check(args) -> int | None:
+    """`--sections` and `--out` checked before the model loads; a seed-sweep folder answered here (it holds no
+    model)."""
+    from ..report import ENCDEC_SECTIONS, SECTIONS
 
     keys = [s[0] for s in SECTIONS + ENCDEC_SECTIONS]
-    sections = None
     if args.sections:
-        sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-        bad = [s for s in sections if s not in keys]
+        bad = [s for s in _sections(args) if s not in keys]
         if bad:
             raise UsageError(f"unknown section(s) {', '.join(bad)}; sections: {', '.join(keys)}")
     out = Path(args.out)
@@ -132,18 +116,28 @@ def run_report(args) -> int:
 
     if (Path(args.model) / SWEEP_FILE).is_file():
         return _report_sweep(args, out)
-    device = setup(args)
-    loaded = load_model(args, device)
-    target = loaded.folder if (loaded.folder is not None and device.type == "cpu") else loaded.model
+    return None
+
+
+def _sections(args) -> list[str] | None:
+    return [s.strip() for s in args.sections.split(",") if s.strip()] if args.sections else None
+
+
+def run_report(args, loaded) -> int:
+    import sys
+
+    from ..report import build_report
+
+    out = Path(args.out)
     tokens = None
     if args.text_file:
         tokens = read_text_tokens(loaded.model, args.text_file)
     before = set(os.listdir(out)) if out.is_dir() else None
     t0 = time.perf_counter()
     try:
-        report = build_report(target, out, tokens=tokens, sections=sections, n_windows=args.windows, seed=args.seed,
-                              progress=not args.no_progress, run_dir=loaded.folder, num_threads=args.threads or 1,
-                              html=args.html)
+        report = build_report(loaded.model, out, folder=loaded.folder, name=loaded.name, tokens=tokens,
+                              sections=_sections(args), n_windows=args.windows, seed=args.seed,
+                              progress=not args.no_progress, num_threads=args.threads or 1, html=args.html)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: no figures without their report.md
         _remove_new_files(out, before)
         raise
@@ -186,15 +180,15 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
-def run_attention(args) -> int:
+def _attention_check(args) -> None:
+    check_png_out(args.out)
+
+
+def run_attention(args, loaded) -> int:
     import torch
 
     out = check_png_out(args.out)
-    device = setup(args)
-    loaded = load_model(args, device)
-    code = encdec_cli.route(args, loaded, "--text", ("--source", "--target"), encdec_cli.attention)
-    if code is not None:
-        return code
+    refuse_options(args, loaded, ("--source", "--target"), "--text")
     model, cfg = loaded.model, loaded.model.cfg
     heads = [parse_head(args.head, cfg)] if args.head is not None else None  # --head "" is an error too
     if cfg.n_layers == 0:
@@ -252,20 +246,17 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
-def run_generate(args) -> int:
+def _generate_check(args) -> None:
     if args.max_new_tokens < 0:
         raise UsageError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if not args.temperature >= 0 or args.temperature == float("inf"):  # `not >=` also refuses NaN
         raise UsageError(f"--temperature must be a number >= 0, got {args.temperature}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
-    device = setup(args)
-    loaded = load_model(args, device)
-    encdec_cli.refuse_encoder_only(loaded, "generate", "a masked-language model fills masked positions; it does not "
-                                   "continue a prompt")
-    code = encdec_cli.route(args, loaded, "--prompt", ("--source", "--beams"), encdec_cli.generate)
-    if code is not None:
-        return code
+
+
+def run_generate(args, loaded) -> int:
+    refuse_options(args, loaded, ("--source", "--beams"), "--prompt")
     model = loaded.model
     if model.tokenizer is None:
         raise UsageError(f"{loaded.name} has no tokenizer; pass --tokenizer TOKENIZER.json")
@@ -302,8 +293,14 @@ def run_generate(args) -> int:
 
 
 COMMANDS = [
-    Command("info", "a model's config, parameter counts and hook names", _info_args, run_info),
-    Command("report", "full circuits report (markdown + PNG figures) of a model", _report_args, run_report),
-    Command("attention", "plot attention patterns on a text", _attention_args, run_attention),
-    Command("generate", "sample a continuation of a prompt", _generate_args, run_generate),
+    Command("info", "a model's config, parameter counts and hook names", _info_args,
+            {DECODER: run_info, ENCODER: run_info, ENCODER_DECODER: encdec_cli.encdec_info}),
+    Command("report", "full circuits report (markdown + PNG figures) of a model", _report_args,
+            {DECODER: run_report, ENCODER: run_report, ENCODER_DECODER: run_report}, check=_report_check),
+    Command("attention", "plot attention patterns on a text", _attention_args,
+            {DECODER: run_attention, ENCODER: run_attention, ENCODER_DECODER: encdec_cli.encdec_attention},
+            check=_attention_check),
+    Command("generate", "sample a continuation of a prompt", _generate_args,
+            {DECODER: run_generate, ENCODER_DECODER: encdec_cli.encdec_generate}, check=_generate_check,
+            why={ENCODER: "a masked-language model fills masked positions; it does not continue a prompt"}),
 ]

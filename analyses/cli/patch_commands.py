@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from . import encdec_cli
+from models.arch.kind import DECODER, ENCODER, ENCODER_DECODER
+
 from .common import (
     Command,
     UsageError,
@@ -13,11 +14,9 @@ from .common import (
     add_model,
     check_png_out,
     emit,
-    load_model,
     need_layers,
     progress,
     save_figure,
-    setup,
     table,
 )
 
@@ -29,15 +28,15 @@ def _out_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FIG.png", help="also write the figure to this PNG file")
 
 
-def _text_model(args):
+#: why an encoder–decoder is refused
+ONE_TEXT = ("patching and the logit lens run one decoder-only text (clean and corrupted prompts); read "
+            "cross-attention with `circuits paths --source ... --target ...`")
+
+
+def _text_model(args, loaded):
     import matplotlib
 
     matplotlib.use("Agg")
-    device = setup(args)
-    loaded = load_model(args, device)
-    encdec_cli.refuse(loaded, "patch" if hasattr(args, "what") else "lens", "patching and the logit lens "
-                      "run one decoder-only text (clean and corrupted prompts); read cross-attention with "
-                      "`circuits paths --source ... --target ...`")
     need_layers(loaded, 2 if getattr(args, "what", None) == "paths" else 1, f"{getattr(args, 'what', 'lens')}")
     if loaded.model.tokenizer is None:
         raise UsageError(f"{loaded.name} has no tokenizer; pass --tokenizer TOKENIZER.json")
@@ -71,18 +70,22 @@ def _ids(text: str) -> int | str:
     return int(text) if text.strip().lstrip("-").isdigit() else text
 
 
-def run_patch(args) -> int:
+def _patch_check(args) -> None:
+    check_png_out(args.out)
+    if args.top < 1:
+        raise UsageError(f"--top must be >= 1, got {args.top}")
+
+
+def run_patch(args, loaded) -> int:
     import torch
 
     from ..patching import activation_patching, answers, metric, path_patching_matrix, plot_patching
-    from ..patching.inputs import as_tokens, token_pair
+    from ..patching.inputs import prompt_tokens, token_pair
 
     out = check_png_out(args.out)
-    if args.top < 1:
-        raise UsageError(f"--top must be >= 1, got {args.top}")
-    loaded = _text_model(args)
+    loaded = _text_model(args, loaded)
     model = loaded.model
-    clean, corrupt = token_pair(model, as_tokens(model, args.clean, "--clean"), as_tokens(model, args.corrupt,
+    clean, corrupt = token_pair(model, prompt_tokens(model, args.clean, "--clean"), prompt_tokens(model, args.corrupt,
                                                                                          "--corrupt"))
     if not -clean.shape[1] <= args.pos < clean.shape[1]:
         raise UsageError(f"--pos {args.pos} is out of range for prompts of {clean.shape[1]} tokens")
@@ -150,16 +153,20 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
-def run_lens(args) -> int:
-    from ..patching import logit_lens, plot_logit_lens
-    from ..util import token_str
-
-    out = check_png_out(args.out)
+def _lens_check(args) -> None:
+    check_png_out(args.out)
     if args.top < 1:
         raise UsageError(f"--top must be >= 1, got {args.top}")
     if not args.text:
         raise UsageError("--text is empty")
-    loaded = _text_model(args)
+
+
+def run_lens(args, loaded) -> int:
+    from ..patching import logit_lens, plot_logit_lens
+    from ..util import token_str
+
+    out = check_png_out(args.out)
+    loaded = _text_model(args, loaded)
     bar = progress(args, 1, f"lens {loaded.name}")
     lens = logit_lens(loaded.model, args.text, top_k=min(args.top, loaded.model.cfg.d_vocab))
     bar.update()
@@ -185,7 +192,8 @@ def run_lens(args) -> int:
 
 
 COMMANDS = [
-    Command("patch", "activation or path patching between a clean and a corrupted prompt", _patch_args, run_patch),
+    Command("patch", "activation or path patching between a clean and a corrupted prompt", _patch_args,
+            {DECODER: run_patch, ENCODER: run_patch}, check=_patch_check, why={ENCODER_DECODER: ONE_TEXT}),
     Command("lens", "the logit lens: each layer's residual stream read through the unembedding", _lens_args,
-            run_lens),
+            {DECODER: run_lens, ENCODER: run_lens}, check=_lens_check, why={ENCODER_DECODER: ONE_TEXT}),
 ]

@@ -6,18 +6,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from models.arch.kind import DECODER
+
 from .common import (
     Command,
     UsageError,
     add_common,
     add_model,
     emit,
-    load_model,
     positive_int,
     read_text_tokens,
     save_figure,
-    setup,
-    text_windows,
+    validation_windows,
     warn,
 )
 
@@ -70,8 +70,17 @@ def _sae_args(p: argparse.ArgumentParser) -> None:
     add_common(r)
 
 
-def run_sae(args) -> int:
-    return run_train(args) if args.sae_command == "train" else run_report(args)
+def _sae_check(args) -> None:
+    """`--out` checked before the model loads."""
+    out = Path(args.out)
+    if args.sae_command == "train" and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} exists and is not an empty folder; give a new folder (nothing is overwritten)")
+    if args.sae_command == "report" and out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+
+
+def run_sae(args, loaded) -> int:
+    return run_sae_train(args, loaded) if args.sae_command == "train" else run_sae_report(args, loaded)
 
 
 def _bos(model):
@@ -97,14 +106,10 @@ def _text(loaded, args, split: str, max_tokens: int):
     return torch.from_numpy(arr[:max_tokens].astype("int64")), what
 
 
-def run_train(args) -> int:
+def run_sae_train(args, loaded) -> int:
     from models.sae import check_model, save_sae, train_sae
 
     out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out {out} exists and is not an empty folder; give a new folder (nothing is overwritten)")
-    device = setup(args)
-    loaded = load_model(args, device)
     check_model(loaded.model, "circuits sae train")  # SAEError: exit 2, one line
     tokens, what = _text(loaded, args, "train", TRAIN_TOKENS)
     trained = train_sae(loaded.model, args.hook, tokens, steps=args.steps, expansion=args.expansion, l1=args.l1,
@@ -119,7 +124,7 @@ def run_train(args) -> int:
     return 0
 
 
-def run_report(args) -> int:
+def run_sae_report(args, loaded) -> int:
     import json
 
     import torch
@@ -130,11 +135,7 @@ def run_report(args) -> int:
 
     from ..sae_report import analyse, markdown, plot
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
-    device = setup(args)
-    loaded = load_model(args, device)
+    out, device = Path(args.out), loaded.device
     sae_dir = Path(args.sae_dir)
     if not sae_dir.is_dir():
         raise UsageError(f"SAE_DIR {sae_dir} is not a folder")
@@ -147,7 +148,7 @@ def run_report(args) -> int:
             warn(f"circuits sae report: {sae_dir / TRAINING_FILE} is not valid JSON; left out")
         if not isinstance(settings, dict):
             settings = None
-    win, what, _ = text_windows(loaded, args, args.windows, args.seed)
+    win, what, _ = validation_windows(loaded, args, args.windows, args.seed)
     if win is None:
         raise UsageError(f"{loaded.name}: {what}; pass --text-file FILE")
     win, bos = win.to(device), _bos(loaded.model)
@@ -182,4 +183,4 @@ def run_report(args) -> int:
 
 
 COMMANDS = [Command("sae", "sparse autoencoders through SAELens: `sae train` on a hook point, `sae report` on one",
-                    _sae_args, run_sae)]
+                    _sae_args, {DECODER: run_sae}, check=_sae_check)]

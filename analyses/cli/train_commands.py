@@ -89,7 +89,7 @@ def train_settings(args) -> tuple:
 def run_train(args) -> int:
     import shlex
 
-    from models.arch.config import HookedTransformerConfig
+    from models.arch.kind import DECODER, ENCODER_DECODER, model_kind
     from models.training.loop import train
 
     from ..train_metrics import eval_inputs, make_eval_fn, make_report_fn
@@ -110,13 +110,14 @@ def run_train(args) -> int:
         resolve_device(cfg.device)
     command = "circuits " + shlex.join(["train"] + list(args.argv))
     eval_fn, tok, name = None, None, args.preset or "custom"
-    if hasattr(model_cfg, "d_vocab_src"):  # encoder-decoder: exact match is the task's own checkpoint metric
+    kind = model_kind(model_cfg)
+    if kind == ENCODER_DECODER:  # exact match is the task's own checkpoint metric
         from ..seq2seq_card import make_seq2seq_report_fn
 
         report_fn = make_seq2seq_report_fn(name, about, command, cfg)
     else:
         tok, val, seen, corpus = eval_inputs(cfg, model_cfg)  # fails early on an unusable corpus
-        if not args.no_scores and type(model_cfg) is HookedTransformerConfig:  # scores of next-token predictors
+        if not args.no_scores and kind == DECODER:  # scores of next-token predictors
             eval_fn = make_eval_fn(tok, val, seen, periods=(50, 100))
         report_fn = make_report_fn(name, about, command, cfg, corpus, val, seen)
     if args.seeds is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .inputs import PatchingError, as_head, as_tokens, check_choice, prepare
+from .inputs import PatchingError, as_head, check_choice, prepare, prompt_tokens
 from .metrics import Metric, evaluate, metric_name
 
 METHODS = ("zero", "mean", "resample")
@@ -68,7 +68,7 @@ def _replacement(model, tokens, method, reference, seed, names):
         return None
     if reference is None:
         raise PatchingError(f"{method} ablation needs a reference batch of prompts (reference=...)")
-    ref = as_tokens(model, reference, "reference")
+    ref = prompt_tokens(model, reference, "reference")
     B, P = tokens.shape
     if ref.shape[1] < P:
         raise PatchingError(f"the reference prompts ({ref.shape[1]} tokens) must be at least as long as the prompts "
@@ -93,7 +93,7 @@ def ablate_heads(model, tokens, heads=None, method: str = "zero", reference=None
 
     prepare(model)
     check_choice(method, METHODS, "ablation method")
-    tokens = as_tokens(model, tokens)
+    tokens = prompt_tokens(model, tokens)
     B, P = tokens.shape
     heads = ([as_head(model, (l, h)) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
              if heads is None else [as_head(model, h) for h in heads])

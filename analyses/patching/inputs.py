@@ -31,7 +31,7 @@ def prepare(model):
     return model.eval()
 
 
-def as_tokens(model, tokens, name: str = "tokens") -> torch.Tensor:
+def prompt_tokens(model, tokens, name: str = "tokens") -> torch.Tensor:
     """`[batch, pos]` int64 ids on the model's device, from ids (tensor, list, array) or text (a string or a list of
     strings, tokenized with the model's tokenizer and its default BOS). Ids go through `circuits.checks.as_tokens`;
     ids outside the vocabulary are refused here too for models without `validate_tokens` (a TransformerLens bridge)."""
@@ -60,7 +60,7 @@ def as_tokens(model, tokens, name: str = "tokens") -> torch.Tensor:
 def token_pair(model, clean, corrupt) -> tuple[torch.Tensor, torch.Tensor]:
     """Clean and corrupt prompts as `[batch, pos]` ids of the same shape (activations are patched position by
     position, so the two must tokenize to the same length)."""
-    c, x = as_tokens(model, clean, "clean"), as_tokens(model, corrupt, "corrupt")
+    c, x = prompt_tokens(model, clean, "clean"), prompt_tokens(model, corrupt, "corrupt")
     if c.shape[1] != x.shape[1]:
         raise PatchingError(f"clean and corrupt prompts must have the same number of tokens (activations are patched "
                             f"position by position): clean has {c.shape[1]}, corrupt has {x.shape[1]}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .inputs import PatchingError, as_tokens, prepare, single_token
+from .inputs import PatchingError, prepare, prompt_tokens, single_token
 
 UNITS = {"head": "head", "layer": "component"}
 
@@ -53,7 +53,7 @@ def direct_logit_attribution(model, tokens, answer, wrong=None, by: str = "head"
     prepare(model)
     if by not in UNITS:
         raise PatchingError(f"unknown unit {by!r}; allowed: {', '.join(UNITS)}")
-    tokens = as_tokens(model, tokens)
+    tokens = prompt_tokens(model, tokens)
 
     def ids(x, name):
         if isinstance(x, (str, int)):
@@ -105,7 +105,7 @@ def logit_lens(model, tokens, top_k: int = 3) -> LensResult:
     from .activation import token_strings
 
     prepare(model)
-    tokens = as_tokens(model, tokens)
+    tokens = prompt_tokens(model, tokens)
     if tokens.shape[0] != 1:
         raise PatchingError(f"the logit lens reads one prompt; got {tokens.shape[0]}")
     if not 1 <= int(top_k) <= model.cfg.d_vocab:

@@ -1,5 +1,5 @@
-"""`build_report(model_or_name_or_path, out_dir)`: a markdown report with PNG figures, sections chosen to fit
-the model (depth, attention-only or not, a training run beside it). `circuits report MODEL --out DIR` calls it.
+"""`build_report(model, out_dir)`: a markdown report with PNG figures of a loaded model, sections chosen to fit it
+(its kind, depth, attention-only or not, a training run beside it). `circuits report MODEL --out DIR` calls it.
 """
 
 from __future__ import annotations
@@ -15,32 +15,46 @@ from pathlib import Path
 
 import torch
 
+from models.arch.kind import ENCODER_DECODER, model_kind
+
 from ..patching.report_section import induction_paths
 from . import sections as S
 from .encdec_sections import ENCDEC_SECTIONS
+from .run import Section, check_split
 
-#: (key, title, predicate(ctx) → bool, function) in report order.
+#: The sections of decoder-only and encoder-only models, in report order (`Section`: key, title, fits(ctx), run(ctx),
+#: the `ctx.cache` keys it reads and writes); encoder–decoders get `ENCDEC_SECTIONS`.
 SECTIONS = [
-    ("overview", "Overview", lambda c: True, S.overview),
-    ("direct_path", "Zero layers: the direct path as a bigram model", lambda c: True, S.direct_path),
-    ("attention", "Attention patterns and head scores", lambda c: c.cfg.n_layers >= 1, S.attention),
-    ("detection", "Previous-token and induction heads", lambda c: c.cfg.n_layers >= 1, S.detection),
-    ("copying", "Copying heads: OV circuit eigenvalues", lambda c: c.cfg.n_layers >= 1, S.copying),
-    ("skip_trigrams", "One layer: skip-trigrams", lambda c: c.cfg.n_layers >= 1, S.skip_trigram_section),
-    ("positional", "Positional vs content heads", lambda c: c.cfg.n_layers >= 1, S.positional),
-    ("ablation", "Pattern-preserving head ablation", lambda c: c.cfg.n_layers >= 1, S.ablation),
-    ("composition", "Two layers: composition and the induction circuit", lambda c: c.cfg.n_layers >= 2,
-     S.composition),
-    ("path_patching", "Path patching of the induction circuit", lambda c: c.cfg.n_layers >= 2, induction_paths),
-    ("term_importance", "Path expansion: term importance by order",
-     lambda c: c.cfg.n_layers >= 1 and c.attn_only, S.term_importance),
-    ("icl", "In-context learning", lambda c: True, S.in_context),
-    ("dynamics", "Training dynamics", lambda c: c.run_dir is not None, S.dynamics),
-    ("mlp_note", "A note on MLPs", lambda c: not c.attn_only, S.mlp_note),
+    Section("overview", "Overview", lambda c: True, S.overview, writes=frozenset({"val_loss"})),
+    Section("direct_path", "Zero layers: the direct path as a bigram model", lambda c: True, S.direct_path,
+            writes=frozenset({"bigrams"})),
+    Section("attention", "Attention patterns and head scores", lambda c: c.cfg.n_layers >= 1, S.attention),
+    Section("detection", "Previous-token and induction heads", lambda c: c.cfg.n_layers >= 1, S.detection),
+    Section("copying", "Copying heads: OV circuit eigenvalues", lambda c: c.cfg.n_layers >= 1, S.copying,
+            writes=frozenset({"copying"})),
+    Section("skip_trigrams", "One layer: skip-trigrams", lambda c: c.cfg.n_layers >= 1, S.skip_trigram_section,
+            reads=frozenset({"bigrams"})),
+    Section("positional", "Positional vs content heads", lambda c: c.cfg.n_layers >= 1, S.positional),
+    Section("ablation", "Pattern-preserving head ablation", lambda c: c.cfg.n_layers >= 1, S.ablation),
+    Section("composition", "Two layers: composition and the induction circuit", lambda c: c.cfg.n_layers >= 2,
+            S.composition),
+    Section("path_patching", "Path patching of the induction circuit", lambda c: c.cfg.n_layers >= 2,
+            induction_paths),
+    Section("term_importance", "Path expansion: term importance by order",
+            lambda c: c.cfg.n_layers >= 1 and c.attn_only, S.term_importance_section),
+    Section("icl", "In-context learning", lambda c: True, S.in_context, writes=frozenset({"icl"})),
+    Section("dynamics", "Training dynamics", lambda c: c.run_dir is not None, S.dynamics),
+    Section("mlp_note", "A note on MLPs", lambda c: not c.attn_only, S.mlp_note),
 ]
-#: Sections that may run in a second process beside the others (`build_report(parallel=True)`): they read
-#: `ctx.cache` only from each other, and together take about half of the attn-only-2l report's CPU time.
+#: Sections that may run in a second process beside the others (`build_report(parallel=True)`), together about half
+#: of the attn-only-2l report's CPU time; `run.check_split` holds them to their `ctx.cache` declarations.
 SECOND_PROCESS = {"direct_path", "skip_trigrams", "ablation", "icl", "dynamics"}
+
+
+def section_table(model) -> list[Section]:
+    """The sections of `model`'s kind (`models.model_kind`): `ENCDEC_SECTIONS` for an encoder–decoder, else
+    `SECTIONS`."""
+    return [Section(*s) for s in (ENCDEC_SECTIONS if model_kind(model) == ENCODER_DECODER else SECTIONS)]
 
 
 @dataclass
@@ -61,21 +75,6 @@ class Report:
 
 
 _DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
-
-
-def _load(model_or_name_or_path):
-    """(model, display name, model folder or None)."""
-    if isinstance(model_or_name_or_path, (str, Path)):
-        import models
-        from models.io.checkpoint import ZOO_DIR, resolve
-
-        folder = resolve(model_or_name_or_path)
-        shipped = Path(folder).resolve().parent == Path(ZOO_DIR).resolve()
-        return models.load(folder), Path(folder).name if shipped else str(model_or_name_or_path), folder
-    m = model_or_name_or_path
-    if not hasattr(m, "cfg") or not (hasattr(m, "W_E") or hasattr(m, "W_E_src")):
-        raise TypeError(f"build_report needs a model, a zoo name or a folder path, got {type(m).__name__}")
-    return m, getattr(m.cfg, "model_name", None) or type(m).__name__, None
 
 
 def read_train_config(folder: Path | None) -> dict:
@@ -119,32 +118,37 @@ def validation_text(model, folder: Path | None, max_tokens: int, corpus=None):
     return val, torch.from_numpy(corpus.seen_ids())
 
 
-def build_report(model_or_name_or_path, out_dir, tokens=None, sections: list[str] | None = None,
+def build_report(model, out_dir, folder=None, name: str | None = None, tokens=None, sections: list[str] | None = None,
                  n_windows: int = 64, max_text_tokens: int = 400_000, seed: int = 0, progress: bool = True,
-                 run_dir=None, num_threads: int | None = 1, html: bool = False, parallel: bool = True) -> Report:
-    """Analyse a model and write `out_dir/report.md` plus PNG figures; returns a `Report` listing the files.
+                 num_threads: int | None = 1, html: bool = False, parallel: bool = True) -> Report:
+    """Analyse a loaded model and write `out_dir/report.md` plus PNG figures; returns a `Report` listing the files.
 
-    `model_or_name_or_path`: a model object, a zoo name ("attn-only-2l") or a saved-model folder. `tokens`: a
-    1-D validation token stream (default: the validation split of the corpus in the folder's
-    `train_config.json`, else the standard library, tokenized with the model's tokenizer). `sections`: keys of
-    `SECTIONS` to run (default: every one that fits the model). `run_dir`: a training run's folder holding
-    `metrics.jsonl` (default: the model's folder, when it has one). `n_windows` validation windows of n_ctx
-    tokens feed the loss and the ICL score (a difference of two single-position losses: it needs many).
-    A section that fails is reported in the markdown and in `Report.failed`; the others still run. `html`: also
-    write `report.html`, one self-contained page (figures embedded, attention patterns interactive; see
-    `analyses.report.html`). `parallel`: run the sections in `SECOND_PROCESS` in a forked child process beside the
-    others where that is safe (see `analyses.report.run`); the report is the same either way.
-    `num_threads`: torch intra-op threads while the
-    report runs: 1 (default) avoids OpenMP barrier waits with these small tensors on a busy shared CPU (see
-    benchmarks/README.md); None keeps torch's setting. An `out_dir` that cannot be created or written raises
-    `NotADirectoryError` / `PermissionError` naming it, before any analysis runs."""
+    `model`: a model object (`models.load(...)`: its tokenizer, device and weights are the ones reported).
+    `folder`: the folder it was trained in or saved to, or None: its `train_config.json` names the corpus and the
+    seq2seq task, its `metrics.jsonl` gives the training dynamics. `name`: the name the report shows (default: the
+    folder's name, else the config's `model_name`, else the class name). `tokens`: a 1-D validation token stream
+    (default: the validation split of the corpus in the folder's `train_config.json`, else the standard library,
+    tokenized with the model's tokenizer). `sections`: keys of the section table to run (default: every one that
+    fits the model). `n_windows` validation windows of n_ctx tokens feed the loss and the ICL score (a difference
+    of two single-position losses: it needs many). A section that fails is reported in the markdown and in
+    `Report.failed`; the others still run. `html`: also write `report.html`, one self-contained page (figures
+    embedded, attention patterns interactive; see `analyses.report.html`). `parallel`: run the sections in
+    `SECOND_PROCESS` in a forked child process beside the others where that is safe (see `analyses.report.run`);
+    the report is the same either way. `num_threads`: torch intra-op threads while the report runs: 1 (default)
+    avoids OpenMP barrier waits with these small tensors on a busy shared CPU (see benchmarks/README.md); None
+    keeps torch's setting. An `out_dir` that cannot be created or written raises `NotADirectoryError` /
+    `PermissionError` naming it, before any analysis runs."""
+    if isinstance(model, (str, Path)) or not hasattr(model, "cfg"):
+        raise TypeError(f"build_report takes a loaded model (models.load(NAME_OR_FOLDER), with folder=the folder), "
+                        f"got {type(model).__name__}")
+    model_kind(model)  # ConfigError for an object that is not a model
     _prepare_out(Path(out_dir))
     n_before = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
-        return _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text_tokens, seed, progress,
-                      run_dir, html, parallel)
+        return _build(model, Path(out_dir), None if folder is None else Path(folder), name, tokens, sections,
+                      n_windows, max_text_tokens, seed, progress, html, parallel)
     finally:
         torch.set_num_threads(n_before)
 
@@ -162,17 +166,37 @@ def _prepare_out(out: Path) -> None:
         raise type(e)(e.errno, f"cannot write the report to {out}: {e.strerror}") from None
 
 
-def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text_tokens, seed, progress, run_dir,
-           html=False, parallel=True) -> Report:
+@dataclass
+class _Inputs:
+    """What the sections of one report are run on, gathered before anything is written."""
+
+    model: object
+    name: str
+    out: Path  # the report folder (published into at the end)
+    text: torch.Tensor | None  # 1-D validation tokens
+    windows: torch.Tensor | None  # [n, n_ctx] validation windows, BOS first
+    vocab: torch.Tensor | None  # the ids random probes are drawn from
+    run_dir: Path | None  # the folder with metrics.jsonl, when there is one
+    seed: int
+    train_text: object  # the corpus' training split, or None
+    train_config: dict
+    sections: list[str] | None  # keys asked for (None: all that fit)
+    progress: bool
+    html: bool
+    parallel: bool
+
+
+def _build(model, out: Path, folder, name, tokens, sections, n_windows, max_text_tokens, seed, progress, html,
+           parallel) -> Report:
     import matplotlib
 
     matplotlib.use("Agg")
     from ..util import as_1d_tokens, windows
 
-    model, name, folder = _load(model_or_name_or_path)
     if hasattr(model, "eval"):
         model.eval()
-    out = Path(out_dir)
+    name = name or (folder.name if folder is not None else None) or getattr(model.cfg, "model_name", None) \
+        or type(model).__name__
     out.mkdir(parents=True, exist_ok=True)
     corpus = None
     if tokens is not None:
@@ -188,12 +212,11 @@ def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text
 
         n = min(model.cfg.n_ctx, max(2, text.numel() - 1))
         win = windows(text, n, n_windows, seed, bos=bos_token_id(model))
-    rd = Path(run_dir) if run_dir is not None else folder
-    if rd is not None and not (rd / "metrics.jsonl").is_file():
-        rd = None
+    rd = folder if folder is not None and (folder / "metrics.jsonl").is_file() else None
+    inputs = _Inputs(model, name, out, text, win, vocab, rd, seed, None if corpus is None else corpus.train,
+                     read_train_config(folder), sections, progress, html, parallel)
     with staging_folder(out) as stage:  # published in one go at the end
-        return _write(model, name, out, stage, text, win, vocab, rd, seed, corpus, folder, sections, progress, html,
-                      parallel)
+        return _write(inputs, stage)
 
 
 STAGE_PREFIX = ".report-tmp-"
@@ -258,25 +281,26 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _write(model, name, out, stage, text, win, vocab, rd, seed, corpus, folder, sections, progress, html,
-           parallel) -> Report:
+def _write(i: _Inputs, stage: Path) -> Report:
     """Run the sections into the staging folder `stage`, then publish: each figure, then report.md last, moved
-    into `out` by atomic renames. A full disk or any error before that leaves the previous report untouched."""
-    ctx = S.Context(model, name, stage, text, win, vocab, rd, seed,
-                    train_text=None if corpus is None else corpus.train, train_config=read_train_config(folder))
-    encdec = hasattr(model, "cross_W_Q")
-    table = ENCDEC_SECTIONS if encdec else SECTIONS  # the section set is picked by model type
-    chosen = [s for s in table if (sections is None or s[0] in sections) and s[2](ctx)]
+    into `i.out` by atomic renames. A full disk or any error before that leaves the previous report untouched."""
+    ctx = S.Context(i.model, i.name, stage, i.text, i.windows, i.vocab, i.run_dir, i.seed, train_text=i.train_text,
+                    train_config=i.train_config)
+    table = section_table(i.model)  # the section set is picked by the model's kind
+    check_split(table, SECOND_PROCESS)
+    chosen = [s for s in table if (i.sections is None or s.key in i.sections) and s.fits(ctx)]
+    encdec = model_kind(i.model) == ENCODER_DECODER
     heads = "`E`/`D`/`C{layer}H{head}` (encoder, decoder, cross-attention)" if encdec else "`L{layer}H{head}`"
-    md = [f"# Circuit report: {name}", "",
+    md = [f"# Circuit report: {i.name}", "",
           f"Generated by `analyses.report.build_report`. Each section says what its numbers measure; head names "
           f"are {heads}; losses are in nats per token.", ""]
+    out, name, html, parallel, progress = i.out, i.name, i.html, i.parallel, i.progress
     report = Report(out / "report.md", [], [s[0] for s in chosen])
     from .run import Progress, run_sections
 
-    outcomes = run_sections(ctx, [(s[0], s[3]) for s in chosen], SECOND_PROCESS, _DISK_ERRORS, parallel,
+    outcomes = run_sections(ctx, [(s.key, s.run) for s in chosen], SECOND_PROCESS, _DISK_ERRORS, parallel,
                             Progress(len(chosen), f"report {name}", progress))
-    for key, title, _, _ in chosen:
+    for key, title, *_ in chosen:
         o = outcomes[key]
         md += [f"## {title}", "", o.text, ""]
         if o.failure is not None:

@@ -16,13 +16,10 @@ from circuits.cross_attention import (
 from ..alignment import alignment_scores, ranked, task_alignment
 from ..one_layer import DIAGONAL_THRESHOLD
 from ..util import markdown_table
+from .run import Section
 
 THRESHOLD = 0.9
 N_PROBES = 256
-
-
-def is_encoder_decoder(ctx) -> bool:
-    return hasattr(ctx.model, "cross_W_Q")
 
 
 def seq2seq_task(model, train_config: dict | None = None) -> dict | None:
@@ -80,7 +77,7 @@ def _labels(ctx, which: str, n: int) -> list[str]:
     return [vocab.id_to_token(i) if vocab is not None else str(i) for i in range(n)]
 
 
-def overview(ctx) -> str:
+def seq2seq_overview(ctx) -> str:
     c = ctx.cfg
     lines = [f"An encoder–decoder transformer: encoder {c.n_encoder_layers} × decoder {c.n_decoder_layers} layers × "
              f"{c.n_heads} heads, d_model {c.d_model}, d_head {c.d_head}, "
@@ -151,7 +148,7 @@ def symbol_ids(model) -> list[int]:
     return list(range(first, model.cfg.d_vocab_src))
 
 
-def copying(ctx) -> str:
+def cross_copying(ctx) -> str:
     """Copying scores of the full cross-attention OV circuits, and the circuits themselves."""
     from ..encdec_plots import plot_full_cross_ov
 
@@ -214,7 +211,7 @@ def term_contributions(exp, tgt, tgt_mask) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -abs(kv[1])))
 
 
-def paths(ctx) -> str:
+def path_terms(ctx) -> str:
     """Path expansion of the logits: which terms carry the correct token."""
     from circuits.encdec_paths import encdec_path_expansion
 
@@ -239,13 +236,16 @@ def _pre_norm_attn_only(ctx) -> bool:
     return c.attn_only and (c.normalization_type is None or c.normalization_position == "pre")
 
 
-#: (key, title, predicate(ctx) → bool, function) in report order, for encoder–decoder models.
+#: The sections of encoder–decoder models in report order (`analyses.report.run.Section`: key, title, fits(ctx),
+#: run(ctx), the `ctx.cache` keys it reads and writes).
 ENCDEC_SECTIONS = [
-    ("encdec_overview", "Overview", lambda c: True, overview),
-    ("alignment", "Cross-attention alignment heads", has_alignment, alignment),
-    ("cross_copying", "Cross-attention copying heads: OV circuits", shares_vocabulary, copying),
-    ("cross_qk_positional", "Cross-attention QK circuits: the positional part",
-     lambda c: bool(c.cfg.positions.table), positional_qk),
-    ("encdec_paths", "Path expansion of the logits", lambda c: _pre_norm_attn_only(c) and task_spec(c) is not None,
-     paths),
+    Section("encdec_overview", "Overview", lambda c: True, seq2seq_overview, writes=frozenset({"exact_match"})),
+    Section("alignment", "Cross-attention alignment heads", has_alignment, alignment,
+            writes=frozenset({"alignment_scores"})),
+    Section("cross_copying", "Cross-attention copying heads: OV circuits", shares_vocabulary, cross_copying,
+            writes=frozenset({"cross_copying_scores"})),
+    Section("cross_qk_positional", "Cross-attention QK circuits: the positional part",
+            lambda c: bool(c.cfg.positions.table), positional_qk),
+    Section("encdec_paths", "Path expansion of the logits",
+            lambda c: _pre_norm_attn_only(c) and task_spec(c) is not None, path_terms),
 ]

@@ -20,10 +20,43 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+
+
+class Section(NamedTuple):
+    """One row of the report's section tables, in report order: its key, its title, `fits(ctx)` (whether it applies
+    to this model), `run(ctx) -> markdown`, and the `ctx.cache` keys it `reads` (values other sections write) and
+    `writes`. A value a `Context` method computes on first use from the model and the context alone
+    (`Context.memos`, e.g. the head detections) belongs to no section: any process may compute it, and it is not
+    listed. `check_split` reads these declarations."""
+
+    key: str
+    title: str
+    fits: Callable
+    run: Callable
+    reads: frozenset = frozenset()
+    writes: frozenset = frozenset()
+
+
+def check_split(sections, second: set[str]) -> None:
+    """`ValueError` unless the sections whose keys are in `second` can run in another process beside the rest:
+    every `ctx.cache` key a section reads is written only by sections of its own process, earlier in report order
+    (a value written in one process is not seen in the other)."""
+    sections = [Section(*s) for s in sections]
+    order = {s.key: i for i, s in enumerate(sections)}
+    for s in sections:
+        for key in s.reads:
+            for w in (t for t in sections if key in t.writes):
+                if (w.key in second) != (s.key in second):
+                    raise ValueError(f"section {s.key} reads ctx.cache[{key!r}], which {w.key} writes in the other "
+                                     "process: list both in the second process or neither")
+                if order[w.key] > order[s.key]:
+                    raise ValueError(f"section {s.key} reads ctx.cache[{key!r}], which {w.key} writes after it")
 
 
 @dataclass

@@ -29,6 +29,9 @@ class Context:
     cache: dict = field(default_factory=dict)
     train_text: object = None  # 1-D training split of the corpus (numpy memmap), or None
     train_config: dict = field(default_factory=dict)  # the run's train_config.json, when the model has one
+    #: `cache` keys computed on first use from the model and the context alone (`detection`, the encoder–decoder
+    #: sections' `probes`): any section, in either process, may compute them; no section declares them
+    memos = frozenset({"detect", "encdec_probes"})
 
     @property
     def cfg(self):
@@ -290,7 +293,7 @@ def composition(ctx: Context) -> str:
     return "\n".join(out)
 
 
-def term_importance(ctx: Context) -> str:
+def term_importance_section(ctx: Context) -> str:
     from ..two_layer import term_importance_by_order, virtual_head_importance
 
     if ctx.windows is None:

@@ -16,12 +16,15 @@ KIND_NAMES = {DECODER: "decoder-only", ENCODER: "encoder-only (masked LM)", ENCO
 
 
 def model_kind(model) -> str:
-    """`"decoder"`, `"encoder"` or `"encoder_decoder"` (`KINDS`) of `model`.
+    """`"decoder"`, `"encoder"` or `"encoder_decoder"` (`KINDS`) of `model`, or of a model config (before a model is
+    built: `circuits train` picks its task by it).
 
     Our models declare it in their config (`model_type`, the class constant config.json records). A TransformerLens
     bridge, or any other object with a `cfg`, is read from its weights and config: cross-attention weights
     (`cross_W_Q` and a source embedding `W_E_src`) make an encoder–decoder, bidirectional attention an encoder, and
     anything else with `W_E` a decoder. Raises `ConfigError` for an object that is none of these."""
+    if getattr(type(model), "model_type", None) in KINDS:  # a config
+        return type(model).model_type
     cfg = getattr(model, "cfg", None)
     declared = getattr(type(cfg), "model_type", None)
     if declared in KINDS:

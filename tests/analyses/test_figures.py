@@ -12,8 +12,9 @@ import torch
 from helpers import checked_report
 
 from analyses.figure_checks import figure_problems
-from models import HookedTransformer, HookedTransformerConfig
+from models import HookedTransformer, HookedTransformerConfig, load
 from models.data.tokenizer import ByteTokenizer
+from models.io.checkpoint import resolve
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -105,7 +106,7 @@ def test_report_figures(tmp_path, monkeypatch):
     cfg = HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=64, d_vocab=259, n_heads=4, d_mlp=None,
                                   normalization_type=None, positional_embedding_type="shortformer", seed=0)
     model = HookedTransformer(cfg, tokenizer=ByteTokenizer())
-    found, _ = checked_report(monkeypatch, model, tmp_path / "r", tokens=TEXT, run_dir=_run_folder(tmp_path / "run"))
+    found, _ = checked_report(monkeypatch, model, tmp_path / "r", tokens=TEXT, folder=_run_folder(tmp_path / "run"))
     expect = {"direct_path_bigrams", "attention_patterns", "head_scores", "ov_eigenvalues", "head_ablation",
               "composition", "qk_ov_positivity", "loss_by_position", "training_dynamics", "path_patching"}
     assert set(found) == expect
@@ -124,7 +125,7 @@ def test_token_pattern_grids():
 
 
 def test_interactive_static_twins():
-    from analyses.interactive import DLA_QUANTITY, attention_view, direct_logit_attribution, token_values_view
+    from analyses.interactive import DLA_QUANTITY, attention_view, next_token_attribution, token_values_view
     from analyses.labels import token_labels
     from circuits.testing import build_induction_model
 
@@ -132,7 +133,7 @@ def test_interactive_static_twins():
     model.tokenizer = ByteTokenizer()
     t = torch.tensor([0, 5, 3, 9, 10, 11, 5, 3, 9, 10, 11])  # bytes: \t and \n among them
     assert figure_problems(attention_view(model, t).figure()) == []
-    dla, names = direct_logit_attribution(model, t)
+    dla, names = next_token_attribution(model, t)
     view = token_values_view(token_labels(model, t[1:].tolist()), dla, names, "direct logit attribution", DLA_QUANTITY)
     fig = view.figure()
     assert figure_problems(fig) == [] and fig.axes[-1].get_ylabel() == DLA_QUANTITY
@@ -141,5 +142,5 @@ def test_interactive_static_twins():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["attn-only-1l", "attn-only-2l"])
 def test_zoo_report_figures(tmp_path, monkeypatch, name):
-    found, _ = checked_report(monkeypatch, name, tmp_path)
+    found, _ = checked_report(monkeypatch, load(name), tmp_path, folder=resolve(name))
     assert found and {k: v for k, v in found.items() if v} == {}

@@ -183,11 +183,11 @@ def test_diagonal_accuracy_over_trained_and_all_ids():
 
 # --- direct logit attribution, labels ------------------------------------------------------------------------
 def test_direct_logit_attribution_sums_to_the_logits():
-    from analyses.interactive import direct_logit_attribution
+    from analyses.interactive import next_token_attribution
 
     m, _ = build_induction_model(d_vocab=16, n_ctx=32, noise=0.1)
     t = torch.tensor([0, 3, 5, 7, 9, 3, 5, 7, 9])
-    dla, names = direct_logit_attribution(m, t)
+    dla, names = next_token_attribution(m, t)
     logits = m(t[None])[0, :-1].double()
     direct = (m.W_E[t[:-1]] @ m.W_U).double()  # attention-only, no norm, no biases: the rest is the direct path
     target = torch.arange(len(t) - 1), t[1:]

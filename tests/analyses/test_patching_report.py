@@ -29,7 +29,7 @@ def test_report_section_on_the_hand_built_induction_model(tmp_path):
 
 
 def test_section_is_for_two_layers_and_more():
-    pred = next(p for key, _, p, _ in SECTIONS if key == "path_patching")
+    pred = next(s.fits for s in SECTIONS if s.key == "path_patching")
 
     class Ctx:
         def __init__(self, n):

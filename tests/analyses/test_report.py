@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import models
 from analyses import build_report
 from analyses.report import SECTIONS
 from circuits.testing import build_induction_model
 from models import HookedTransformer, HookedTransformerConfig
 from models.data.tokenizer import ByteTokenizer
+from models.io.checkpoint import resolve
 
 pytestmark = pytest.mark.e2e  # whole reports
 
@@ -80,7 +82,7 @@ def test_saved_run_folder_gets_dynamics(tmp_path):
     recs = [{"step": i, "tokens": 512 * i, "val_loss": 5.0 - 0.1 * i, "train_loss": 5.1 - 0.1 * i,
              "icl_score": -0.01 * i, "induction_scores_20": [[0.01 * i, 0.02]]} for i in range(6)]
     (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
-    r = build_report(str(folder), tmp_path / "out", tokens=TEXT, progress=False)
+    r = build_report(models.load(folder), tmp_path / "out", folder=folder, tokens=TEXT, progress=False)
     assert "dynamics" in r.sections and r.failed == {}
     check_files(r)
     assert (tmp_path / "out" / "training_dynamics.png").is_file()
@@ -89,7 +91,7 @@ def test_saved_run_folder_gets_dynamics(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["attn-only-0l", "attn-only-1l", "attn-only-2l", "gelu-2l"])
 def test_zoo_report(tmp_path, name):
-    r = build_report(name, tmp_path, progress=False)
+    r = build_report(models.load(name), tmp_path, folder=resolve(name), progress=False)
     assert r.failed == {}, r.failed
     check_files(r)
     assert sum(r.seconds.values()) < 240, r.seconds

@@ -12,6 +12,8 @@ import torch
 from analyses.report import SECOND_PROCESS, SECTIONS, build_report
 from analyses.report import run as report_run
 from analyses.report.run import Progress, run_sections
+from models import load
+from models.io.checkpoint import resolve
 
 pytestmark = [pytest.mark.e2e,  # whole reports over two processes
               pytest.mark.skipif(sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2,
@@ -36,10 +38,10 @@ def forks(monkeypatch):
 def test_parallel_report_is_the_sequential_report(tmp_path, forks):
     keys = ["overview", "direct_path", "attention", "detection", "skip_trigrams", "ablation", "icl", "dynamics"]
     assert {k for k, *_ in SECTIONS} >= set(keys) and SECOND_PROCESS & set(keys) and set(keys) - SECOND_PROCESS
-    kw = dict(sections=keys, n_windows=16, progress=False)
-    seq = build_report("attn-only-2l", tmp_path / "seq", parallel=False, **kw)
+    kw = dict(sections=keys, n_windows=16, progress=False, folder=resolve("attn-only-2l"))
+    seq = build_report(load("attn-only-2l"), tmp_path / "seq", parallel=False, **kw)
     assert forks["forks"] == 0
-    par = build_report("attn-only-2l", tmp_path / "par", parallel=True, **kw)
+    par = build_report(load("attn-only-2l"), tmp_path / "par", parallel=True, **kw)
     assert forks["forks"] == 1
     assert seq.failed == par.failed == {} and seq.sections == par.sections == keys
     assert [f.name for f in seq.files] == [f.name for f in par.files]  # report order, whichever process wrote them

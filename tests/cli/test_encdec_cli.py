@@ -24,7 +24,7 @@ def refused(*args, words: tuple[str, ...]) -> str:
 
 
 def test_info_heads_and_a_refusal():
-    refused("compose", M, words=("compose does not apply to encoder-decoder models", M))
+    refused("compose", M, words=("`circuits compose` serves", "not encoder–decoder ones", M))
     info = json.loads(ok("info", M, "--json"))
     assert info["model_type"] == "encoder_decoder" and "decoder.0.cross_attn.hook_pattern" in info["hooks"]
     heads = json.loads(ok("heads", M, "--json"))
@@ -63,8 +63,8 @@ def test_eigen_attention_report_beam_and_more_refusals(tmp_path):
     assert (tmp_path / "a.png").stat().st_size > 1000
     rep = json.loads(ok("report", M, "--out", tmp_path / "r", "--sections", "alignment,cross_copying", "--json"))
     assert rep["sections"] == ["alignment", "cross_copying"] and rep["failed"] == {}
-    refused("trigrams", M, "--head", "0.0", words=("trigrams does not apply",))
-    refused("lens", M, "--text", "ab", words=("lens does not apply",))
+    refused("trigrams", M, "--head", "0.0", words=("`circuits trigrams` serves",))
+    refused("lens", M, "--text", "ab", words=("`circuits lens` serves",))
     refused("attention", M, "--text", "ab", "--out", tmp_path / "b.png", words=("--source",))
     refused("attention", M, "--source", "abcdefghij", "--out", tmp_path / "b.png", words=("n_ctx_src=8",))
 
@@ -75,5 +75,5 @@ def test_encoder_only_refusals(tmp_path):
     from models.arch.encoder import EncoderConfig, HookedEncoder
 
     save(HookedEncoder(EncoderConfig(n_layers=1, d_model=16, n_ctx=8, d_vocab=20, n_heads=2, seed=0)), tmp_path / "e")
-    refused("generate", tmp_path / "e", "--prompt", "ab", words=("generate does not apply to encoder-only models",))
-    refused("paths", tmp_path / "e", words=("paths does not apply to encoder-only models",))
+    refused("generate", tmp_path / "e", "--prompt", "ab", words=("`circuits generate` serves", "not encoder-only"))
+    refused("paths", tmp_path / "e", words=("`circuits paths` serves", "not encoder-only"))

@@ -131,8 +131,8 @@ def test_report_path_leaves_out_hugging_face_and_keeps_transformer_lens_classes(
         import transformer_lens
         from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
         from transformer_lens.hook_points import HookPoint
-        report = build_report("attn-only-2l", {str(tmp_path / "r")!r}, sections=["overview", "attention", "copying",
-                              "composition", "path_patching", "term_importance"], progress=False)
+        report = build_report(models.load("attn-only-2l"), {str(tmp_path / "r")!r}, sections=["overview", "attention",
+                              "copying", "composition", "path_patching", "term_importance"], progress=False)
         m = models.load("attn-only-2l")
         _, cache = m.run_with_cache(m.to_tokens("def f(x):"))
         before = [h for h in {HEAVY!r} if h in sys.modules]

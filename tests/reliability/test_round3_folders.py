@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import models
 from models import HookedTransformer, HookedTransformerConfig, save
 from models.data.tokenizer import ByteTokenizer
 
@@ -234,7 +235,8 @@ def test_the_next_report_removes_staging_folders_of_killed_runs_only(base, tmp_p
     try:
         live_stage = Path(live.stdout.readline().strip())
         assert live_stage.is_dir()
-        build_report(base / "model", out, sections=["overview"], progress=False, parallel=False)
+        build_report(models.load(base / "model"), out, folder=base / "model", sections=["overview"], progress=False,
+                     parallel=False)
         left = set(out.glob(".report-tmp-*"))
         assert left == {live_stage, unlocked_live, foreign}, left  # the dead ones went, a live one stayed
         assert (out / "report.md").is_file()

@@ -73,6 +73,7 @@ def refuse(*a, **k):
     raise AssertionError("a C++ extension was built or loaded at run time")
 ext.load = ext.load_inline = torch.ops.load_library = torch.compile = refuse
 
+import models
 from analyses import build_report
 from models import HookedTransformerConfig
 from models.training.config import TrainConfig
@@ -84,8 +85,8 @@ cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=16, d_vocab=259, n_h
 model, _ = train(cfg, TrainConfig(steps=2, batch_size=2, data="synthetic:repeat", tokenizer="bytes",
                                   progress=False, out_dir=str(out / "run"), checkpoint_every=2, log_checkpoints=0,
                                   eval_every=2, val_sequences=2))
-build_report(out / "run", out / "report", sections=["overview", "attention", "copying"], progress=False,
-             parallel=False)
+build_report(models.load(out / "run"), out / "report", folder=out / "run", sections=["overview", "attention",
+             "copying"], progress=False, parallel=False)
 model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, verbose=False)
 planted = [p for p in opened if str(cache / "kernels") in p]
 print(json.dumps({"planted_opened": planted, "loaded": [None if n is None else str(n) for n in loaded],
