@@ -15,10 +15,7 @@ PACKAGES = ("models", "circuits", "analyses")
 #: name → the modules that define it today, each pending a rename or a merge by the work named
 PENDING: dict[str, set[str]] = {
     # models/ layout (issue 38): one decoding entry per concept, one bounded reader, weight processing as functions
-    "beam_search": {"models/generation/beam.py", "models/generation/generate.py"},
-    "generate": {"models/generation/generate.py", "models/generation/seq2seq.py"},
     "read_text": {"models/data/corpora.py", "models/files/safe_read.py"},
-    "fold_layer_norm": {"models/arch/weight_processing.py", "circuits/fold.py"},  # circuits': the public one
     # the exposure-bias experiment and the SAE report (their owners' modules): a script's entry point and a result's
     # markdown under names the command line and the SAE report use
     "main": {"analyses/cli/__init__.py", "analyses/exposure_bias_experiment.py"},

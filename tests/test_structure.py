@@ -104,8 +104,7 @@ def _import_graph():
 
 
 @pytest.mark.parametrize("package", [
-    "models", "circuits",
-    pytest.param("analyses", marks=pytest.mark.xfail(strict=True, reason="fixed by the cli branch")),
+    "models", "circuits", "analyses",
 ])
 def test_no_import_cycle(package):
     """No import cycle of any length (two modules included) in `package`, imports inside functions counted, and no
@@ -163,8 +162,7 @@ KIND_TESTS = re.compile(r"hasattr\([^)]*[\"'](cross_W_Q|W_E_src|d_vocab_src|n_en
 @pytest.mark.parametrize("package", [
     pytest.param("models", marks=pytest.mark.xfail(strict=True, reason="models/sae.py, models/files/size_checks.py: "
                                                                      "their owners' branches")),
-    "circuits",
-    pytest.param("analyses", marks=pytest.mark.xfail(strict=True, reason="the cli and report branches")),
+    "circuits", "analyses",
 ])
 def test_model_kind_is_asked_not_tested_by_attributes(package):
     """`models.model_kind` (models/arch/kind.py) is the one test of a model's kind (decoder-only, encoder-only,

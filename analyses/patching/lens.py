@@ -26,9 +26,9 @@ def _readable(model):
     returned as it is (TransformerLens checks it itself)."""
     import copy
 
-    from models import HookedTransformer
+    from models.arch.config import HookedTransformerConfig
 
-    if not isinstance(model, HookedTransformer):
+    if not isinstance(model.cfg, HookedTransformerConfig):  # a bridge: its own processing applies
         return model
     from circuits.fold import fold_layer_norm
     from circuits.interface import norms_are_trivial
