@@ -187,6 +187,9 @@ def _outcome(e: BaseException, where: str) -> int:
         from models.errors import ToyCircuitsError
 
         msg = (str(e).splitlines() or [type(e).__name__])[0]
+        if getattr(e, "errno", None) in _MACHINE_ERRNOS:  # the machine's, even as a named error (DiskFullError)
+            warn(f"{where}: failed: {_os_message(e) or msg}")
+            return 1
         if isinstance(e, (ToyCircuitsError, *_FILE_ERRORS)) or getattr(e, "errno", None) in _USER_ERRNOS:
             warn(f"{where}: error: {_os_message(e) or msg}")
             if _rank():  # every rank meets the same bad input: let rank 0 say so before torchrun stops it

@@ -198,6 +198,9 @@ def load_model(args, device) -> Loaded:
         if args.config:
             raise UsageError("--config is only for a state-dict MODEL file; a model folder carries its config.json")
         folder = resolve(spec)  # CheckpointError (exit 2) for unknown names lists the zoo
+        from models.io.readers import check_model_folder
+
+        check_model_folder(folder)  # its train_config.json and summary.json, read before anything is written
         model = models.load(folder, device=device)
         name = spec
     if getattr(args, "tokenizer", None):

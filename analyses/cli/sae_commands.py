@@ -18,7 +18,6 @@ from .common import (
     save_figure,
     setup,
     text_windows,
-    warn,
 )
 
 #: Tokens of the training split (or --text-file) the activation source draws windows from.
@@ -98,7 +97,8 @@ def _text(loaded, args, split: str, max_tokens: int):
 
 
 def run_train(args) -> int:
-    from models.sae import check_model, save_sae, train_sae
+    from models.io.sae import check_model, save_sae
+    from models.training.sae import train_sae
 
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -120,33 +120,24 @@ def run_train(args) -> int:
 
 
 def run_report(args) -> int:
-    import json
-
     import torch
 
     from models.files.atomic import atomic_write_text
-    from models.files.safe_read import JSON_LIMIT, read_text
-    from models.sae import TRAINING_FILE, load_sae
+    from models.io.readers import read_sae_folder
+    from models.io.sae import load_sae
 
     from ..sae_report import analyse, markdown, plot
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
-    device = setup(args)
-    loaded = load_model(args, device)
     sae_dir = Path(args.sae_dir)
     if not sae_dir.is_dir():
         raise UsageError(f"SAE_DIR {sae_dir} is not a folder")
+    _, _, settings = read_sae_folder(sae_dir)  # every file of it checked before anything is loaded or written
+    device = setup(args)
+    loaded = load_model(args, device)
     sae = load_sae(sae_dir, loaded.model)
-    settings = None
-    if (sae_dir / TRAINING_FILE).is_file():
-        try:
-            settings = json.loads(read_text(sae_dir / TRAINING_FILE, JSON_LIMIT, ValueError))
-        except (ValueError, UnicodeDecodeError):
-            warn(f"circuits sae report: {sae_dir / TRAINING_FILE} is not valid JSON; left out")
-        if not isinstance(settings, dict):
-            settings = None
     win, what, _ = text_windows(loaded, args, args.windows, args.seed)
     if win is None:
         raise UsageError(f"{loaded.name}: {what}; pass --text-file FILE")

@@ -119,7 +119,8 @@ def test_run_with_saes_equals_a_hand_written_hook_splice(name, hook, width):
         spliced = m.run_with_saes(tokens, saes=[sae])
         after = m(tokens)
     torch.testing.assert_close(spliced, by_hand, atol=2e-5, rtol=0)
-    from models.sae import activations, feature_stats
+    from analyses.sae_metrics import feature_stats
+    from models.sae import activations
 
     x = activations(model, hook, tokens, skip=0)  # [n, d_in], heads concatenated for hook_z
     with torch.no_grad():
@@ -226,9 +227,10 @@ def test_cli_train_then_report_on_gelu_2l(tmp_path):
     from sae_lens import SAE
 
     from analyses.report import training_corpus
+    from analyses.sae_metrics import feature_stats
     from analyses.util import windows
     from models.io.checkpoint import resolve
-    from models.sae import activations, feature_stats
+    from models.sae import activations
 
     out = tmp_path / "sae"
     r = _circuits("sae", "train", "gelu-2l", "--hook", "blocks.1.hook_mlp_out", "--steps", 300, "--out", out,
