@@ -134,7 +134,7 @@ def run_report(args) -> int:
         raise UsageError(f"--out {out} exists and is not a folder")
     from models.training.sweep import SWEEP_FILE
 
-    if (Path(args.model) / SWEEP_FILE).is_file():
+    if os.path.lexists(Path(args.model) / SWEEP_FILE):  # a sweep, even one whose sweep.json is not a file
         return _report_sweep(args, out)
     device = setup(args)
     loaded = load_model(args, device)

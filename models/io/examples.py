@@ -1,5 +1,5 @@
 """Valid examples of every registered file kind (`models.io.readers.FILE_KINDS`), written into a folder: what the
-corruption test starts from. Tiny (a 1-layer model of 16 dimensions), deterministic, and in the layout the
+corruption test starts from. Tiny (a 2-layer model of 16 dimensions), deterministic, and in the layout the
 toolkit's own commands write."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def _model(d_vocab: int):
     from ..arch.config import HookedTransformerConfig
     from ..arch.model import HookedTransformer
 
-    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_ctx=16, d_vocab=d_vocab, n_heads=2, d_mlp=None,
+    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=16, d_vocab=d_vocab, n_heads=2, d_mlp=None,
                                   normalization_type=None, positional_embedding_type="shortformer", seed=0,
                                   model_name="example")
     return HookedTransformer(cfg)
@@ -83,10 +83,10 @@ def sweep_example(root) -> Path:
         folder = out / f"seed-{seed}"
         recs = []
         for step in range(0, 101, 20):
-            ind = [[0.05, 0.6 if step >= 60 else 0.05]]
+            ind = [[0.05, 0.05], [0.05, 0.6 if step >= 60 else 0.05]]
             recs.append({"step": step, "tokens": step * 64, "val_loss": 4.0 - step / 100,
                          "train_loss": 4.1 - step / 100,
-                         "induction_scores_50": ind, "previous_token_scores": [[0.9, 0.1]], "icl_score": -0.2})
+                         "induction_scores_50": ind, "previous_token_scores": [[0.9, 0.1], [0.1, 0.1]], "icl_score": -0.2})
         save(model, folder, extra_files={"metrics.jsonl": "".join(json.dumps(r) + "\n" for r in recs)})
         members.append({"seed": seed, "folder": folder.name, "status": "finished"})
     record = {"format": "toy-circuits seed sweep", "status": "finished", "steps": 100, "seeds": [0, 1],

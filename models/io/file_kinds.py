@@ -10,11 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..data.tokenizer import load_tokenizer
+from ..files.safe_read import JSON_LIMIT, TOKENIZER_LIMIT
 from . import examples as ex
+from .checkpoint import load
 from .readers import (
     CONFIG_FILE,
     METRICS_FILE,
+    METRICS_LIMIT,
     SAE_CFG_FILE,
+    SAE_CFG_LIMIT,
     SAE_TRAINING_FILE,
     SAE_WEIGHTS_FILE,
     STATE_FILE,
@@ -23,13 +27,13 @@ from .readers import (
     TOKENIZER_FILE,
     TRAIN_CONFIG_FILE,
     WEIGHTS_FILE,
+    WEIGHTS_LIMIT,
     read_config,
     read_metrics,
     read_pth,
     read_sae_cfg,
     read_sae_folder,
     read_sae_training,
-    read_safetensors,
     read_summary,
     read_sweep,
     read_train_config,
@@ -45,7 +49,9 @@ class FileKind:
     example of what holds the file (a model folder, a sweep, an SAE beside a model) and returns the file's path;
     `format`: "json", "jsonl", "safetensors" or "pth" (which corruptions apply); `commands`: the command lines
     (`circuits ...` argv) that read it, with `{root}` for `folder` and `{out}` for a new path they may write;
-    `finite`: whether non-finite values in it are refused (weights that must be finite)."""
+    `finite`: whether non-finite values in it are refused (weights that must be finite); `limit`: its size bound
+    in bytes; `contained`: whether it is a file of a folder (a symbolic link leading out of it is refused) rather than
+    one a user names on the command line."""
 
     name: str
     read: Callable
@@ -53,6 +59,8 @@ class FileKind:
     format: str
     commands: tuple[tuple[str, ...], ...] = field(default=())
     finite: bool = False
+    limit: int = JSON_LIMIT
+    contained: bool = True
 
 
 #: every command that loads a model folder (and so reads its config, weights, tokenizer, train_config and summary)
@@ -63,11 +71,11 @@ MODEL_COMMANDS = (
     ("compose", "{root}/model"),
     ("paths", "{root}/model"),
     ("trigrams", "{root}/model", "--head", "0.0"),
-    ("attention", "{root}/model", "--text", "hello", "--out", "{out}/a.png"),
+    ("attention", "{root}/model", "--text", "hello", "--out", "{out}.png"),
     ("generate", "{root}/model", "--prompt", "hello", "--max-new-tokens", "2"),
     ("report", "{root}/model", "--out", "{out}", "--sections", "overview"),
-    ("patch", "{root}/model", "--clean", "hello world", "--corrupt", "hello there"),
-    ("lens", "{root}/model", "--prompt", "hello"),
+    ("patch", "{root}/model", "--clean", "the fox", "--corrupt", "the dog", "--answer", " world"),
+    ("lens", "{root}/model", "--text", "hello"),
     ("sae", "train", "{root}/model", "--hook", "blocks.0.hook_resid_post", "--out", "{out}"),
     ("sae", "report", "{root}/model", "{root}/sae", "--out", "{out}"),
 )
@@ -84,31 +92,30 @@ LEGACY_COMMANDS = (
 
 
 def _kinds() -> dict[str, FileKind]:
+    model, sae, sweep = ex.model_example, ex.sae_example, ex.sweep_example
     return {
-        "config.json": FileKind(CONFIG_FILE, read_config, lambda d: ex.model_example(d) / CONFIG_FILE, "json",
-                                MODEL_COMMANDS),
-        "model.safetensors": FileKind(WEIGHTS_FILE, lambda p: read_safetensors(p),
-                                      lambda d: ex.model_example(d) / WEIGHTS_FILE, "safetensors", MODEL_COMMANDS),
+        "config.json": FileKind(CONFIG_FILE, read_config, lambda d: model(d) / CONFIG_FILE, "json", MODEL_COMMANDS),
+        "model.safetensors": FileKind(WEIGHTS_FILE, lambda p: load(Path(p).parent), lambda d: model(d) / WEIGHTS_FILE,
+                                      "safetensors", MODEL_COMMANDS, limit=WEIGHTS_LIMIT),
         "tokenizer.json": FileKind(TOKENIZER_FILE, lambda p: load_tokenizer(p, contained=True),
-                                   lambda d: ex.model_example(d) / TOKENIZER_FILE, "json", MODEL_COMMANDS),
-        "train_config.json": FileKind(TRAIN_CONFIG_FILE, read_train_config,
-                                      lambda d: ex.model_example(d) / TRAIN_CONFIG_FILE, "json", MODEL_COMMANDS),
-        "summary.json": FileKind(SUMMARY_FILE, read_summary, lambda d: ex.model_example(d) / SUMMARY_FILE, "json",
+                                   lambda d: model(d) / TOKENIZER_FILE, "json", MODEL_COMMANDS, limit=TOKENIZER_LIMIT),
+        "train_config.json": FileKind(TRAIN_CONFIG_FILE, read_train_config, lambda d: model(d) / TRAIN_CONFIG_FILE,
+                                      "json", MODEL_COMMANDS),
+        "summary.json": FileKind(SUMMARY_FILE, read_summary, lambda d: model(d) / SUMMARY_FILE, "json",
                                  MODEL_COMMANDS),
-        "trainer_state.json": FileKind(STATE_FILE, read_trainer_state, lambda d: ex.trainer_state_example(d),
-                                       "json"),
-        "metrics.jsonl": FileKind(METRICS_FILE, read_metrics, lambda d: ex.sweep_example(d) / "seed-0" /
-                                  METRICS_FILE, "jsonl", SWEEP_COMMANDS),
-        "sweep.json": FileKind(SWEEP_FILE, read_sweep, lambda d: ex.sweep_example(d) / SWEEP_FILE, "json",
-                               SWEEP_COMMANDS),
-        "cfg.json (SAE)": FileKind(SAE_CFG_FILE, read_sae_cfg, lambda d: ex.sae_example(d) / SAE_CFG_FILE, "json",
-                                   SAE_COMMANDS),
+        "trainer_state.json": FileKind(STATE_FILE, read_trainer_state, ex.trainer_state_example, "json"),
+        "metrics.jsonl": FileKind(METRICS_FILE, read_metrics, lambda d: sweep(d) / "seed-0" / METRICS_FILE, "jsonl",
+                                  SWEEP_COMMANDS, limit=METRICS_LIMIT),
+        "sweep.json": FileKind(SWEEP_FILE, read_sweep, lambda d: sweep(d) / SWEEP_FILE, "json", SWEEP_COMMANDS),
+        "cfg.json (SAE)": FileKind(SAE_CFG_FILE, read_sae_cfg, lambda d: sae(d) / SAE_CFG_FILE, "json", SAE_COMMANDS,
+                                   limit=SAE_CFG_LIMIT),
         "sae_weights.safetensors": FileKind(SAE_WEIGHTS_FILE, lambda p: read_sae_folder(Path(p).parent),
-                                            lambda d: ex.sae_example(d) / SAE_WEIGHTS_FILE, "safetensors",
-                                            SAE_COMMANDS, finite=True),
-        "training.json (SAE)": FileKind(SAE_TRAINING_FILE, read_sae_training,
-                                        lambda d: ex.sae_example(d) / SAE_TRAINING_FILE, "json", SAE_COMMANDS),
-        "legacy .pth": FileKind("old.pth", read_pth, lambda d: ex.legacy_example(d), "pth", LEGACY_COMMANDS),
+                                            lambda d: sae(d) / SAE_WEIGHTS_FILE, "safetensors", SAE_COMMANDS,
+                                            finite=True, limit=WEIGHTS_LIMIT),
+        "training.json (SAE)": FileKind(SAE_TRAINING_FILE, read_sae_training, lambda d: sae(d) / SAE_TRAINING_FILE,
+                                        "json", SAE_COMMANDS),
+        "legacy .pth": FileKind("old.pth", read_pth, ex.legacy_example, "pth", LEGACY_COMMANDS, limit=WEIGHTS_LIMIT,
+                                contained=False),
     }
 
 

@@ -229,10 +229,10 @@ def read_pth(path) -> dict:
 
 
 def read_summary(path, contained: bool = True) -> dict:
-    """A run's `summary.json`: a JSON object; `steps` an integer >= 0 and `final_val_loss` a number or null where
-    present. `CheckpointError` naming the file otherwise."""
+    """A run's `summary.json`: a JSON object with `steps` (an integer >= 0) and `final_val_loss` a number or null
+    where present. `CheckpointError` naming the file otherwise."""
     d = _json_object(path, CheckpointError, "a run summary", contained)
-    field_of(d, "steps", int, path, CheckpointError, required=False, lo=0, hi=MAX_STEP)
+    field_of(d, "steps", int, path, CheckpointError, lo=0, hi=MAX_STEP)
     field_of(d, "final_val_loss", (float, type(None)), path, CheckpointError, required=False)
     return d
 
@@ -433,9 +433,12 @@ def read_sae_weights(path, cfg: dict, contained: bool = True) -> dict:
 
 
 def read_sae_training(path, contained: bool = True) -> dict:
-    """`training.json` beside an SAE (how `circuits sae train` trained it): a JSON object; `steps`, `d_in`, `d_sae`
-    integers >= 1 and `l1`, `lr` numbers where present. `SAEError` naming the file otherwise."""
+    """`training.json` beside an SAE (how `circuits sae train` trained it): a JSON object with `hook_name` (a string)
+    and `steps` (an integer >= 1); `d_in`, `d_sae`, `expansion`, `batch_size` integers >= 1 and `l1`, `lr`, `seconds`
+    numbers >= 0 where present. `SAEError` naming the file otherwise."""
     d = _json_object(path, SAEError, "an SAE's training record", contained)
+    field_of(d, "hook_name", str, path, SAEError)
+    field_of(d, "steps", int, path, SAEError, lo=1, hi=MAX_STEP)
     for key in ("steps", "d_in", "d_sae", "expansion", "batch_size"):
         field_of(d, key, int, path, SAEError, required=False, lo=1, hi=MAX_STEP)
     for key in ("l1", "lr", "seconds"):
