@@ -86,7 +86,8 @@ def sweep_example(root) -> Path:
             ind = [[0.05, 0.05], [0.05, 0.6 if step >= 60 else 0.05]]
             recs.append({"step": step, "tokens": step * 64, "val_loss": 4.0 - step / 100,
                          "train_loss": 4.1 - step / 100,
-                         "induction_scores_50": ind, "previous_token_scores": [[0.9, 0.1], [0.1, 0.1]], "icl_score": -0.2})
+                         "induction_scores_50": ind, "previous_token_scores": [[0.9, 0.1], [0.1, 0.1]],
+                         "icl_score": -0.2})
         save(model, folder, extra_files={"metrics.jsonl": "".join(json.dumps(r) + "\n" for r in recs)})
         members.append({"seed": seed, "folder": folder.name, "status": "finished"})
     record = {"format": "toy-circuits seed sweep", "status": "finished", "steps": 100, "seeds": [0, 1],
