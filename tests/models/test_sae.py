@@ -213,6 +213,44 @@ def test_train_save_load_round_trip_and_no_overwrite(tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
+@pytest.mark.ecosystem
+@needs_sae_lens
+def test_sae_with_nan_weights_is_refused_not_reported(tmp_path, capsys):
+    """An SAE SAELens saved with a NaN weight was reported as "dead 256/256, L0 0, FVU nan" with exit 0; its
+    reader refuses non-finite weights: one line naming the file, exit 2, nothing written."""
+    from analyses.cli import main
+
+    sae = _sae(128, "blocks.1.hook_mlp_out")
+    with torch.no_grad():
+        sae.W_enc[0, 0] = float("nan")
+    sae.save_model(tmp_path / "sae")
+    assert main(["sae", "report", "gelu-2l", str(tmp_path / "sae"), "--out", str(tmp_path / "rep")]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "sae_weights.safetensors" in lines[0] and "non-finite" in lines[0]
+    assert not (tmp_path / "rep").exists()
+
+
+@pytest.mark.ecosystem
+@needs_sae_lens
+def test_save_sae_on_a_full_disk_through_sae_lens(tmp_path, monkeypatch):
+    """SAELens' `save_model` writes through safetensors, whose own error type carries a full disk: `DiskFullError`
+    (exit 1 on the command line), nothing left behind."""
+    import sae_lens.saes.sae as sae_module
+    from safetensors import SafetensorError
+
+    from models.errors import DiskFullError
+    from models.sae import Trained, save_sae
+
+    def full(*a, **k):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space '
+                              'left on device" })')
+
+    monkeypatch.setattr(sae_module, "save_file", full)
+    with pytest.raises(DiskFullError, match="disk is full"):
+        save_sae(Trained(_sae(16, "blocks.0.hook_resid_post"), {"steps": 1}, 0.0), tmp_path / "sae")
+    assert sorted(os.listdir(tmp_path)) == []
+
+
 def _circuits(*args, timeout=900):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, "-m", "analyses.cli", *map(str, args)], cwd=ROOT, env=env,
