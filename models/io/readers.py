@@ -238,15 +238,18 @@ def read_summary(path, contained: bool = True) -> dict:
 
 
 def read_train_config(path, contained: bool = True) -> dict:
-    """A run's `train_config.json` as a dict: a JSON object holding at least `steps`, `batch_size`, `seed`, `data`
-    and `tokenizer` of the right types (`models.training.config.TrainConfig.from_dict` checks the rest).
+    """A run's `train_config.json` as a dict: a JSON object holding `data` (a string or a list of them: what commands
+    read from it, the corpus) and, where present, `steps`, `batch_size`, `seed`, `tokenizer`, `seq_len` and `lr` of
+    the right types (`models.training.config.TrainConfig.from_dict` checks the rest where a run is resumed).
     `TrainConfigError` naming the file otherwise."""
     d = _json_object(path, TrainConfigError, "a training config", contained)
-    field_of(d, "steps", int, path, TrainConfigError, lo=0, hi=MAX_STEP)
-    field_of(d, "batch_size", int, path, TrainConfigError, lo=1, hi=MAX_STEP)
-    field_of(d, "seed", int, path, TrainConfigError, lo=0, hi=2**64 - 1)
-    field_of(d, "data", str, path, TrainConfigError)
-    field_of(d, "tokenizer", str, path, TrainConfigError)
+    data = field_of(d, "data", (str, list), path, TrainConfigError)
+    if isinstance(data, list) and not all(isinstance(x, str) for x in data):
+        raise TrainConfigError(f"{path}: 'data' must be a string or a list of strings")
+    field_of(d, "steps", int, path, TrainConfigError, required=False, lo=0, hi=MAX_STEP)
+    field_of(d, "batch_size", int, path, TrainConfigError, required=False, lo=1, hi=MAX_STEP)
+    field_of(d, "seed", int, path, TrainConfigError, required=False, lo=0, hi=2**64 - 1)
+    field_of(d, "tokenizer", str, path, TrainConfigError, required=False)
     field_of(d, "seq_len", (int, type(None)), path, TrainConfigError, required=False, lo=1, hi=MAX_STEP)
     field_of(d, "lr", float, path, TrainConfigError, required=False, lo=0)
     return d

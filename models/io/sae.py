@@ -120,7 +120,7 @@ class SAEMethods:
 
     def reset_saes(self, act_names: str | list[str] | None = None) -> None:
         """Detach the SAEs at `act_names` (default: all), putting plain hook points back."""
-        from transformer_lens.hook_points import HookPoint
+        from ..arch.tl_compat import HookPoint
 
         names = [act_names] if isinstance(act_names, str) else list(self._sae_splices) if act_names is None else \
             act_names
