@@ -119,3 +119,14 @@ def legacy_example(root) -> Path:
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, root / "old.pth")
     (root / "cfg.json").write_text(model.cfg.to_json())
     return root / "old.pth"
+
+
+def corpus_cache_example(root) -> Path:
+    """`root/cache/meta.json` as a tokenized corpus cache holds it (beside its train.bin / val.bin); returns its
+    path."""
+    folder = Path(root) / "cache"
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"name": "example", "dtype": "uint16", "n_train": 100, "n_val": 0, "val_fraction": 0.1,
+            "n_train_files": 1, "n_val_files": 0}
+    (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+    return folder / "meta.json"

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..data.corpora import read_corpus_meta
 from ..data.tokenizer import load_tokenizer
 from ..files.safe_read import JSON_LIMIT, TOKENIZER_LIMIT
 from . import examples as ex
@@ -114,6 +115,7 @@ def _kinds() -> dict[str, FileKind]:
                                             finite=True, limit=WEIGHTS_LIMIT),
         "training.json (SAE)": FileKind(SAE_TRAINING_FILE, read_sae_training, lambda d: sae(d) / SAE_TRAINING_FILE,
                                         "json", SAE_COMMANDS),
+        "meta.json (corpus cache)": FileKind("meta.json", read_corpus_meta, ex.corpus_cache_example, "json"),
         "legacy .pth": FileKind("old.pth", read_pth, ex.legacy_example, "pth", LEGACY_COMMANDS, limit=WEIGHTS_LIMIT,
                                 contained=False),
     }
