@@ -22,7 +22,7 @@ def _model(d_vocab: int):
 
 def model_example(root) -> Path:
     """`root/model`: a model folder (config.json, model.safetensors, a BPE tokenizer.json, train_config.json,
-    summary.json) and `root/sae`, an SAE on its `blocks.0.hook_resid_post`; returns `root/model`."""
+    summary.json, metrics.jsonl) and `root/sae`, an SAE on its `blocks.0.hook_resid_post`; returns `root/model`."""
     from ..data.tokenizer import BPETokenizer
     from .checkpoint import save
 
@@ -35,8 +35,11 @@ def model_example(root) -> Path:
     model.tokenizer = tok
     train_config = {"steps": 10, "batch_size": 2, "seed": 0, "data": "stdlib", "tokenizer": "bpe-280",
                     "seq_len": None, "lr": 0.001}
+    metrics = [{"step": s, "tokens": s * 32, "lr": 0.001, "train_loss": 5.6 - s / 100, "val_loss": 5.5 - s / 100}
+               for s in (0, 5, 10)]
     save(model, folder, extra_files={"train_config.json": json.dumps(train_config),
-                                     "summary.json": json.dumps({"steps": 10, "final_val_loss": 5.5})})
+                                     "summary.json": json.dumps({"steps": 10, "final_val_loss": 5.5}),
+                                     "metrics.jsonl": "".join(json.dumps(r) + "\n" for r in metrics)})
     sae_example(root)
     return folder
 

@@ -105,6 +105,8 @@ def _kinds() -> dict[str, FileKind]:
         "summary.json": FileKind(SUMMARY_FILE, read_summary, lambda d: model(d) / SUMMARY_FILE, "json",
                                  MODEL_COMMANDS),
         "trainer_state.json": FileKind(STATE_FILE, read_trainer_state, ex.trainer_state_example, "json"),
+        "metrics.jsonl (run)": FileKind(METRICS_FILE, read_metrics, lambda d: model(d) / METRICS_FILE, "jsonl",
+                                        MODEL_COMMANDS, limit=METRICS_LIMIT),
         "metrics.jsonl": FileKind(METRICS_FILE, read_metrics, lambda d: sweep(d) / "seed-0" / METRICS_FILE, "jsonl",
                                   SWEEP_COMMANDS, limit=METRICS_LIMIT),
         "sweep.json": FileKind(SWEEP_FILE, read_sweep, lambda d: sweep(d) / SWEEP_FILE, "json", SWEEP_COMMANDS),
