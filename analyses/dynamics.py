@@ -10,7 +10,6 @@ checkpoints, the `analyses.train_metrics` scores: `icl_score`, `induction_scores
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,15 +25,10 @@ FORMED = 0.4
 
 
 def _read_metrics(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():  # binary garbage: lines that are not JSON
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:  # a torn last line of a killed run
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    """The records of a run's metrics.jsonl, through its reader (`models.io.readers.read_metrics`)."""
+    from models.io.readers import read_metrics
+
+    return read_metrics(path)
 
 
 @dataclass
@@ -145,10 +139,11 @@ def _run_loss_labels(run: Path) -> tuple[str, str]:
     path = run / "train_config.json"
     if not path.is_file():
         return loss_labels(None)
+    from models.io.readers import read_train_config
     from models.training.loop import TrainConfig
 
     try:
-        return loss_labels(TrainConfig.from_json(path.read_text()))
+        return loss_labels(TrainConfig.from_dict(read_train_config(path)))
     except (ValueError, TypeError):  # a config this version cannot read: say nothing it does not know
         return loss_labels(None)
 
@@ -336,7 +331,7 @@ def checkpoint_scores(run_dir, windows=None, tokens_from=None, early: int | None
     if tokenizer is None and (run / "tokenizer.json").is_file():
         from models.data.tokenizer import load_tokenizer
 
-        tokenizer = load_tokenizer(run / "tokenizer.json")
+        tokenizer = load_tokenizer(run / "tokenizer.json", contained=True)
     folders = sorted((p for p in (run / "checkpoints").glob("step-*") if (p / "config.json").is_file()),
                      key=lambda p: int(p.name.split("-")[1])) if (run / "checkpoints").is_dir() else []
     if max_checkpoints is not None and len(folders) > max_checkpoints >= 2:

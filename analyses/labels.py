@@ -115,12 +115,19 @@ def _raw_bytes(tok, i: int) -> bytes | None:
 
 def token_labels(model, ids, max_len: int = 12) -> list[str]:
     """`token_label` of each id's decoding with `model.tokenizer` (`#id` without one); a token that decodes to
-    U+FFFD (part of a UTF-8 character) is shown as its bytes, `<0xE2>`."""
+    U+FFFD (part of a UTF-8 character) is shown as its bytes, `<0xE2>`; an id the tokenizer lacks (the model's
+    vocabulary is larger) as `<id N>` (`models.arch.tokens.unknown_id_text`)."""
+    from models.arch.tokens import unknown_id_text
+
     tok = getattr(model, "tokenizer", None)
+    n_known = getattr(tok, "vocab_size", None)
     out = []
     for i in (int(x) for x in ids):
         if tok is None:
             out.append(f"#{i}")
+            continue
+        if isinstance(n_known, int) and not 0 <= i < n_known:
+            out.append(unknown_id_text(i))
             continue
         try:
             s = tok.decode([i])

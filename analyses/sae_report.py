@@ -2,7 +2,7 @@
 dead features), how much of the model's loss survives it spliced in, and, for its top features, the contexts that
 activate them most and the tokens their decoder direction promotes through `W_U`. Markdown and one PNG.
 
-The SAE is SAELens' (`models.sae`); the measures are `models.sae.feature_stats` and `models.sae.sae_losses`.
+The SAE is SAELens' (`models.sae`); the measures are `analyses.sae_metrics.feature_stats` and `sae_losses`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from models.sae import feature_stats, sae_losses
+from models.io.sae import activations
 
 from .labels import markdown_text, token_labels
+from .sae_metrics import feature_stats, sae_losses
 from .util import markdown_table
 
 
@@ -60,8 +61,6 @@ def analyse(model, sae, windows: torch.Tensor, bos: int | None, top: int = 8, co
     (`before` tokens of context, the token, `after` tokens) and the `promoted` tokens of largest logit weight
     (decoder direction · `W_U`; Bricken et al. 2023, "Towards Monosemanticity", "logit weights"; the final norm's
     scale is left out)."""
-    from models.sae import activations
-
     hook = sae.cfg.metadata.hook_name
     skip = int(bos is not None)
     x = activations(model, hook, windows, skip=skip)

@@ -181,18 +181,17 @@ def resolve_device(spec: str):
 
 def read_json_object(spec: str, what: str) -> dict:
     """A JSON object from a file path, or given inline when `spec` starts with `{`."""
+    from models.files.safe_read import JSON_LIMIT, loads_strict, read_bytes
+
     inline = spec.lstrip().startswith("{")
     try:
-        if inline:
-            d = json.loads(spec)
-        else:
-            from models.files.safe_read import JSON_LIMIT, read_bytes
-
-            d = json.loads(read_bytes(spec, JSON_LIMIT, UsageError, what))
+        d = loads_strict(spec if inline else read_bytes(spec, JSON_LIMIT, UsageError, what), UsageError)
     except OSError as e:
         raise UsageError(f"cannot read {what} {spec}: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{what} {'(inline) ' if inline else ''}{spec} is not valid JSON: {e}") from None
+    except UsageError as e:  # strict JSON: no NaN, no overflowing number, no key given twice
+        if str(e).startswith(str(spec)):
+            raise
+        raise UsageError(f"{what} {'(inline) ' if inline else ''}{spec} is {e}") from None
     if not isinstance(d, dict):
         raise UsageError(f"{what} {spec} must hold a JSON object")
     return d
@@ -230,6 +229,9 @@ def load_model(args, device) -> Loaded:
         if args.config:
             raise UsageError("--config is only for a state-dict MODEL file; a model folder carries its config.json")
         folder = resolve(spec)  # CheckpointError (exit 2) for unknown names lists the zoo
+        from models.io.readers import check_model_folder
+
+        check_model_folder(folder)  # its train_config.json and summary.json, read before anything is written
         model = models.load(folder, device=device)
         name = spec
     if getattr(args, "tokenizer", None):

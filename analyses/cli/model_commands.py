@@ -37,7 +37,6 @@ def _info_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_info(args, loaded) -> int:
-    import json
 
     device = loaded.device
     model, cfg = loaded.model, loaded.model.cfg
@@ -47,10 +46,15 @@ def run_info(args, loaded) -> int:
     tok_desc = None if tok is None else f"{getattr(tok, 'kind', type(tok).__name__)}, {tok.vocab_size} ids"
     card = summary = None
     if loaded.folder is not None:
-        if (loaded.folder / "summary.json").is_file():
-            summary = json.loads((loaded.folder / "summary.json").read_text())
+        from models.errors import CheckpointError
+        from models.files.safe_read import JSON_LIMIT, read_text
+        from models.io.readers import read_summary
+
+        if os.path.lexists(loaded.folder / "summary.json"):
+            summary = read_summary(loaded.folder / "summary.json")
         if (loaded.folder / "card.md").is_file():
-            lines = [ln.strip() for ln in (loaded.folder / "card.md").read_text().splitlines()]
+            lines = [ln.strip() for ln in read_text(loaded.folder / "card.md", JSON_LIMIT, CheckpointError, "the card",
+                                                    contained=True).splitlines()]
             card = next((ln for ln in lines if ln and not ln.startswith("#")), None)
     obj = {"name": loaded.name, "source": str(loaded.folder or args.model), "config": cfg.to_dict(),
            "parameters": counts, "tokenizer": tok_desc, "hooks": hooks, "card": card,
@@ -114,7 +118,7 @@ def _report_check(args) -> int | None:
         raise UsageError(f"--out {out} exists and is not a folder")
     from models.training.sweep import SWEEP_FILE
 
-    if (Path(args.model) / SWEEP_FILE).is_file():
+    if os.path.lexists(Path(args.model) / SWEEP_FILE):  # a sweep, even one whose sweep.json is not a file
         return _report_sweep(args, out)
     return None
 

@@ -18,7 +18,6 @@ from .common import (
     read_text_tokens,
     save_figure,
     validation_windows,
-    warn,
 )
 
 #: Tokens of the training split (or --text-file) the activation source draws windows from.
@@ -71,12 +70,18 @@ def _sae_args(p: argparse.ArgumentParser) -> None:
 
 
 def _sae_check(args) -> None:
-    """`--out` checked before the model loads."""
+    """`--out` and the SAE folder checked before the model loads."""
     out = Path(args.out)
     if args.sae_command == "train" and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} exists and is not an empty folder; give a new folder (nothing is overwritten)")
-    if args.sae_command == "report" and out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
+    if args.sae_command == "report":
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out {out} exists and is not a folder")
+        if not Path(args.sae_dir).is_dir():
+            raise UsageError(f"SAE_DIR {args.sae_dir} is not a folder")
+        from models.io.readers import read_sae_folder
+
+        read_sae_folder(Path(args.sae_dir))  # every file of it checked before the model is loaded or anything written
 
 
 def run_sae(args, loaded) -> int:
@@ -107,7 +112,8 @@ def _text(loaded, args, split: str, max_tokens: int):
 
 
 def run_sae_train(args, loaded) -> int:
-    from models.sae import check_model, save_sae, train_sae
+    from models.io.sae import check_model, save_sae
+    from models.training.sae import train_sae
 
     out = Path(args.out)
     check_model(loaded.model, "circuits sae train")  # SAEError: exit 2, one line
@@ -125,29 +131,18 @@ def run_sae_train(args, loaded) -> int:
 
 
 def run_sae_report(args, loaded) -> int:
-    import json
-
     import torch
 
     from models.files.atomic import atomic_write_text
-    from models.files.safe_read import JSON_LIMIT, read_text
-    from models.sae import TRAINING_FILE, load_sae
+    from models.io.readers import read_sae_folder
+    from models.io.sae import load_sae
 
     from ..sae_report import analyse, markdown, plot
 
     out, device = Path(args.out), loaded.device
     sae_dir = Path(args.sae_dir)
-    if not sae_dir.is_dir():
-        raise UsageError(f"SAE_DIR {sae_dir} is not a folder")
+    _, _, settings = read_sae_folder(sae_dir)
     sae = load_sae(sae_dir, loaded.model)
-    settings = None
-    if (sae_dir / TRAINING_FILE).is_file():
-        try:
-            settings = json.loads(read_text(sae_dir / TRAINING_FILE, JSON_LIMIT, ValueError))
-        except (ValueError, UnicodeDecodeError):
-            warn(f"circuits sae report: {sae_dir / TRAINING_FILE} is not valid JSON; left out")
-        if not isinstance(settings, dict):
-            settings = None
     win, what, _ = validation_windows(loaded, args, args.windows, args.seed)
     if win is None:
         raise UsageError(f"{loaded.name}: {what}; pass --text-file FILE")

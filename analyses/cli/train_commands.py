@@ -215,13 +215,15 @@ def write_sweep(folder, dest, copying: bool = True, report_name: str | None = No
 
     matplotlib.use("Agg")  # figures go to files
 
+    import os
+
     from models.files.atomic import atomic_write_json, atomic_write_text
     from models.training.sweep import SWEEP_FILE, read_sweep
 
     from ..sweep import plot_sweep, sweep_markdown, sweep_summary
     from .common import save_figure
 
-    if not (folder / SWEEP_FILE).is_file():
+    if not os.path.lexists(folder / SWEEP_FILE):  # one that is not a regular file: its reader says so
         raise UsageError(f"{folder} is not a seed sweep (no {SWEEP_FILE}); give the --out folder of "
                          "`circuits train --seeds`")
     outputs = ("sweep.json", report_name or "sweep.md", "sweep.png")

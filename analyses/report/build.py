@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import tempfile
@@ -78,11 +77,11 @@ _DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
 def read_train_config(folder: Path | None) -> dict:
-    if folder is not None and (Path(folder) / "train_config.json").is_file():
-        from models.errors import CheckpointError
-        from models.files.safe_read import JSON_LIMIT, read_text
+    """The folder's train_config.json through its reader (`models.io.readers.read_train_config`), {} without one."""
+    if folder is not None and os.path.lexists(Path(folder) / "train_config.json"):
+        from models.io.readers import read_train_config as read
 
-        return json.loads(read_text(Path(folder) / "train_config.json", JSON_LIMIT, CheckpointError))
+        return read(Path(folder) / "train_config.json")
     return {}
 
 

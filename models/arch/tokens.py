@@ -157,6 +157,29 @@ class TextMixin:
         return int(where[0] if mode == "first" else where[-1])
 
 
+def unknown_id_text(i: int) -> str:
+    """How an id its tokenizer lacks (a model's vocabulary larger than its tokenizer's) is shown: `<id 517>`, visible
+    and unlike any decoded text (tokenizers return '' for it, which prints as nothing)."""
+    return f"<id {int(i)}>"
+
+
+def decode_known(ids: list[int], n_known: int, decode) -> str:
+    """`decode(run)` of each run of ids below `n_known` (runs decode together: a character may span tokens), and
+    `unknown_id_text` for every other id."""
+    out, run = [], []
+    for i in ids:
+        if 0 <= i < n_known:
+            run.append(i)
+            continue
+        if run:
+            out.append(decode(run))
+            run = []
+        out.append(unknown_id_text(i))
+    if run or not out:
+        out.append(decode(run))
+    return "".join(out)
+
+
 def is_hugging_face_tokenizer(tokenizer) -> bool:
     """Whether `tokenizer` is a `transformers` tokenizer (a `PreTrainedTokenizerBase`; found by class name, so that
     `transformers` is not imported to ask)."""
@@ -203,11 +226,22 @@ class HFTokenizer:
         return self.hf.pad_token_id if self.hf.pad_token_id is not None else self.hf.eos_token_id
 
     def encode(self, text: str) -> list[int]:
-        return list(self.hf.encode(text, add_special_tokens=False))
+        try:
+            return list(self.hf.encode(text, add_special_tokens=False))
+        except BaseException as e:  # a panic of the `tokenizers` library's Rust code (see `models.data.tokenizer`)
+            if type(e).__name__ != "PanicException":
+                raise
+            from ..errors import TokenizerError
+
+            raise TokenizerError(f"the tokenizer failed on this text ({(str(e).splitlines() or [''])[0][:160]})") \
+                from None
 
     def decode(self, ids) -> str:
         ids = torch.as_tensor(ids).reshape(-1).tolist() if hasattr(ids, "ndim") else ids
-        return self.hf.decode(ids, skip_special_tokens=False)
+        if isinstance(ids, int):
+            ids = [ids]
+        return decode_known([int(i) for i in ids], len(self.hf),
+                            lambda run: self.hf.decode(run, skip_special_tokens=False))
 
     def id_to_token(self, i: int) -> str:
         return self.decode([int(i)])

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import CorpusError
 from ..files.atomic import atomic_write_dir
 from ..files.cache_dir import default_cache_dir
-from ..files.safe_read import open_regular
+from ..files.safe_read import JSON_LIMIT, open_regular, read_json
 
 _ANY_SIZE = 1 << 62  # corpus files are streamed: the bound that matters is "a regular file"
 
@@ -270,7 +270,7 @@ def build_token_corpus(source, tokenizer, cache_dir=None) -> TokenCorpus:
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
 
         atomic_write_dir(folder, write)
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = read_corpus_meta(folder / "meta.json")
     if meta["n_train"] == 0:
         raise CorpusError(f"corpus {source.name!r} contains no text (0 tokens after tokenization)")
     train = np.memmap(folder / "train.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_train"],))
@@ -280,6 +280,26 @@ def build_token_corpus(source, tokenizer, cache_dir=None) -> TokenCorpus:
         cut = int(round(meta["n_train"] * (1 - meta["val_fraction"])))
         train, val = train[:cut], train[cut:]
     return TokenCorpus(source.name, train, val, tokenizer, folder)
+
+
+def read_corpus_meta(path) -> dict:
+    """The reader of a tokenized corpus cache's `meta.json`: a JSON object with `dtype` ("uint16" or "uint32"),
+    `n_train` and `n_val` (integers >= 0) and `val_fraction` (a number in [0, 1) or null; needed when `n_val` is 0).
+    `CorpusError` naming the file otherwise (delete the cache folder to rebuild it)."""
+    path = Path(path)
+    try:
+        meta = read_json(path, JSON_LIMIT, CorpusError, "the corpus cache's meta.json", contained=True)
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: missing (delete {path.parent} to rebuild the cache)") from None
+    ok = (isinstance(meta, dict) and meta.get("dtype") in ("uint16", "uint32") and
+          all(isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) and 0 <= meta[k] < 1 << 48
+              for k in ("n_train", "n_val")) and
+          (meta["n_val"] > 0 or (isinstance(meta.get("val_fraction"), (int, float)) and
+                                 not isinstance(meta.get("val_fraction"), bool) and 0 <= meta["val_fraction"] < 1)))
+    if not ok:
+        raise CorpusError(f"{path}: not a corpus cache record (dtype uint16/uint32, n_train and n_val integers >= 0, "
+                          f"val_fraction in [0, 1) when n_val is 0); delete {path.parent} to rebuild the cache")
+    return meta
 
 
 # --- baselines ------------------------------------------------------------------------------------

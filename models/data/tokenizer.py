@@ -13,11 +13,13 @@ without merges, so ids are the UTF-8 bytes), and names this module does not defi
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
+from ..arch.tokens import decode_known, unknown_id_text
 from ..errors import TokenizerError
-from ..files.safe_read import TOKENIZER_LIMIT, read_text
+from ..files.safe_read import TOKENIZER_LIMIT, loads_strict, read_text
 
 BOS, PAD, EOS = "<|bos|>", "<|pad|>", "<|endoftext|>"
 SPECIALS = (BOS, PAD, EOS)
@@ -69,6 +71,18 @@ class HFSurface:
         if name.startswith("_") or name in ("tok", "tokenizers_object"):
             raise AttributeError(name)
         return getattr(self.hf, name)
+
+
+@contextmanager
+def rust_panics_refused():
+    """A panic of the `tokenizers` library's Rust code (pyo3's `PanicException`, a `BaseException` that no
+    `except Exception` catches: e.g. a regular expression past its backtracking limit) as `TokenizerError`."""
+    try:
+        yield
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        raise TokenizerError(f"the tokenizer failed on this text ({(str(e).splitlines() or [''])[0][:160]})") from None
 
 
 def id_list(ids) -> list[int]:
@@ -125,7 +139,7 @@ class ByteTokenizer(HFSurface):
                 continue
             out.append(buf.decode("utf-8", errors="replace"))
             buf = bytearray()
-            out.append(SPECIALS[i - 256] if i - 256 < len(SPECIALS) else f"<|{i}|>")
+            out.append(SPECIALS[i - 256] if 0 <= i - 256 < len(SPECIALS) else unknown_id_text(i))
         out.append(buf.decode("utf-8", errors="replace"))
         return "".join(out)
 
@@ -171,10 +185,11 @@ class BPETokenizer(HFSurface):
         return cls(tok)
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+        with rust_panics_refused():
+            return self.tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:
-        return self.tok.decode(id_list(ids), skip_special_tokens=False)
+        return decode_known(id_list(ids), self.vocab_size, lambda run: self.tok.decode(run, skip_special_tokens=False))
 
     def id_to_token(self, i: int) -> str:
         return self.decode([i])
@@ -207,24 +222,34 @@ def make_tokenizer(spec: str, texts=None):
     raise TokenizerError(f"unknown tokenizer {spec!r}: use 'bytes', 'bpe-<vocab size>' or a tokenizer.json path")
 
 
-def load_tokenizer(path):
-    """Read a `tokenizer.json` written by either tokenizer."""
+def load_tokenizer(path, contained: bool = False):
+    """The reader of `tokenizer.json` (either tokenizer's, a seq2seq pair, or another tool's `tokenizers` table):
+    a regular file of at most `TOKENIZER_LIMIT` bytes, strict JSON (`models.files.safe_read.loads_strict`), checked by
+    `tokenizer_json_problem` before the `tokenizers` library sees it; `TokenizerError` naming the file otherwise.
+    `contained`: a symbolic link leading out of the file's folder is refused (a model folder's own file)."""
     path = Path(path)
     try:
-        text = read_text(path, TOKENIZER_LIMIT, TokenizerError, "the tokenizer file")
-        data = json.loads(text)
+        text = read_text(path, TOKENIZER_LIMIT, TokenizerError, "the tokenizer file", contained)
     except TokenizerError as e:
-        raise TokenizerError(f"{path}: not a readable tokenizer file ({str(e).split(': ', 1)[-1]})") from None
-    except (OSError, json.JSONDecodeError, RecursionError) as e:
+        raise TokenizerError(f"{path}: not a readable tokenizer file ({str(e).split(': ', 2)[-1]})") from None
+    except OSError as e:
         raise TokenizerError(f"{path}: not a readable tokenizer file ({type(e).__name__}: {e})") from None
-    if isinstance(data, dict) and data.get("toy_circuits_tokenizer") == "bytes":
+    try:
+        data = loads_strict(text, TokenizerError)
+    except TokenizerError as e:
+        raise TokenizerError(f"{path}: not a readable tokenizer file ({e})") from None
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path}: not a valid tokenizer (a JSON {type(data).__name__}, not an object)")
+    if data.get("toy_circuits_tokenizer") == "bytes":
         return ByteTokenizer()
-    if isinstance(data, dict) and data.get("toy_circuits_tokenizer") == "seq2seq":
-
+    if data.get("toy_circuits_tokenizer") == "seq2seq":
         try:
             return Seq2SeqTokenizer.from_dict(data)
         except (KeyError, TypeError, ValueError) as e:
             raise TokenizerError(f"{path}: not a valid seq2seq tokenizer ({type(e).__name__}: {e})") from None
+    problem = tokenizer_json_problem(data)
+    if problem:
+        raise TokenizerError(f"{path}: {problem}")
     from tokenizers import Tokenizer
 
     try:
@@ -238,6 +263,152 @@ def load_tokenizer(path):
 
         return HFTokenizer(PreTrainedTokenizerFast(tokenizer_object=tok))
     return BPETokenizer(tok)
+
+
+#: Bounds on a `tokenizers` table: ids (vocabulary and added tokens) and merges.
+MAX_IDS = 1 << 20
+MAX_MERGES = 1 << 20
+#: Regular expressions allowed in a tokenizer.json whatever their shape: the pre-tokenizer patterns of GPT-2 and
+#: of OpenAI's cl100k / o200k tables as Hugging Face tokenizers spell them. Any other pattern must pass `regex_problem`.
+KNOWN_REGEXES = frozenset({
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+",
+})
+MAX_REGEX = 256  # characters of a pattern not in KNOWN_REGEXES
+MAX_REPEATS = 2  # repeated atoms (`*`, `+`, `{m,n}`) in one branch of a pattern not in KNOWN_REGEXES
+
+
+def tokenizer_json_problem(data: dict) -> str | None:
+    """What makes a `tokenizers` table unsafe or silently wrong here, or None: `truncation` or `padding` set (the
+    library would cut or pad every text this toolkit encodes, silently: the toolkit truncates and pads itself, so
+    such a file is refused, not half-used), more than `MAX_IDS` ids or `MAX_MERGES` merges, or a regular expression
+    (a `Split` pre-tokenizer's or a `Replace` normaliser's `{"Regex": ...}`) that `regex_problem` refuses (a pattern
+    that backtracks catastrophically makes the library's Rust code panic, which no `except Exception` catches)."""
+    for key in ("truncation", "padding"):
+        if data.get(key) is not None:
+            return (f"sets {key!r} ({json.dumps(data[key])[:120]}), so every text would be silently "
+                    f"{'cut' if key == 'truncation' else 'padded'}; this toolkit truncates and pads itself: set "
+                    f"\"{key}\": null in the file")
+    model = data.get("model")
+    if not isinstance(model, dict):
+        return "not a valid tokenizer (no 'model' object)"
+    vocab, merges, added = model.get("vocab"), model.get("merges"), data.get("added_tokens")
+    for what, value, bound in (("vocabulary entries", vocab, MAX_IDS), ("merges", merges, MAX_MERGES),
+                               ("added tokens", added, MAX_IDS)):
+        if value is not None and not isinstance(value, (list, dict)):
+            return f"'{what}' must be a JSON list or object, got {type(value).__name__}"
+        if value is not None and len(value) > bound:
+            return f"{len(value):,} {what}, more than the {bound:,} allowed"
+    for pattern in _regexes(data):
+        problem = regex_problem(pattern)
+        if problem:
+            return f"refused regular expression {pattern[:80]!r}: {problem}"
+    return None
+
+
+def _regexes(node):
+    """Every `{"Regex": pattern}` value anywhere in a tokenizer's JSON."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, dict):
+            if "Regex" in n:
+                yield n["Regex"] if isinstance(n["Regex"], str) else repr(n["Regex"])
+            stack.extend(n.values())
+        elif isinstance(n, list):
+            stack.extend(n)
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why `pattern` may backtrack catastrophically, or None. Allowed: `KNOWN_REGEXES`, and patterns of at most
+    `MAX_REGEX` characters with no backreference, no repeated group (`*`, `+` or `{m,n}` with n > 1 after a group)
+    that holds a quantifier or an alternation (`(a+)+`, `(a|aa)*`: matching time exponential in the text) and at most
+    `MAX_REPEATS` repeated atoms in one branch (`a*a*a*b`: polynomial of that degree). A rule on the pattern's text,
+    stricter than needed (`(ab|cd)+` is refused too), which GPT-2's family of patterns passes; `encode` still turns
+    a panic of the library into `TokenizerError`."""
+    if pattern in KNOWN_REGEXES:
+        return None
+    if len(pattern) > MAX_REGEX:
+        return f"{len(pattern)} characters, more than the {MAX_REGEX} allowed for a pattern of unknown shape"
+    frames = [[False, False, 0, 0]]  # per open group: holds a quantifier, an alternation; repeats in this branch, max
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1: i + 2]
+            if nxt.isdigit() and nxt != "0" or nxt in ("k", "g"):
+                return "a backreference"
+            i += 2
+        elif c == "[":  # a character class: one atom
+            j = i + 1
+            if pattern[j: j + 1] == "^":
+                j += 1
+            if pattern[j: j + 1] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            i = j + 1
+        elif c == "(":
+            frames.append([False, False, 0, 0])
+            i += 1
+            if pattern[i: i + 1] == "?":  # (?:, (?=, (?!, (?<=, (?i: ...: group syntax, not a quantifier
+                i += 1
+            continue
+        elif c == ")":
+            if len(frames) == 1:
+                return "an unbalanced ')'"
+            quant, alt, branch, most = frames.pop()
+            repeat, i = _quantifier(pattern, i + 1)
+            if repeat and (quant or alt):
+                return "a repeated group holding a quantifier or an alternation (nested repetition)"
+            frames[-1][0] |= quant or repeat is not None
+            frames[-1][1] |= alt
+            frames[-1][2] += max(branch, most) + bool(repeat)
+            if frames[-1][2] > MAX_REPEATS:
+                return f"more than {MAX_REPEATS} repeated atoms in one branch (polynomial backtracking)"
+            continue
+        elif c == "|":
+            frames[-1][1] = True
+            frames[-1][3] = max(frames[-1][3], frames[-1][2])
+            frames[-1][2] = 0
+            i += 1
+            continue
+        else:
+            i += 1
+        repeat, i = _quantifier(pattern, i)
+        if repeat is not None:
+            frames[-1][0] = True
+            frames[-1][2] += bool(repeat)
+            if frames[-1][2] > MAX_REPEATS:
+                return f"more than {MAX_REPEATS} repeated atoms in one branch (polynomial backtracking)"
+    if len(frames) != 1:
+        return "an unbalanced '('"
+    return None
+
+
+def _quantifier(pattern: str, i: int) -> tuple[bool | None, int]:
+    """The quantifier at `pattern[i:]`, if any: (True for one that repeats, `*` `+` `{m,n}` with n > 1 or open;
+    False for `?`, `{0,1}`, `{1}`; None for no quantifier), and the index after it (and any lazy `?` or possessive
+    `+` suffix)."""
+    c = pattern[i: i + 1]
+    if c in ("*", "+"):
+        repeat, i = True, i + 1
+    elif c == "?":
+        repeat, i = False, i + 1
+    elif c == "{":
+        close = pattern.find("}", i)
+        body = pattern[i + 1: close] if close > 0 else ""
+        lo, comma, hi = body.partition(",")
+        if not (lo.strip().isdigit() and (not comma or not hi.strip() or hi.strip().isdigit())):
+            return None, i  # a literal "{"
+        top = int(lo) if not comma else (int(hi) if hi.strip() else None)
+        repeat, i = top is None or top > 1, close + 1
+    else:
+        return None, i
+    if pattern[i: i + 1] in ("?", "+"):
+        i += 1
+    return repeat, i
 
 
 # --- the seq2seq tasks' character vocabularies -------------------------------------------------------------------
@@ -263,7 +434,7 @@ class CharVocab:
         return [self.index[c] for c in text]
 
     def decode(self, ids) -> str:
-        return "".join(self.tokens[i] if i < self.vocab_size else f"<{i}>" for i in id_list(ids))
+        return "".join(self.tokens[i] if 0 <= i < self.vocab_size else unknown_id_text(i) for i in id_list(ids))
 
     def id_to_token(self, i: int) -> str:
         return self.decode([i])

@@ -8,8 +8,6 @@ TransformerLens state dicts (`models.io.interop`). Nothing here unpickles.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 from pathlib import Path
@@ -19,16 +17,26 @@ import torch
 from ..arch.config import dtype_name
 from ..arch.kind import ENCODER_DECODER, model_kind
 from ..arch.model import HookedTransformer
-from ..arch.persist import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, save  # noqa: F401  (save: re-exported)
+from ..arch.persist import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, save  # noqa: F401  (re-exported)
 from ..arch.state_dict import load_state_dict  # noqa: F401  (re-exported)
 from ..arch.weight_processing import process_loaded
 from ..errors import CheckpointError, ConfigError
 from ..files.atomic import _recover, atomic_write_dir  # noqa: F401  (atomic_write_dir: re-exported)
-from ..files.safe_read import JSON_LIMIT, open_regular, read_text
+from ..files.safe_read import JSON_LIMIT, read_json, read_text
 from ..files.size_checks import check_size, implied_weights  # noqa: F401  (re-exported: loaders and tests use them)
+from .readers import (  # noqa: F401  (re-exported: the readers of a model folder's files)
+    SUMMARY_FILE,
+    WEIGHTS_LIMIT,
+    read_config,
+    read_safetensors,
+    read_safetensors_header,
+    read_summary,
+    safetensors_numel,
+)
 from .registry import config_from_dict, config_from_json, model_class, model_types  # noqa: F401  (re-exported)
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
+safetensors_shapes = read_safetensors_header  # its former name
 
 
 def zoo_names() -> list[str]:
@@ -43,11 +51,12 @@ def zoo_cards() -> list[dict]:
     out = []
     for name in zoo_names():
         d = ZOO_DIR / name
-        cfg = json.loads((d / CONFIG_FILE).read_text())
-        summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
+        cfg = read_json(d / CONFIG_FILE, JSON_LIMIT, CheckpointError, "the config", contained=True)
+        summary = read_summary(d / SUMMARY_FILE) if os.path.lexists(d / SUMMARY_FILE) else {}
         about = ""
         if (d / "card.md").is_file():
-            lines = [ln.strip() for ln in (d / "card.md").read_text().splitlines()]
+            lines = [ln.strip() for ln in read_text(d / "card.md", JSON_LIMIT, CheckpointError, "the card",
+                                                    contained=True).splitlines()]
             about = next((ln for ln in lines if ln and not ln.startswith("#")), "")
         kind = cfg.get("model_type", "decoder")
         if kind == "encoder_decoder":  # n_layers "encoder+decoder"; context and vocabulary of the target
@@ -88,65 +97,6 @@ def resolve(path_or_name) -> Path:
     )
 
 
-def read_config(path):
-    path = Path(path)
-    try:
-        text = read_text(path, JSON_LIMIT, CheckpointError, "the config")
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing ({CONFIG_FILE} is required in a model folder)") from None
-    try:
-        return config_from_json(text)
-    except (ConfigError, TypeError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
-
-
-WEIGHTS_LIMIT = 1 << 40  # 1 TiB: a bound on a weight file's size, not a memory budget (it is memory-mapped)
-
-
-def safetensors_numel(path) -> int:
-    """The number of weights a safetensors file holds, from its header's tensor table (nothing else read); checks
-    that `path` is a regular file first."""
-    return sum(math.prod(shape) for shape in safetensors_shapes(path).values())
-
-
-def safetensors_shapes(path) -> dict[str, list[int]]:
-    """`{name: shape}` of the tensors a safetensors file holds, from its header alone; checks that `path` is a
-    regular file first."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing or not a file")
-    try:
-        with open_regular(path, WEIGHTS_LIMIT, CheckpointError, "the weight file") as f:
-            head = f.read(8)
-            n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if not 0 < n <= 100 * 2**20:
-                raise CheckpointError(f"{path}: not a readable safetensors file (header length {n})")
-            table = json.loads(f.read(n))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing or not a file") from None
-    except (OSError, ValueError, RecursionError) as e:
-        if isinstance(e, CheckpointError):
-            raise
-        raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
-    shapes = {}
-    for k, v in (table.items() if isinstance(table, dict) else ()):
-        shape = v.get("shape") if isinstance(v, dict) and k != "__metadata__" else None
-        if isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
-            shapes[k] = shape
-    return shapes
-
-
-def read_safetensors(path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    safetensors_numel(path)  # a regular file with a readable header, or a CheckpointError naming it
-    try:
-        return load_file(str(path))
-    except Exception as e:  # safetensors raises its own error type for truncated/corrupt headers
-        raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
-
-
 def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransformer:
     """Load a model folder or a zoo model by name (`models.load("attn-only-2l")`), offline. `device` (default the
     CPU, whatever device the model was trained on) and `dtype` (a `torch.dtype` or its name, e.g. "float16") are
@@ -161,7 +111,7 @@ def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransform
         cfg.checkpoint_label_type, cfg.checkpoint_value = "step", step
     if device is not None:
         cfg.device = device
-    check_size(cfg, safetensors_shapes(folder / WEIGHTS_FILE), str(folder / CONFIG_FILE))  # weights and layers
+    check_size(cfg, read_safetensors_header(folder / WEIGHTS_FILE), str(folder / CONFIG_FILE))  # weights and layers
     state = read_safetensors(folder / WEIGHTS_FILE)
     model = model_class(cfg)(cfg)
     load_state_dict(model, state, source=str(folder / WEIGHTS_FILE))
@@ -170,7 +120,7 @@ def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransform
     if (folder / TOKENIZER_FILE).is_file():
         from ..data.tokenizer import load_tokenizer
 
-        model.tokenizer = load_tokenizer(folder / TOKENIZER_FILE)
+        model.tokenizer = load_tokenizer(folder / TOKENIZER_FILE, contained=True)
         for what, tok, d_vocab in _vocabularies(model):
             if tok.vocab_size > d_vocab:
                 raise CheckpointError(f"{folder / TOKENIZER_FILE}: {what}tokenizer has {tok.vocab_size} ids but the "

@@ -39,7 +39,8 @@ from ..arch.model import HookedTransformer
 from ..arch.state_dict import load_state_dict, tl_state_to_ours  # noqa: F401  (tl_state_to_ours: re-exported)
 from ..arch.weight_processing import process_loaded
 from ..errors import CheckpointError, ConfigError, UnsupportedByTransformerLens
-from .checkpoint import check_size, read_safetensors
+from .checkpoint import check_size
+from .readers import read_pth, read_safetensors
 
 
 def _half_to_adjacent(rotary_dim: int, d_head: int) -> torch.Tensor:
@@ -220,19 +221,9 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg, **processing) -> H
     if isinstance(state_dict_or_path, (str, os.PathLike)):
         path = Path(state_dict_or_path)
         source = str(path)
-        if path.is_dir() or not path.exists():
+        if path.is_dir() or not os.path.lexists(path):
             raise CheckpointError(f"{path}: not a state-dict file")
-        if path.suffix == ".safetensors":
-            state = read_safetensors(path)
-        else:
-            try:
-                state = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as e:  # UnpicklingError for code-carrying pickles, EOFError / RuntimeError for truncation
-                first = (str(e).splitlines() or [""])[0][:200]
-                raise CheckpointError(
-                    f"{path}: refused or unreadable ({type(e).__name__}: {first}); "
-                    "only plain tensors are loaded, never pickled code"
-                ) from None
+        state = read_safetensors(path, contained=False) if path.suffix == ".safetensors" else read_pth(path)
     else:
         state = state_dict_or_path
     if not isinstance(state, dict):

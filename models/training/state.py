@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, TrainConfigError
-from ..files.safe_read import JSON_LIMIT, read_text
 from ..io.checkpoint import CHECKPOINTS, CONFIG_FILE, WEIGHTS_FILE, load_state_dict, read_config, read_safetensors, save
+from ..io.readers import read_metrics, read_summary, read_train_config, read_trainer_state  # noqa: F401  (re-exported)
 from .config import RESUME_FREE, TrainConfig
 
 OPTIMIZER_FILE, STATE_FILE, METRICS_FILE = "optimizer.safetensors", "trainer_state.json", "metrics.jsonl"
@@ -182,9 +182,7 @@ def resumable_checkpoints(out_dir) -> list[Path]:
 
 def load_checkpoint(folder: Path, model, opt) -> dict:
     """Restore model weights, optimizer and RNG states from `folder`; returns the trainer state."""
-    state = json.loads(read_text(folder / STATE_FILE, JSON_LIMIT, CheckpointError))
-    if not isinstance(state, dict) or not {"step", "tokens_seen", "wall_time", "param_groups", "rng"} <= set(state):
-        raise CheckpointError(f"{folder / STATE_FILE}: not a complete trainer state")
+    state = read_trainer_state(folder / STATE_FILE)
     load_state_dict(model, read_safetensors(folder / WEIGHTS_FILE), source=str(folder / WEIGHTS_FILE))
     tensors = read_safetensors(folder / OPTIMIZER_FILE)
     load_optimizer(opt, tensors, state.pop("param_groups"))
@@ -200,7 +198,7 @@ def finished_run(out_dir: Path, steps: int, found: list[Path]) -> dict | None:
     """The summary of a run in `out_dir` that already finished `steps` steps (so resuming it has nothing to do)."""
     if not (out_dir / "summary.json").is_file():
         return None
-    summary = json.loads(read_text(out_dir / "summary.json", JSON_LIMIT, CheckpointError))
+    summary = read_summary(out_dir / "summary.json")
     if summary.get("steps") == steps and (not found or int(found[-1].name[5:]) >= steps):
         return summary
     return None
@@ -215,7 +213,7 @@ _MODEL_FREE = ("device", "extra")  # run-time choices and provenance, not archit
 def resume_changes(out_dir: Path, cfg: TrainConfig, model, found: list[Path]) -> dict:
     """`{setting: [old, new]}` of the schedule changes between the saved run and `cfg`; raises `TrainConfigError`
     naming the fields where the model config or another training setting differs."""
-    saved = TrainConfig.from_json(read_text(out_dir / RUN_MARK, JSON_LIMIT, TrainConfigError)).to_dict()
+    saved = TrainConfig.from_dict(read_train_config(out_dir / RUN_MARK)).to_dict()
     now = cfg.to_dict()
     diff = [k for k in saved if k not in RESUME_FREE + RESUME_SCHEDULE and saved[k] != now[k]]
     if diff:
@@ -273,22 +271,6 @@ def restore(out_dir: Path | None, cfg: TrainConfig, model, opt, found: list[Path
 
 
 # --- metrics.jsonl --------------------------------------------------------------------------------
-def read_metrics(path) -> list[dict]:
-    """Records of a metrics.jsonl; a torn last line (a killed run) is skipped."""
-    out = []
-    p = Path(path)
-    if not p.is_file():
-        return out
-    for line in p.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def truncate_metrics(path, last_step: int) -> None:
     """Keep the records up to `last_step` (resuming from that checkpoint repeats the later ones)."""
     p = Path(path)

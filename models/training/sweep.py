@@ -18,7 +18,6 @@ weights that no loss reads; the others train on unchanged, bit for bit (nothing 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from pathlib import Path
@@ -30,8 +29,8 @@ from ..arch.state_dict import load_state_dict
 from ..data.tokenizer import load_tokenizer
 from ..errors import CheckpointError, TrainConfigError
 from ..files.atomic import atomic_write_json
-from ..files.safe_read import JSON_LIMIT, read_text
 from ..files.size_checks import check_train_sizes
+from ..io import readers
 from ..io.checkpoint import WEIGHTS_FILE, read_safetensors
 from . import state as ts
 from .config import TrainConfig, lr_at
@@ -72,15 +71,9 @@ def member_dir(out, seed: int) -> Path:
 
 
 def read_sweep(out) -> dict:
-    """OUT/sweep.json as a dict (`CheckpointError` where it is missing or not a JSON object)."""
-    path = Path(out) / SWEEP_FILE
-    try:
-        d = json.loads(read_text(path, JSON_LIMIT, CheckpointError))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(d, dict) or not isinstance(d.get("members"), list):
-        raise CheckpointError(f"{path} is not a sweep summary (no 'members' list)")
-    return d
+    """OUT/sweep.json as a dict, through its reader (`models.io.readers.read_sweep`: `CheckpointError` naming the file
+    where it is missing, corrupt or not a sweep summary)."""
+    return readers.read_sweep(Path(out) / SWEEP_FILE)
 
 
 class _MemberOptimizer:

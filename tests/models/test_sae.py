@@ -119,7 +119,8 @@ def test_run_with_saes_equals_a_hand_written_hook_splice(name, hook, width):
         spliced = m.run_with_saes(tokens, saes=[sae])
         after = m(tokens)
     torch.testing.assert_close(spliced, by_hand, atol=2e-5, rtol=0)
-    from models.sae import activations, feature_stats
+    from analyses.sae_metrics import feature_stats
+    from models.sae import activations
 
     x = activations(model, hook, tokens, skip=0)  # [n, d_in], heads concatenated for hook_z
     with torch.no_grad():
@@ -212,6 +213,44 @@ def test_train_save_load_round_trip_and_no_overwrite(tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
+@pytest.mark.ecosystem
+@needs_sae_lens
+def test_sae_with_nan_weights_is_refused_not_reported(tmp_path, capsys):
+    """An SAE SAELens saved with a NaN weight was reported as "dead 256/256, L0 0, FVU nan" with exit 0; its
+    reader refuses non-finite weights: one line naming the file, exit 2, nothing written."""
+    from analyses.cli import main
+
+    sae = _sae(128, "blocks.1.hook_mlp_out")
+    with torch.no_grad():
+        sae.W_enc[0, 0] = float("nan")
+    sae.save_model(tmp_path / "sae")
+    assert main(["sae", "report", "gelu-2l", str(tmp_path / "sae"), "--out", str(tmp_path / "rep")]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "sae_weights.safetensors" in lines[0] and "non-finite" in lines[0]
+    assert not (tmp_path / "rep").exists()
+
+
+@pytest.mark.ecosystem
+@needs_sae_lens
+def test_save_sae_on_a_full_disk_through_sae_lens(tmp_path, monkeypatch):
+    """SAELens' `save_model` writes through safetensors, whose own error type carries a full disk: `DiskFullError`
+    (exit 1 on the command line), nothing left behind."""
+    import sae_lens.saes.sae as sae_module
+    from safetensors import SafetensorError
+
+    from models.errors import DiskFullError
+    from models.sae import Trained, save_sae
+
+    def full(*a, **k):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space '
+                              'left on device" })')
+
+    monkeypatch.setattr(sae_module, "save_file", full)
+    with pytest.raises(DiskFullError, match="disk is full"):
+        save_sae(Trained(_sae(16, "blocks.0.hook_resid_post"), {"steps": 1}, 0.0), tmp_path / "sae")
+    assert sorted(os.listdir(tmp_path)) == []
+
+
 def _circuits(*args, timeout=900):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, "-m", "analyses.cli", *map(str, args)], cwd=ROOT, env=env,
@@ -226,9 +265,10 @@ def test_cli_train_then_report_on_gelu_2l(tmp_path):
     from sae_lens import SAE
 
     from analyses.report import training_corpus
+    from analyses.sae_metrics import feature_stats
     from analyses.util import windows
     from models.io.checkpoint import resolve
-    from models.sae import activations, feature_stats
+    from models.sae import activations
 
     out = tmp_path / "sae"
     r = _circuits("sae", "train", "gelu-2l", "--hook", "blocks.1.hook_mlp_out", "--steps", 300, "--out", out,

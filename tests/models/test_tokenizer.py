@@ -61,3 +61,37 @@ def test_make_tokenizer_specs(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="bad.json"):
         load_tokenizer(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("pattern,refused", [
+    ("(a+)+$", "nested repetition"), ("(a|aa)*", "nested repetition"), ("((a+)b)+", "nested repetition"),
+    ("(a{1,3}){2}", "nested repetition"), (r"(\w)\1", "backreference"), (r"(?P<x>a)(?P=x)\k<x>", "backreference"),
+    ("a*a*a*b", "repeated atoms"), ("(a+)(b+)c+", "repeated atoms"), ("a" * 300, "characters"), ("(ab", "unbalanced"),
+])
+def test_tokenizer_regexes_that_can_backtrack_badly_are_refused(pattern, refused):
+    from models.data.tokenizer import regex_problem
+
+    assert refused in regex_problem(pattern)
+
+
+@pytest.mark.parametrize("pattern", [
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",  # GPT-2
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+",  # cl100k / Llama 3
+    " ?[a-z]+", "(?:ab)+", "a{2,5}b?", r"[\[\]()+*]+", "(ab)?c+",
+])
+def test_tokenizer_regexes_of_the_gpt2_family_are_allowed(pattern):
+    from models.data.tokenizer import regex_problem
+
+    assert regex_problem(pattern) is None
+
+
+def test_a_tokenizer_table_beyond_its_bounds_is_refused(tmp_path):
+    import json
+
+    from models.data.tokenizer import MAX_MERGES, tokenizer_json_problem
+
+    data = json.loads(BPETokenizer.train(iter(TEXTS), vocab_size=280).tok.to_str())
+    assert tokenizer_json_problem(data) is None
+    data["model"]["merges"] = [["a", "b"]] * (MAX_MERGES + 1)
+    assert "merges" in tokenizer_json_problem(data)

@@ -171,10 +171,15 @@ def test_training_dynamics_bad_folders(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(FileNotFoundError, match="needs a training run's folder"):
         analyses.training_dynamics(tmp_path / "file")
-    (tmp_path / "metrics.jsonl").write_bytes(b"\x00\xff\xfe garbage\n{\"step\": 1, \"tokens\": 5, \"val_loss\": 2.0}\n"
-                                             b"[1, 2]\n{torn")
-    d = analyses.training_dynamics(tmp_path)  # binary and torn lines are skipped, the good record kept
+    (tmp_path / "metrics.jsonl").write_bytes(b"{\"step\": 1, \"tokens\": 5, \"val_loss\": 2.0}\n{torn")
+    d = analyses.training_dynamics(tmp_path)  # a torn last line (a killed run) is skipped, the good record kept
     assert d.val_loss == [(5, 2.0)] and d.formation_window is None
+    from models.errors import CheckpointError
+
+    for bad in (b"\x00\xff\xfe garbage\n", b"[1, 2]\n"):  # anything else is corruption: refused, naming the file
+        (tmp_path / "metrics.jsonl").write_bytes(bad + b"{\"step\": 1, \"tokens\": 5, \"val_loss\": 2.0}\n")
+        with pytest.raises(CheckpointError, match="metrics.jsonl"):
+            analyses.training_dynamics(tmp_path)
 
 
 # --- NaN / inf weights --------------------------------------------------------------------------------------
