@@ -4,6 +4,7 @@ inside the `run_*` functions (fast `--help`)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .common import (
     Command,
@@ -207,36 +208,56 @@ def run_sweep(args) -> int:
 
 def write_sweep(folder, dest, copying: bool = True, report_name: str | None = None) -> tuple[dict, str]:
     """Analyse the seed sweep in `folder` (`analyses.sweep.sweep_summary`) and, with `dest`, write sweep.json (the
-    sweep's record with the analysis under 'analysis'), sweep.md (or `report_name`: the same text under a title) and
-    sweep.png into it, each atomically; `dest` must be new or hold only those files. Returns (summary, section)."""
+    sweep's record with the analysis under 'analysis'), sweep.md (or `report_name`: the same text under a title, a
+    report folder) and sweep.png into it, staged and published in one atomic swap (`models.io.run_folder.staged`):
+    `dest` must be new, empty or a report of the same kind. Returns (summary, section)."""
+    from models.training.sweep import SWEEP_FILE
 
-    import matplotlib
-
-    matplotlib.use("Agg")  # figures go to files
-
-    from models.files.atomic import atomic_write_json, atomic_write_text
-    from models.training.sweep import SWEEP_FILE, read_sweep
-
-    from ..sweep import plot_sweep, sweep_markdown, sweep_summary
-    from .common import save_figure
+    from ..sweep import sweep_markdown, sweep_summary
 
     if not (folder / SWEEP_FILE).is_file():
         raise UsageError(f"{folder} is not a seed sweep (no {SWEEP_FILE}); give the --out folder of "
                          "`circuits train --seeds`")
+    if dest is None:
+        s = sweep_summary(folder, copying=copying)
+        return s, sweep_markdown(s)
+    from models.io.run_folder import Mark, staged
+
     outputs = ("sweep.json", report_name or "sweep.md", "sweep.png")
-    if dest is not None and dest.exists() and (not dest.is_dir() or any(f.name not in outputs
-                                                                         for f in dest.iterdir())):
-        raise UsageError(f"--out {dest} holds other files than {', '.join(outputs)}; give a new folder "
-                         "(nothing was written)")
+    kind = "sweep-report" if report_name is None else "report"
+
+    def legacy(f: Path) -> Mark | None:  # written before folders carried marks: only these files
+        names = {p.name for p in f.iterdir()}
+        return Mark(kind) if names and names <= set(outputs) else None
+
+    with staged(dest, kind, legacy) as stage:
+        return _write_sweep_files(folder, stage, outputs, copying, report_name)
+
+
+def _write_sweep_files(folder, stage, outputs, copying, report_name) -> tuple[dict, str]:
+    """The analysis of the sweep in `folder` and its three files in the staging folder `stage`."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")  # figures go to files
+    import matplotlib.pyplot as plt
+
+    from models.training.sweep import read_sweep
+
+    from ..sweep import plot_sweep, sweep_markdown, sweep_summary
+
     s = sweep_summary(folder, copying=copying)
     text = sweep_markdown(s)
-    if dest is not None:
-        dest.mkdir(parents=True, exist_ok=True)
-        page = text if report_name is None else (f"# Circuits report: seed sweep {folder.name}\n\n{text}\n"
-                                                 "![every seed's validation loss and induction score](sweep.png)\n")
-        save_figure(plot_sweep(s), dest / "sweep.png")  # the figure and the record first, the text that cites them last
-        atomic_write_json(dest / "sweep.json", dict(read_sweep(folder), analysis=s))
-        atomic_write_text(dest / outputs[1], page)
+    page = text if report_name is None else (f"# Circuits report: seed sweep {folder.name}\n\n{text}\n"
+                                             "![every seed's validation loss and induction score](sweep.png)\n")
+    fig = plot_sweep(s)
+    try:
+        fig.savefig(stage / outputs[2], dpi=100)
+    finally:
+        plt.close(fig)
+    (stage / outputs[0]).write_text(json.dumps(dict(read_sweep(folder), analysis=s), indent=1) + "\n")
+    (stage / outputs[1]).write_text(page)
     return s, text
 
 

@@ -9,7 +9,6 @@ from .build import (  # noqa: F401
     Report,
     build_report,
     read_train_config,
-    staging_folder,
     training_corpus,
     validation_text,
 )

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,34 +132,34 @@ def build_report(model_or_name_or_path, out_dir, tokens=None, sections: list[str
     others where that is safe (see `analyses.report.run`); the report is the same either way.
     `num_threads`: torch intra-op threads while the
     report runs: 1 (default) avoids OpenMP barrier waits with these small tensors on a busy shared CPU (see
-    benchmarks/README.md); None keeps torch's setting. An `out_dir` that cannot be created or written raises
-    `NotADirectoryError` / `PermissionError` naming it, before any analysis runs."""
-    _prepare_out(Path(out_dir))
-    n_before = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
-        return _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text_tokens, seed, progress,
-                      run_dir, html, parallel)
-    finally:
-        torch.set_num_threads(n_before)
+    benchmarks/README.md); None keeps torch's setting.
+
+    `out_dir` is a report folder (`models.io.run_folder`): new, empty or an earlier report (a folder of other files,
+    or of another kind, raises `FolderError`; a file raises `NotADirectoryError`), locked while the report runs. The
+    report is written into a hidden staging folder beside it and published in one atomic swap (the folder's other
+    files kept), so an error, a full disk (`DiskFullError`) or a crash leaves the previous report as it was."""
+    from models.io.run_folder import staged
+
+    with staged(out_dir, "report", legacy_report) as stage:  # checked and locked before any analysis runs
+        n_before = torch.get_num_threads()
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        try:
+            return _build(model_or_name_or_path, out_dir, stage, tokens, sections, n_windows, max_text_tokens, seed,
+                          progress, run_dir, html, parallel)
+        finally:
+            torch.set_num_threads(n_before)
 
 
-def _prepare_out(out: Path) -> None:
-    """Create `out` and check that a file can be written in it, so that a bad folder fails fast and clearly."""
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"report folder {out} exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise type(e)(e.errno, f"cannot write the report to {out}: {e.strerror}") from None
+def legacy_report(folder: Path):
+    """A report folder written before folders carried marks: it holds report.md."""
+    from models.io.run_folder import Mark
+
+    return Mark("report") if (folder / "report.md").is_file() else None
 
 
-def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text_tokens, seed, progress, run_dir,
-           html=False, parallel=True) -> Report:
+def _build(model_or_name_or_path, out_dir, stage, tokens, sections, n_windows, max_text_tokens, seed, progress,
+           run_dir, html=False, parallel=True) -> Report:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,7 +169,6 @@ def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text
     if hasattr(model, "eval"):
         model.eval()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     corpus = None
     if tokens is not None:
         text, vocab = as_1d_tokens(tokens), None
@@ -191,77 +186,13 @@ def _build(model_or_name_or_path, out_dir, tokens, sections, n_windows, max_text
     rd = Path(run_dir) if run_dir is not None else folder
     if rd is not None and not (rd / "metrics.jsonl").is_file():
         rd = None
-    with staging_folder(out) as stage:  # published in one go at the end
-        return _write(model, name, out, stage, text, win, vocab, rd, seed, corpus, folder, sections, progress, html,
-                      parallel)
-
-
-STAGE_PREFIX = ".report-tmp-"
-_STAGE_LOCK = ".lock"
-
-
-@contextmanager
-def staging_folder(out: Path):
-    """A hidden staging folder `out/.report-tmp-PID-XXXX` for the duration of the body, removed after it. This
-    run holds `fcntl.flock` on its `.lock` file while it lasts (forked section workers share it). First, staging
-    folders that earlier runs left (a SIGKILL skips their cleanup) are removed when provably dead: their lock is
-    free (the kernel drops a dead process's locks), or, before a lock exists, no process has their PID. A folder
-    whose run may be alive, or without our naming, is left alone."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): staging folders of killed runs stay
-        fcntl = None
-    if fcntl is not None:
-        _remove_dead_stages(out, fcntl)
-    stage = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=out))
-    fd = None
-    try:
-        if fcntl is not None:
-            fd = os.open(stage / _STAGE_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield stage
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        if fd is not None:
-            os.close(fd)
-
-
-def _remove_dead_stages(out: Path, fcntl) -> None:
-    for stage in out.glob(STAGE_PREFIX + "*"):
-        pid = stage.name[len(STAGE_PREFIX):].split("-", 1)[0]
-        if stage.is_symlink() or not stage.is_dir() or not pid.isdigit():
-            continue
-        try:
-            fd = os.open(stage / _STAGE_LOCK, os.O_RDWR | os.O_NOFOLLOW)
-        except FileNotFoundError:  # killed before it locked, or still starting: dead only if its PID is
-            if _pid_alive(int(pid)):
-                continue
-        except OSError:
-            continue
-        else:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # held: a live report
-                continue
-            finally:
-                os.close(fd)
-        shutil.rmtree(stage, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, another user's
-        return True
-    return True
+    return _write(model, name, out, stage, text, win, vocab, rd, seed, corpus, folder, sections, progress, html,
+                  parallel)
 
 
 def _write(model, name, out, stage, text, win, vocab, rd, seed, corpus, folder, sections, progress, html,
            parallel) -> Report:
-    """Run the sections into the staging folder `stage`, then publish: each figure, then report.md last, moved
-    into `out` by atomic renames. A full disk or any error before that leaves the previous report untouched."""
+    """Run the sections into the staging folder `stage` (`build_report` publishes it into `out`)."""
     ctx = S.Context(model, name, stage, text, win, vocab, rd, seed,
                     train_text=None if corpus is None else corpus.train, train_config=read_train_config(folder))
     encdec = hasattr(model, "cross_W_Q")
@@ -289,14 +220,5 @@ def _write(model, name, out, stage, text, win, vocab, rd, seed, corpus, folder, 
         from .html import write_html
 
         staged.append(write_html(ctx, "\n".join(md), stage / "report.html"))
-    staged.append(stage / "report.md")
-    mask = os.umask(0o022)
-    os.umask(mask)
-    for f in staged:
-        os.chmod(f, 0o666 & ~mask)
-        with open(f, "rb+") as fh:
-            os.fsync(fh.fileno())
-    for f in staged:
-        os.replace(f, out / f.name)
-    report.files = [report.path] + [out / f.name for f in staged[:-1]]
+    report.files = [report.path] + [out / f.name for f in staged]
     return report

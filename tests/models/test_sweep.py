@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from models import HookedTransformer, HookedTransformerConfig, lm_cross_entropy, load
-from models.errors import TrainConfigError
+from models.errors import FolderError, TrainConfigError
 from models.io.checkpoint import read_safetensors
 from models.training import loop as training_loop
 from models.training import sweep as training_sweep
@@ -206,7 +206,7 @@ def test_resume_equals_uninterrupted(corpus_dir, tmp_path):
 def test_sweep_refuses_a_folder_of_other_files(corpus_dir, tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    with pytest.raises(TrainConfigError, match="not a seed sweep"):
+    with pytest.raises(FolderError, match="not a seed sweep"):
         train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "mine"), [0, 1])
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
