@@ -278,13 +278,13 @@ def save_sae(trained: Trained, folder) -> Path:
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise SAEError(f"{folder} exists and is not an empty folder; give a new folder (nothing is overwritten)")
-    from .files.atomic import atomic_write_dir
+    from .io.run_folder import write_folder
 
     def write(tmp: Path) -> None:
         trained.sae.save_model(tmp)
         (tmp / TRAINING_FILE).write_text(json.dumps(trained.settings, indent=2) + "\n")
 
-    return atomic_write_dir(folder, write)
+    return write_folder(folder, "sae", write)
 
 
 def load_sae(folder, model=None):

@@ -40,7 +40,8 @@ def test_every_named_error_derives_from_the_one_base():
     assert len(found) >= 8, sorted(found)
     assert [n for n, c in found.items() if not issubclass(c, ToyCircuitsError)] == []
     builtins = {"ToyCircuitsError": Exception, "UsageError": Exception,
-                "UnsupportedByTransformerLens": NotImplementedError, "MissingDependencyError": ImportError}
+                "UnsupportedByTransformerLens": NotImplementedError, "MissingDependencyError": ImportError,
+                "DiskFullError": OSError}
     for name, cls in found.items():
         base = builtins.get(cls.__name__, ValueError)
         assert issubclass(cls, base), name

@@ -184,9 +184,12 @@ def _outcome(e: BaseException, where: str) -> int:
         warn(f"{where}: interrupted")
         return 130
     except Exception as e:
-        from models.errors import ToyCircuitsError
+        from models.errors import DiskFullError, ToyCircuitsError
 
         msg = (str(e).splitlines() or [type(e).__name__])[0]
+        if isinstance(e, DiskFullError):  # a named error of the environment, not of the input
+            warn(f"{where}: failed: {_os_message(e) or msg}")
+            return 1
         if isinstance(e, (ToyCircuitsError, *_FILE_ERRORS)) or getattr(e, "errno", None) in _USER_ERRNOS:
             warn(f"{where}: error: {_os_message(e) or msg}")
             if _rank():  # every rank meets the same bad input: let rank 0 say so before torchrun stops it

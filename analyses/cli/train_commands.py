@@ -13,6 +13,7 @@ from .common import (
     emit,
     read_json_object,
     resolve_device,
+    seed_int,
 )
 
 
@@ -33,7 +34,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
     seed = p.add_mutually_exclusive_group()
-    seed.add_argument("--seed", type=int)
+    seed.add_argument("--seed", type=seed_int)
     seed.add_argument("--seeds", help="a seed sweep: one model per seed, trained together in one process "
                       "(models.training.sweep), e.g. 0-7 or 0,3,5; --out then holds seed-K/ per seed and sweep.json")
     p.add_argument("--data", help="'stdlib' (default), a text folder or file, 'synthetic:repeat', or for "

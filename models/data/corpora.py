@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorpusError
-from ..files.atomic import atomic_write_dir
+from ..files.atomic import atomic_write, atomic_write_dir
 from ..files.cache_dir import default_cache_dir
 from ..files.safe_read import open_regular
 
@@ -308,7 +308,5 @@ def get_tokenizer(spec: str, source=None, cache_dir=None):
         return load_tokenizer(path)
     tok = make_tokenizer(spec, iter_texts(source.train_files))
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tok.save(tmp)
-    os.replace(tmp, path)
+    atomic_write(path, tok.save)
     return tok

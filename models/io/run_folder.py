@@ -151,9 +151,10 @@ def _lock_path(folder: Path) -> Path:
 
 
 @contextmanager
-def lock(folder):
+def lock(folder, wait: bool = False):
     """Hold an exclusive lock on `folder` while the body runs (see the module docstring); a second holder raises
-    `FolderError` naming the first one's PID. Forked children share it (a report's section workers)."""
+    `FolderError` naming the first one's PID, or with `wait` waits for it (processes that share a folder, each
+    writing files of its own). Forked children share it (a report's section workers)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     path = _lock_path(folder)
@@ -164,7 +165,7 @@ def lock(folder):
 
         held = FileLock(str(path))
         try:
-            held.acquire(timeout=0)
+            held.acquire(timeout=-1 if wait else 0)
         except Timeout:
             raise _in_use(folder, "unknown") from None
         try:
@@ -175,7 +176,7 @@ def lock(folder):
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
@@ -260,14 +261,14 @@ def _remove_dead_stages(real: Path) -> None:
 
 
 @contextmanager
-def staged(out, kind: str, legacy: Legacy | None = None):
+def staged(out, kind: str, legacy: Legacy | None = None, wait: bool = False):
     """Write a new version of folder `out` of `kind`: check it (`check_folder`), hold its lock, and yield a hidden
     staging folder beside it to write the new files into; when the body returns, the old folder's other files are
     carried over (`carry_over`), the mark added, and the staging folder takes `out`'s place in one atomic swap. An
     error or a crash before the swap leaves `out` as it was (a full disk raises `DiskFullError`); the staging folder
-    is removed in every case, and one a killed run left is removed by the next."""
+    is removed in every case, and one a killed run left is removed by the next. `wait`: see `lock`."""
     real = check_folder(out, kind, legacy)
-    with lock(real), disk_full(real):
+    with lock(real, wait), disk_full(real):
         _remove_dead_stages(real)
         stage = Path(tempfile.mkdtemp(prefix=f"{_STAGE.format(name=real.name)}{os.getpid()}-", dir=real.parent))
         try:
@@ -293,4 +294,4 @@ def write_folder(out, kind: str, write_contents: Callable[[Path], object], legac
     are published atomically into `out`; returns `out`'s real path."""
     with staged(out, kind, legacy) as stage:
         write_contents(stage)
-    return Path(os.path.realpath(out))
+    return Path(out)
