@@ -117,10 +117,6 @@ def check_folder(out, kind: str, legacy: Legacy | None = None) -> Path:
     if not above.is_dir():  # the folder, or a folder on its way, is a file
         raise NotADirectoryError(errno.ENOTDIR, f"{out} exists and is not a folder" if above == real else
                                  f"cannot write {out}: {above} is not a folder")
-    parent = owner(real.parent, legacy)
-    if parent is not None and parent.kind in NESTED and kind not in NESTED[parent.kind]:
-        raise FolderError(f"{out} is inside {KINDS[parent.kind]} ({real.parent}), whose sub-folders are its own; "
-                          f"give a folder outside it (nothing was written)")
     if real.is_dir() and any(real.iterdir()):
         mark = owner(real, legacy)
         if mark is None:
@@ -131,6 +127,10 @@ def check_folder(out, kind: str, legacy: Legacy | None = None) -> Path:
             hint = " (resume the sweep, or train into a new folder)" if mark.kind == "sweep-member" else ""
             raise FolderError(f"{out} is {what}, not {KINDS[kind]}{hint}; give a new or empty folder (nothing was "
                               "written)")
+    parent = owner(real.parent, legacy)
+    if parent is not None and parent.kind in NESTED and kind not in NESTED[parent.kind]:
+        raise FolderError(f"{out} is inside {KINDS[parent.kind]} ({real.parent}), whose sub-folders are its own; "
+                          f"give a folder outside it (nothing was written)")
     return real
 
 
