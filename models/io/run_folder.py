@@ -232,16 +232,21 @@ def open_folder(out, kind: str, legacy: Legacy | None = None):
 
 def carry_over(src: Path, dst: Path) -> None:
     """Give `dst` every entry of `src` that `dst` does not have yet (hard links, else copies; folders entry by
-    entry, links as links): the files a new version of a folder keeps from the old one."""
+    entry, links as links): the files a new version of a folder keeps from the old one. An entry `dst` has (a file
+    or a folder) is kept as it is."""
     for entry in src.iterdir():
         target = dst / entry.name
-        if entry.is_symlink():
-            if not (target.exists() or target.is_symlink()):
-                os.symlink(os.readlink(entry), target)
-        elif entry.is_dir():
-            target.mkdir(exist_ok=True)
-            carry_over(entry, target)
-        elif not target.exists():
+        taken = target.exists() or target.is_symlink()  # the new version's own entry of that name wins
+        if entry.is_dir() and not entry.is_symlink():
+            if not taken:
+                target.mkdir()
+            if target.is_dir() and not target.is_symlink():  # two folders: merged, entry by entry
+                carry_over(entry, target)
+        elif taken:
+            continue
+        elif entry.is_symlink():
+            os.symlink(os.readlink(entry), target)
+        else:
             try:
                 os.link(entry, target)
             except OSError:
