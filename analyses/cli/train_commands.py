@@ -27,9 +27,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-config", help="training settings JSON over the preset's (models.training.loop.TrainConfig "
                    "fields); a file, or inline text starting with {")
     p.add_argument("--out", required=True, help="output folder: model, metrics.jsonl, checkpoints/, card. Must be new, "
-                   "empty or an earlier run (a folder of other files is refused, exit 2; files you add to a run "
-                   "folder are kept); locked while training (a second run on it exits 2); a link trains into its "
-                   "target")
+                   "empty or an earlier run of the same kind (a folder of other files, or a seed sweep's member, is "
+                   "refused, exit 2; files you add to a run folder are kept); locked while training (a second run on "
+                   "it exits 2); a link trains into its target")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)

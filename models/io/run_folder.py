@@ -115,8 +115,8 @@ def check_folder(out, kind: str, legacy: Legacy | None = None) -> Path:
                           "its place in one atomic swap)")
     above = next(p for p in (real, *real.parents) if p.exists())
     if not above.is_dir():  # the folder, or a folder on its way, is a file
-        raise NotADirectoryError(errno.ENOTDIR, f"{out} exists and is not a folder" if above == real else
-                                 f"cannot write {out}: {above} is not a folder")
+        raise NotADirectoryError(f"{out} exists and is not a folder" if above == real else
+                                 f"cannot write {out}: {os.strerror(errno.ENOTDIR)} ({above} is a file)")
     if real.is_dir() and any(real.iterdir()):
         mark = owner(real, legacy)
         if mark is None:
