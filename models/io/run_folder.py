@@ -224,10 +224,29 @@ def disk_full(folder):
 def open_folder(out, kind: str, legacy: Legacy | None = None):
     """Check folder `out` (`check_folder`) and hold its lock while the body writes it in place (a training run, a
     sweep); yields its real path. The body marks it (`claim`) once its own checks pass. A full disk raises
-    `DiskFullError`."""
+    `DiskFullError`; a folder this call found missing is removed again if the body fails leaving nothing in it but
+    its mark."""
     real = check_folder(out, kind, legacy)
+    new = not real.exists()
     with lock(real), disk_full(real):
-        yield real
+        try:
+            yield real
+        except BaseException:
+            if new:  # a command that failed before writing anything leaves no folder behind
+                _remove_if_unused(real)
+            raise
+
+
+def _remove_if_unused(folder: Path) -> None:
+    """Remove `folder`, which this process created, if it holds nothing but its mark."""
+    try:
+        entries = list(folder.iterdir())
+        if all(e.name == MARK_FILE and e.is_file() for e in entries):
+            for e in entries:
+                e.unlink()
+            folder.rmdir()
+    except OSError:
+        pass
 
 
 def carry_over(src: Path, dst: Path) -> None:

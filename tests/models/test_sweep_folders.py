@@ -143,3 +143,11 @@ def test_resume_of_an_intact_sweep_still_resumes(corpus_dir, tmp_path):
         a, b = (read_safetensors(member_dir(tmp_path / x, s) / "model.safetensors") for x in "ab")
         assert all(torch.equal(a[k], b[k]) for k in a)
     assert read_sweep(tmp_path / "b")["status"] == "finished"
+
+
+def test_a_sweep_that_fails_before_training_leaves_no_folder(corpus_dir, tmp_path):
+    """The sweep marks a new folder at once (a `train` inside it is refused from the start); failing before it wrote
+    anything (here: a corpus folder that does not exist), it leaves no folder and no lock behind."""
+    with pytest.raises(ValueError):
+        train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "sweep", data=str(tmp_path / "nowhere")), SEEDS)
+    assert list(tmp_path.iterdir()) == []
