@@ -87,6 +87,13 @@ def test_train_into_a_member_of_a_finished_sweep_exits_2_and_changes_nothing(cor
     with pytest.raises(ValueError, match="inside a seed sweep"):
         train(tiny_model(), tiny_train(corpus_dir, out / "seed-9", steps=4))
     assert snapshot(out) == before
+    for mark in out.rglob(".toy-circuits.json"):  # a sweep written before folders carried marks: known by its files
+        mark.unlink()
+    before = snapshot(out)
+    with pytest.raises(ValueError, match="member of a seed sweep"):
+        train(tiny_model(), tiny_train(corpus_dir, member, steps=4))
+    assert snapshot(out) == before
+    train_sweep(tiny_model(), run_cfg(corpus_dir, out), SEEDS, resume=True)  # and the sweep itself still resumes it
 
 
 # --- a foreign sweep.json ------------------------------------------------------------------------------------
