@@ -276,11 +276,11 @@ _STAGE = ".{name}.stage-"
 
 
 def _remove_dead_stages(real: Path) -> None:
-    """Stages that killed runs left beside `real`: dead, since every stager holds `real`'s lock, which we hold."""
-    prefix = _STAGE.format(name=real.name)
+    """Staging folders (and `atomic_write_dir`'s half-filled new versions) that killed runs left beside `real`: dead,
+    since every stager holds `real`'s lock, which we hold. Names not of that form are left alone."""
+    ours = re.compile(re.escape(_STAGE.format(name=real.name)) + r"\d+-\w+|" + re.escape(f".{real.name}.tmp-") + r"\w+")
     for p in real.parent.iterdir():
-        rest = p.name[len(prefix):]
-        if p.name.startswith(prefix) and re.fullmatch(r"\d+-\w+", rest) and p.is_dir() and not p.is_symlink():
+        if ours.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -315,7 +315,7 @@ def _publish(stage: Path, real: Path, kind: str) -> None:
 
 def write_folder(out, kind: str, write_contents: Callable[[Path], object], legacy: Legacy | None = None) -> Path:
     """`staged` in one call: `write_contents(stage)` writes the new files (an SAE's weights and settings), which
-    are published atomically into `out`; returns `out`'s real path."""
+    are published atomically into `out`; returns `out`."""
     with staged(out, kind, legacy) as stage:
         write_contents(stage)
     return Path(out)
