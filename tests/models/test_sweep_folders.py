@@ -158,3 +158,15 @@ def test_a_sweep_that_fails_before_training_leaves_no_folder(corpus_dir, tmp_pat
     with pytest.raises(ValueError):
         train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "sweep", data=str(tmp_path / "nowhere")), SEEDS)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", [b"", b"{\"members\": 3", b"[1, 2]"])
+def test_resume_over_a_corrupt_sweep_json_refuses_and_changes_nothing(corpus_dir, tmp_path, damage):
+    out = tmp_path / "sweep"
+    killed_sweep(corpus_dir, out)
+    (out / "sweep.json").write_bytes(damage)
+    before = snapshot(out)
+    with pytest.raises(ValueError) as e:
+        train_sweep(tiny_model(), run_cfg(corpus_dir, out), SEEDS, resume=True)
+    assert "sweep.json" in str(e.value) and len(str(e.value).splitlines()) == 1
+    assert snapshot(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
