@@ -120,7 +120,7 @@ def _mean_var(values) -> tuple[float, float, int]:
     return float(v.mean()), float(v.var(unbiased=True)) if v.numel() > 1 else math.nan, v.numel()
 
 
-def t_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
+def mean_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
     """`(mean, low, high)` of `analyses.stats.t_interval` (NaN bounds below 2 values), the form results.json keeps."""
     a = stats.t_interval(values, confidence)
     return a["mean"], math.nan if a["low"] is None else a["low"], math.nan if a["high"] is None else a["high"]

@@ -21,7 +21,7 @@ import torch
 
 from models import EncoderDecoderConfig
 from models.data.seq2seq import Seq2SeqBatches, make_task
-from models.files.atomic import atomic_write_json, atomic_write_text
+from models.files.atomic import atomic_write_json
 from models.training.config import TrainConfig
 
 from . import exposure_bias as eb
@@ -126,15 +126,15 @@ def summarise(runs: list[dict]) -> dict:
     for s, rs in by.items():
         entry = {"seeds": [r["seed"] for r in rs], "steps": [r["steps"] for r in rs],
                  "stop_accuracy": [r["stop_accuracy"] for r in rs],
-                 "measured_teacher_forced_accuracy": eb.t_interval([r["measured_teacher_forced_accuracy"]
+                 "measured_teacher_forced_accuracy": eb.mean_interval([r["measured_teacher_forced_accuracy"]
                                                                     for r in rs])}
         for key in SCALARS:
-            entry[key] = eb.t_interval([r[key] for r in rs])
+            entry[key] = eb.mean_interval([r[key] for r in rs])
         for key in ("gold_by_position", "free_by_position", "injected_next_by_k", "base_next_by_k",
                     "injected_continuation_by_k", "base_continuation_by_k"):
-            entry[key] = [eb.t_interval([r[key][j] for r in rs]) for j in range(len(rs[0][key]))]
+            entry[key] = [eb.mean_interval([r[key][j] for r in rs]) for j in range(len(rs[0][key]))]
         comp = [eb.compounded(r["gold_by_position"]).tolist() for r in rs]
-        entry["compounded_by_position"] = [eb.t_interval([c[j] for c in comp]) for j in range(len(comp[0]))]
+        entry["compounded_by_position"] = [eb.mean_interval([c[j] for c in comp]) for j in range(len(comp[0]))]
         out["schedules"][s] = entry
     tf = by.get("teacher forcing", [])
     for s, rs in by.items():
@@ -155,7 +155,7 @@ LABELS = {"measured_teacher_forced_accuracy": "teacher-forced per-symbol accurac
           "base_continuation": "the same continuation, no wrong symbol (base)"}
 
 
-def markdown(result: dict) -> str:
+def results_markdown(result: dict) -> str:
     """The results as Markdown tables (every number from `result`): means [95 % t-interval] per schedule, and each
     schedule minus teacher forcing [Welch 95 %] with the smallest difference detectable at 80 % power."""
     names = list(result["schedules"])
@@ -196,40 +196,125 @@ def setup() -> dict:
             "differences": "Welch 95 % interval (Welch 1947); detectable: two-sided alpha 0.05, power 0.8"}
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+MAX_SEEDS, MAX_STEPS = 10_000, 10**7
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad usage: one line on stderr and exit code 2, instead of the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _arguments(argv) -> argparse.Namespace:
+    """The command line, every value checked before anything is written (one line and exit 2 otherwise)."""
+    p = _Parser(prog="python -m analyses.exposure_bias_experiment", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--seeds", type=int, default=8, help="seeds 0 .. N − 1")
+    p.add_argument("--seeds", type=int, default=8, help="seeds 0 .. N − 1 (N >= 1)")
     p.add_argument("--first-seed", type=int, default=0, help="train only seeds from this one on (another process "
                    "can take the earlier ones); the summary reads every run in OUT/runs/")
-    p.add_argument("--steps", type=int, default=2000, help="step budget per run")
-    p.add_argument("--schedules", nargs="*", default=list(SCHEDULES))
+    p.add_argument("--steps", type=int, default=2000, help="step budget per run (>= 1)")
+    p.add_argument("--schedules", nargs="*", default=list(SCHEDULES), choices=list(SCHEDULES), metavar="SCHEDULE",
+                   help=f"any of {', '.join(repr(s) for s in SCHEDULES)} (default: all)")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    (args.out / "runs").mkdir(parents=True, exist_ok=True)
-    for seed in range(args.first_seed, args.seeds):  # seed-major: a cut run has every schedule at its first seeds
-        for s in args.schedules:
-            path = args.out / "runs" / f"{SCHEDULES[s][0]}-seed{seed}.json"
-            if path.exists():
-                continue
-            r = run_one(s, seed, args.steps)
-            atomic_write_json(path, r)
-            print(f"{s:<16} seed {seed}: stopped after {r['steps']} steps at accuracy {r['stop_accuracy']:.3f}; "
-                  f"gold {r['gold']:.3f} free {r['free']:.3f}", flush=True)
-    runs = [json.loads(f.read_text()) for f in sorted((args.out / "runs").glob("*.json"))]
-    cpu = hardware()
-    result = {"setup": setup(), "cpu": cpu, "torch": torch.__version__, "runs": runs, **summarise(runs)}
-    atomic_write_json(args.out / "results.json", result)
-    head = (f"Written by `python -m analyses.exposure_bias_experiment --out {args.out} --seeds {args.seeds}` "
-            f"({cpu}, torch {torch.__version__}); see notebooks/05_encoder_decoder.ipynb.\n\n")
-    atomic_write_text(args.out / "results.md", head + markdown(result))
-    from analyses.cli.common import save_figure
+    if not 1 <= args.seeds <= MAX_SEEDS:
+        p.error(f"--seeds {args.seeds}: give the number of seeds, 1 … {MAX_SEEDS}")
+    if not 0 <= args.first_seed < args.seeds:
+        p.error(f"--first-seed {args.first_seed}: give a seed in 0 … {args.seeds - 1} (below --seeds)")
+    if not 1 <= args.steps <= MAX_STEPS:
+        p.error(f"--steps {args.steps}: give a step budget in 1 … {MAX_STEPS:,}")
+    if not args.schedules:
+        p.error("--schedules: give at least one schedule")
+    return args
+
+
+def legacy(folder: Path):
+    """A results folder written before folders carried marks: it holds runs/ or results.json, and nothing but what
+    `run_experiment` writes."""
+    from models.io.run_folder import Mark
+
+    names = {p.name for p in folder.iterdir()}
+    ours = names & {"runs", "results.json"} and names <= set(OUTPUTS) | {"runs"}
+    return Mark("exposure-bias") if ours else None
+
+
+OUTPUTS = ("results.json", "results.md", "per_position.png", "injected.png")
+
+
+def _read_runs(folder: Path) -> list[dict]:
+    """Every run's record in `folder` (OUT/runs/), sorted by name; a file that is not one raises `FolderError`."""
+    from models.errors import FolderError
+    from models.files.safe_read import JSON_LIMIT, read_text
+
+    runs = []
+    for f in sorted(folder.glob("*.json")):
+        try:
+            r = json.loads(read_text(f, JSON_LIMIT, FolderError, "a run's record"))
+        except json.JSONDecodeError as e:
+            raise FolderError(f"{f}: a run's record is not valid JSON ({e.msg}); remove it to train that run "
+                              "again") from None
+        if not isinstance(r, dict) or r.get("schedule") not in SCHEDULES:
+            raise FolderError(f"{f}: not a run's record of this experiment; remove it to train that run again")
+        runs.append(r)
+    return runs
+
+
+def run_experiment(argv=None) -> int:
+    """Train the runs missing from OUT/runs/ (each record written as it finishes), then publish the summary, its
+    Markdown and the two figures into OUT in one atomic swap (`models.io.run_folder.staged`). Bad arguments or a
+    foreign OUT: one line and exit 2, nothing written."""
+    import sys
+
+    from models.errors import ToyCircuitsError
+    from models.io.run_folder import check_folder, claim, lock, staged
+
+    args = _arguments(argv)
+    prog = "python -m analyses.exposure_bias_experiment"
+    try:
+        check_folder(args.out, "exposure-bias", legacy)
+        torch.set_num_threads(1)
+        for seed in range(args.first_seed, args.seeds):  # seed-major: a cut run has every schedule at its first seeds
+            for s in args.schedules:
+                path = args.out / "runs" / f"{SCHEDULES[s][0]}-seed{seed}.json"
+                if path.exists():
+                    continue
+                r = run_one(s, seed, args.steps)
+                with lock(args.out, wait=True):  # processes that share OUT (--first-seed) write one at a time
+                    claim(args.out, "exposure-bias")
+                    (args.out / "runs").mkdir(exist_ok=True)
+                    atomic_write_json(path, r)
+                print(f"{s:<16} seed {seed}: stopped after {r['steps']} steps at accuracy {r['stop_accuracy']:.3f}; "
+                      f"gold {r['gold']:.3f} free {r['free']:.3f}", flush=True)
+        with staged(args.out, "exposure-bias", legacy, wait=True) as stage:
+            _write_results(args, _read_runs(args.out / "runs"), stage)
+    except ToyCircuitsError as e:
+        print(f"{prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1 if isinstance(e, OSError) else 2
+    return 0
+
+
+def _write_results(args, runs: list[dict], stage: Path) -> None:
+    """results.json, results.md and the two figures of `runs` into the staging folder `stage`."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # figures go to files
+    import matplotlib.pyplot as plt
 
     from .exposure_bias_plots import plot_injected, plot_per_position
 
-    save_figure(plot_per_position(result), args.out / "per_position.png")
-    save_figure(plot_injected(result), args.out / "injected.png")
+    cpu = hardware()
+    result = {"setup": setup(), "cpu": cpu, "torch": torch.__version__, "runs": runs, **summarise(runs)}
+    (stage / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    head = (f"Written by `python -m analyses.exposure_bias_experiment --out {args.out} --seeds {args.seeds}` "
+            f"({cpu}, torch {torch.__version__}); see notebooks/05_encoder_decoder.ipynb.\n\n")
+    (stage / "results.md").write_text(head + results_markdown(result))
+    for name, plot in (("per_position.png", plot_per_position), ("injected.png", plot_injected)):
+        fig = plot(result)
+        try:
+            fig.savefig(stage / name, dpi=100)
+        finally:
+            plt.close(fig)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_experiment())

@@ -22,6 +22,7 @@ from circuits.factored import full_qk_circuit
 from circuits.interface import attn_scale
 from models.arch.model import head_label
 from models.arch.tl_compat import FactoredMatrix
+from models.files.atomic import atomic_write_text
 
 from .sequences import token_pool
 
@@ -352,7 +353,7 @@ def write(out: Path = DEFAULT_OUT, zoo: Path | None = None) -> str:
     lines += [f"| {esc(r.claim)} | {esc(r.paper)} | {esc(r.ours)} | {esc(r.note)} |" for r in rows]
     lines += ["", f"*Computed in {time.perf_counter() - t0:.0f} s on CPU.*", ""]
     text = "\n".join(lines)
-    Path(out).write_text(text)
+    atomic_write_text(out, text)
     return text
 
 

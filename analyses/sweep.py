@@ -26,9 +26,10 @@ from collections import Counter
 from pathlib import Path
 
 from models.arch.model import head_label
+from models.errors import FolderError
 from models.io.checkpoint import WEIGHTS_FILE
 from models.training.state import METRICS_FILE, read_metrics, step_dir
-from models.training.sweep import SWEEP_FILE, read_sweep
+from models.training.sweep import SWEEP_FILE, sweep_json
 
 from .dynamics import FORMED, loss_bump
 from .labels import figure_text
@@ -45,6 +46,9 @@ def _member_folder(out: Path, member: dict) -> Path:
     name = member.get("folder")
     if not isinstance(name, str) or name != f"seed-{member.get('seed')}":
         raise ValueError(f"{out / SWEEP_FILE}: member folder {name!r} is not seed-<its seed>")
+    if not (out / name).is_dir():  # deleted or moved: its numbers would read as a member that never trained
+        raise FolderError(f"{out}: member folder {name} of the seed sweep is missing (the sweep was changed since "
+                          "it was written); restore it, or analyse another sweep")
     return out / name
 
 
@@ -119,7 +123,7 @@ def sweep_summary(out, copying: bool = True) -> dict:
     docstring). A member still training (or killed) is read up to its newest scored checkpoint (`scored_step`);
     a failed member is listed and left out of the statistics."""
     out = Path(out)
-    sweep = read_sweep(out)
+    sweep = sweep_json(out)
     tc = sweep.get("train_config", {})
     n_ctx = (sweep.get("model_config") or {}).get("n_ctx")
     n_heads = (sweep.get("model_config") or {}).get("n_heads")

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
         CheckpointError,
         ConfigError,
         CorpusError,
+        DiskFullError,
+        FolderError,
         InputError,
         TokenizerError,
         TokenNotFoundError,

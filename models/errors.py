@@ -63,6 +63,12 @@ class SAEError(ToyCircuitsError, ValueError):
     folder made for another model); the message names the argument and what is allowed."""
 
 
+class FolderError(ToyCircuitsError, ValueError):
+    """A folder a command may not write (`models.io.run_folder`): another kind's or a foreign one, a member of a seed
+    sweep, in use by a live process, or changed since it was written (a member missing, other settings, a corrupt
+    file); the message names the folder and what to do, and nothing in it was changed."""
+
+
 class DiskFullError(ToyCircuitsError, OSError):
     """The disk (or the user's quota) filled up while a folder was written (ENOSPC / EDQUOT): an error of the
     environment, not of the input (the command line exits 1). Nothing was published: the folder holds what it held

@@ -200,7 +200,7 @@ def _outcome(e: BaseException, where: str) -> int:
         warn(f"{where}: interrupted")
         return 130
     except Exception as e:
-        from models.errors import ToyCircuitsError
+        from models.errors import DiskFullError, ToyCircuitsError
 
         msg = (str(e).splitlines() or [type(e).__name__])[0]
         if getattr(e, "errno", None) in _MACHINE_ERRNOS or isinstance(e, _environment_errors()):

@@ -114,7 +114,7 @@ def add_common(p: argparse.ArgumentParser, progress: bool = True) -> None:
     g = p.add_argument_group("common options")
     g.add_argument("--json", action="store_true", help="machine-readable output (JSON on stdout)")
     g.add_argument("--device", default="auto", help="auto (default: cuda, then mps, then cpu), cpu, cuda[:N], mps")
-    g.add_argument("--seed", type=int, default=0, help="seed of random probe tokens and sampling (default 0)")
+    g.add_argument("--seed", type=seed_int, default=0, help="seed of random probe tokens and sampling (default 0)")
     if progress:
         g.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default 1: these models are small and threads contend)")
@@ -137,6 +137,20 @@ def positive_int(s: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+MAX_SEED = 2**32 - 1  # as models.training.config.TrainConfig.MAX_SEED (not imported: --help stays fast)
+
+
+def seed_int(s: str) -> int:
+    """A seed, 0 … `MAX_SEED`, for argparse."""
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a seed (an integer), got {s!r}") from None
+    if not 0 <= v <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed in 0 … {MAX_SEED}, got {v}")
     return v
 
 
@@ -399,28 +413,14 @@ def check_png_out(out: str | None) -> Path | None:
 
 
 def save_figure(fig, path: Path, **savefig_kwargs) -> None:
-    """Write a matplotlib figure atomically: to a temporary file beside `path`, then renamed into place (a failed
-    write leaves any earlier file untouched). Closes the figure."""
-    import os
-    import tempfile
-
+    """Write a matplotlib figure atomically (`models.files.atomic.atomic_write`: a failed write leaves any earlier
+    file untouched). Closes the figure."""
     import matplotlib.pyplot as plt
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".png", dir=path.parent)
-    os.close(fd)
+    from models.files.atomic import atomic_write
+
+    savefig_kwargs.setdefault("format", path.suffix.lstrip(".") or "png")
     try:
-        fig.savefig(tmp, dpi=100, **savefig_kwargs)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, **savefig_kwargs))
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _umask() -> int:
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -14,9 +14,9 @@ def refuse_decoder_option(args, option: str, instead: str) -> None:
 
 
 def _train_config(loaded) -> dict:
-    from ..report import read_train_config  # a regular file of bounded size (models.files.safe_read)
+    from ..report import folder_train_config  # a regular file of bounded size (models.files.safe_read)
 
-    return read_train_config(loaded.folder)
+    return folder_train_config(loaded.folder)
 
 
 def parse_cross_head(spec: str, cfg) -> tuple[int, int]:

@@ -4,6 +4,7 @@ inside the `run_*` functions (fast `--help`)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .common import (
     Command,
@@ -12,6 +13,7 @@ from .common import (
     emit,
     read_json_object,
     resolve_device,
+    seed_int,
 )
 
 
@@ -25,14 +27,14 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-config", help="training settings JSON over the preset's (models.training.loop.TrainConfig "
                    "fields); a file, or inline text starting with {")
     p.add_argument("--out", required=True, help="output folder: model, metrics.jsonl, checkpoints/, card. Must be new, "
-                   "empty or an earlier run (a folder of other files is refused, exit 2; files you add to a run "
-                   "folder are kept); locked while training (a second run on it exits 2); a link trains into its "
-                   "target")
+                   "empty or an earlier run of the same kind (a folder of other files, or a seed sweep's member, is "
+                   "refused, exit 2; files you add to a run folder are kept); locked while training (a second run on "
+                   "it exits 2); a link trains into its target")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
     seed = p.add_mutually_exclusive_group()
-    seed.add_argument("--seed", type=int)
+    seed.add_argument("--seed", type=seed_int)
     seed.add_argument("--seeds", help="a seed sweep: one model per seed, trained together in one process "
                       "(models.training.sweep), e.g. 0-7 or 0,3,5; --out then holds seed-K/ per seed and sweep.json")
     p.add_argument("--data", help="'stdlib' (default), a text folder or file, 'synthetic:repeat', or for "
@@ -208,38 +210,58 @@ def run_sweep(args) -> int:
 
 def write_sweep(folder, dest, copying: bool = True, report_name: str | None = None) -> tuple[dict, str]:
     """Analyse the seed sweep in `folder` (`analyses.sweep.sweep_summary`) and, with `dest`, write sweep.json (the
-    sweep's record with the analysis under 'analysis'), sweep.md (or `report_name`: the same text under a title) and
-    sweep.png into it, each atomically; `dest` must be new or hold only those files. Returns (summary, section)."""
-
-    import matplotlib
-
-    matplotlib.use("Agg")  # figures go to files
-
+    sweep's record with the analysis under 'analysis'), sweep.md (or `report_name`: the same text under a title, a
+    report folder) and sweep.png into it, staged and published in one atomic swap (`models.io.run_folder.staged`):
+    `dest` must be new, empty or a report of the same kind. Returns (summary, section)."""
     import os
 
-    from models.files.atomic import atomic_write_json, atomic_write_text
-    from models.training.sweep import SWEEP_FILE, read_sweep
+    from models.training.sweep import SWEEP_FILE
 
-    from ..sweep import plot_sweep, sweep_markdown, sweep_summary
-    from .common import save_figure
+    from ..sweep import sweep_markdown, sweep_summary
 
     if not os.path.lexists(folder / SWEEP_FILE):  # one that is not a regular file: its reader says so
         raise UsageError(f"{folder} is not a seed sweep (no {SWEEP_FILE}); give the --out folder of "
                          "`circuits train --seeds`")
+    if dest is None:
+        s = sweep_summary(folder, copying=copying)
+        return s, sweep_markdown(s)
+    from models.io.run_folder import Mark, staged
+
     outputs = ("sweep.json", report_name or "sweep.md", "sweep.png")
-    if dest is not None and dest.exists() and (not dest.is_dir() or any(f.name not in outputs
-                                                                         for f in dest.iterdir())):
-        raise UsageError(f"--out {dest} holds other files than {', '.join(outputs)}; give a new folder "
-                         "(nothing was written)")
+    kind = "sweep-report" if report_name is None else "report"
+
+    def legacy(f: Path) -> Mark | None:  # written before folders carried marks: only these files
+        names = {p.name for p in f.iterdir()}
+        return Mark(kind) if names and names <= set(outputs) else None
+
+    with staged(dest, kind, legacy) as stage:
+        return _write_sweep_files(folder, stage, outputs, copying, report_name)
+
+
+def _write_sweep_files(folder, stage, outputs, copying, report_name) -> tuple[dict, str]:
+    """The analysis of the sweep in `folder` and its three files in the staging folder `stage`."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")  # figures go to files
+    import matplotlib.pyplot as plt
+
+    from models.training.sweep import sweep_json
+
+    from ..sweep import plot_sweep, sweep_markdown, sweep_summary
+
     s = sweep_summary(folder, copying=copying)
     text = sweep_markdown(s)
-    if dest is not None:
-        dest.mkdir(parents=True, exist_ok=True)
-        page = text if report_name is None else (f"# Circuits report: seed sweep {folder.name}\n\n{text}\n"
-                                                 "![every seed's validation loss and induction score](sweep.png)\n")
-        save_figure(plot_sweep(s), dest / "sweep.png")  # the figure and the record first, the text that cites them last
-        atomic_write_json(dest / "sweep.json", dict(read_sweep(folder), analysis=s))
-        atomic_write_text(dest / outputs[1], page)
+    page = text if report_name is None else (f"# Circuits report: seed sweep {folder.name}\n\n{text}\n"
+                                             "![every seed's validation loss and induction score](sweep.png)\n")
+    fig = plot_sweep(s)
+    try:
+        fig.savefig(stage / outputs[2], dpi=100)
+    finally:
+        plt.close(fig)
+    (stage / outputs[0]).write_text(json.dumps(dict(sweep_json(folder), analysis=s), indent=1) + "\n")
+    (stage / outputs[1]).write_text(page)
     return s, text
 
 

@@ -9,9 +9,8 @@ from .build import (  # noqa: F401
     Report,
     Section,
     build_report,
-    read_train_config,
+    folder_train_config,
     section_table,
-    staging_folder,
     training_corpus,
     validation_text,
 )

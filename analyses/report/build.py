@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,7 +73,7 @@ class Report:
 _DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
-def read_train_config(folder: Path | None) -> dict:
+def folder_train_config(folder: Path | None) -> dict:
     """The folder's train_config.json through its reader (`models.io.readers.read_train_config`), {} without one."""
     if folder is not None and os.path.lexists(Path(folder) / "train_config.json"):
         from models.io.readers import read_train_config as read
@@ -95,7 +92,7 @@ def training_corpus(model, folder: Path | None):
         return None
     from models.data.corpora import recorded_data
 
-    data = read_train_config(folder).get("data") if folder is not None else None
+    data = folder_train_config(folder).get("data") if folder is not None else None
     data = recorded_data(folder, data) if folder is not None else "stdlib"  # CorpusError: a name outside the folder
     if isinstance(data, str) and data.startswith(("synthetic", "seq2seq")):
         return None
@@ -135,34 +132,34 @@ def build_report(model, out_dir, folder=None, name: str | None = None, tokens=No
     `SECOND_PROCESS` in a forked child process beside the others where that is safe (see `analyses.report.run`);
     the report is the same either way. `num_threads`: torch intra-op threads while the report runs: 1 (default)
     avoids OpenMP barrier waits with these small tensors on a busy shared CPU (see benchmarks/README.md); None
-    keeps torch's setting. An `out_dir` that cannot be created or written raises `NotADirectoryError` /
-    `PermissionError` naming it, before any analysis runs."""
+    keeps torch's setting.
+
+    `out_dir` is a report folder (`models.io.run_folder`): new, empty or an earlier report (a folder of other files,
+    or of another kind, raises `FolderError`; a file raises `NotADirectoryError`), locked while the report runs. The
+    report is written into a hidden staging folder beside it and published in one atomic swap (the folder's other
+    files kept), so an error, a full disk (`DiskFullError`) or a crash leaves the previous report as it was."""
     if isinstance(model, (str, Path)) or not hasattr(model, "cfg"):
         raise TypeError(f"build_report takes a loaded model (models.load(NAME_OR_FOLDER), with folder=the folder), "
                         f"got {type(model).__name__}")
     model_kind(model)  # ConfigError for an object that is not a model
-    _prepare_out(Path(out_dir))
-    n_before = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
-        return _build(model, Path(out_dir), None if folder is None else Path(folder), name, tokens, sections,
-                      n_windows, max_text_tokens, seed, progress, html, parallel)
-    finally:
-        torch.set_num_threads(n_before)
+    from models.io.run_folder import staged
+
+    with staged(out_dir, "report", legacy_report) as stage:  # checked and locked before any analysis runs
+        n_before = torch.get_num_threads()
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        try:
+            return _build(model, Path(out_dir), stage, None if folder is None else Path(folder), name, tokens,
+                          sections, n_windows, max_text_tokens, seed, progress, html, parallel)
+        finally:
+            torch.set_num_threads(n_before)
 
 
-def _prepare_out(out: Path) -> None:
-    """Create `out` and check that a file can be written in it, so that a bad folder fails fast and clearly."""
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"report folder {out} exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise type(e)(e.errno, f"cannot write the report to {out}: {e.strerror}") from None
+def legacy_report(folder: Path):
+    """A report folder written before folders carried marks: it holds report.md."""
+    from models.io.run_folder import Mark
+
+    return Mark("report") if (folder / "report.md").is_file() else None
 
 
 @dataclass
@@ -185,8 +182,8 @@ class _Inputs:
     parallel: bool
 
 
-def _build(model, out: Path, folder, name, tokens, sections, n_windows, max_text_tokens, seed, progress, html,
-           parallel) -> Report:
+def _build(model, out: Path, stage: Path, folder, name, tokens, sections, n_windows, max_text_tokens, seed, progress,
+           html, parallel) -> Report:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -196,7 +193,6 @@ def _build(model, out: Path, folder, name, tokens, sections, n_windows, max_text
         model.eval()
     name = name or (folder.name if folder is not None else None) or getattr(model.cfg, "model_name", None) \
         or type(model).__name__
-    out.mkdir(parents=True, exist_ok=True)
     corpus = None
     if tokens is not None:
         text, vocab = as_1d_tokens(tokens), None
@@ -213,76 +209,12 @@ def _build(model, out: Path, folder, name, tokens, sections, n_windows, max_text
         win = windows(text, n, n_windows, seed, bos=bos_token_id(model))
     rd = folder if folder is not None and (folder / "metrics.jsonl").is_file() else None
     inputs = _Inputs(model, name, out, text, win, vocab, rd, seed, None if corpus is None else corpus.train,
-                     read_train_config(folder), sections, progress, html, parallel)
-    with staging_folder(out) as stage:  # published in one go at the end
-        return _write(inputs, stage)
-
-
-STAGE_PREFIX = ".report-tmp-"
-_STAGE_LOCK = ".lock"
-
-
-@contextmanager
-def staging_folder(out: Path):
-    """A hidden staging folder `out/.report-tmp-PID-XXXX` for the duration of the body, removed after it. This
-    run holds `fcntl.flock` on its `.lock` file while it lasts (forked section workers share it). First, staging
-    folders that earlier runs left (a SIGKILL skips their cleanup) are removed when provably dead: their lock is
-    free (the kernel drops a dead process's locks), or, before a lock exists, no process has their PID. A folder
-    whose run may be alive, or without our naming, is left alone."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): staging folders of killed runs stay
-        fcntl = None
-    if fcntl is not None:
-        _remove_dead_stages(out, fcntl)
-    stage = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=out))
-    fd = None
-    try:
-        if fcntl is not None:
-            fd = os.open(stage / _STAGE_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield stage
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        if fd is not None:
-            os.close(fd)
-
-
-def _remove_dead_stages(out: Path, fcntl) -> None:
-    for stage in out.glob(STAGE_PREFIX + "*"):
-        pid = stage.name[len(STAGE_PREFIX):].split("-", 1)[0]
-        if stage.is_symlink() or not stage.is_dir() or not pid.isdigit():
-            continue
-        try:
-            fd = os.open(stage / _STAGE_LOCK, os.O_RDWR | os.O_NOFOLLOW)
-        except FileNotFoundError:  # killed before it locked, or still starting: dead only if its PID is
-            if _pid_alive(int(pid)):
-                continue
-        except OSError:
-            continue
-        else:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # held: a live report
-                continue
-            finally:
-                os.close(fd)
-        shutil.rmtree(stage, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, another user's
-        return True
-    return True
+                     folder_train_config(folder), sections, progress, html, parallel)
+    return _write(inputs, stage)
 
 
 def _write(i: _Inputs, stage: Path) -> Report:
-    """Run the sections into the staging folder `stage`, then publish: each figure, then report.md last, moved
-    into `i.out` by atomic renames. A full disk or any error before that leaves the previous report untouched."""
+    """Run the sections into the staging folder `stage` (`build_report` publishes it into `i.out`)."""
     ctx = S.Context(i.model, i.name, stage, i.text, i.windows, i.vocab, i.run_dir, i.seed, train_text=i.train_text,
                     train_config=i.train_config)
     table = section_table(i.model)  # the section set is picked by the model's kind
@@ -312,14 +244,5 @@ def _write(i: _Inputs, stage: Path) -> Report:
         from .html import write_html
 
         staged.append(write_html(ctx, "\n".join(md), stage / "report.html"))
-    staged.append(stage / "report.md")
-    mask = os.umask(0o022)
-    os.umask(mask)
-    for f in staged:
-        os.chmod(f, 0o666 & ~mask)
-        with open(f, "rb+") as fh:
-            os.fsync(fh.fileno())
-    for f in staged:
-        os.replace(f, out / f.name)
-    report.files = [report.path] + [out / f.name for f in staged[:-1]]
+    report.files = [report.path] + [out / f.name for f in staged]
     return report

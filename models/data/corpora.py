@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CorpusError
-from ..files.atomic import atomic_write_dir
+from ..files.atomic import atomic_write, atomic_write_dir
 from ..files.cache_dir import default_cache_dir
 from ..files.safe_read import JSON_LIMIT, open_regular, read_json
 
@@ -152,14 +152,14 @@ def recorded_data(folder, data):
     return files
 
 
-def read_text(path: Path) -> str:
+def read_corpus_file(path: Path) -> str:
     with open_regular(path, _ANY_SIZE, CorpusError, "corpus file") as f:
         return f.read().decode("utf-8", errors="replace")
 
 
 def iter_texts(files):
     for p in files:
-        yield read_text(p)
+        yield read_corpus_file(p)
 
 
 # --- token arrays on disk -------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def _encode_to_file(files, tokenizer, path: Path, dtype, batch_files: int = 64) 
     n = 0
     with open(path, "wb") as out:
         for i in range(0, len(files), batch_files):
-            texts = [read_text(p) for p in files[i : i + batch_files]]
+            texts = [read_corpus_file(p) for p in files[i : i + batch_files]]
             if hasattr(tokenizer, "tok"):
                 encoded = [e.ids for e in tokenizer.tok.encode_batch(texts, add_special_tokens=False)]
             else:
@@ -328,7 +328,5 @@ def get_tokenizer(spec: str, source=None, cache_dir=None):
         return load_tokenizer(path)
     tok = make_tokenizer(spec, iter_texts(source.train_files))
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tok.save(tmp)
-    os.replace(tmp, path)
+    atomic_write(path, tok.save)
     return tok

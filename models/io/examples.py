@@ -76,6 +76,7 @@ def sweep_example(root) -> Path:
     """`root/sweep`: a finished seed sweep of two members (seed-0, seed-1: model folders with metrics.jsonl holding
     head scores) and its sweep.json; returns `root/sweep`."""
     from .checkpoint import save
+    from .run_folder import claim
 
     out = Path(root) / "sweep"
     if (out / "sweep.json").is_file():
@@ -92,12 +93,14 @@ def sweep_example(root) -> Path:
                          "induction_scores_50": ind, "previous_token_scores": [[0.9, 0.1], [0.1, 0.1]],
                          "icl_score": -0.2})
         save(model, folder, extra_files={"metrics.jsonl": "".join(json.dumps(r) + "\n" for r in recs)})
+        claim(folder, "sweep-member", "..")
         members.append({"seed": seed, "folder": folder.name, "status": "finished"})
     record = {"format": "toy-circuits seed sweep", "status": "finished", "steps": 100, "seeds": [0, 1],
               "train_config": {"batch_size": 4, "seq_len": 16}, "model_config": {"n_ctx": 16, "n_heads": 2,
                                                                                  "model_name": "example"},
               "notes": {}, "members": members}
     (out / "sweep.json").write_text(json.dumps(record))
+    claim(out, "sweep")  # marked as the sweep command marks its folders (models.io.run_folder)
     return out
 
 

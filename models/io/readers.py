@@ -190,11 +190,11 @@ def read_safetensors(path, contained: bool = True, finite: bool = False) -> dict
     except Exception as e:  # safetensors raises its own error type for truncated/corrupt files
         raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
     if finite:
-        check_finite(tensors, path, CheckpointError)
+        refuse_non_finite(tensors, path, CheckpointError)
     return tensors
 
 
-def check_finite(tensors: dict, path, error: type[Exception]) -> None:
+def refuse_non_finite(tensors: dict, path, error: type[Exception]) -> None:
     """`error` naming the file and the first floating-point tensor that holds NaN or ±inf."""
     import torch
 
@@ -431,7 +431,7 @@ def read_sae_weights(path, cfg: dict, contained: bool = True) -> dict:
         tensors = read_safetensors(path, contained)
     except CheckpointError as e:
         raise SAEError(str(e)) from None
-    check_finite(tensors, path, SAEError)
+    refuse_non_finite(tensors, path, SAEError)
     return tensors
 
 

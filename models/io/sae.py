@@ -19,14 +19,13 @@ Training is `models.training.sae`; the measures (FVU, L0, spliced losses) are `a
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 from pathlib import Path
 
 import torch
 
 from ..arch.watch import forced
-from ..errors import DiskFullError, MissingDependencyError, SAEError
+from ..errors import MissingDependencyError, SAEError
 from .readers import SAE_TRAINING_FILE, read_sae_folder
 
 #: SAELens' version this module is tested with (pyproject's `sae` extra).
@@ -201,10 +200,12 @@ def _with_saes_class(cls: type) -> type:
 
 
 def check_model(model, what: str) -> None:
-    """`SAEError` unless `model` is a `HookedTransformer` (a decoder-only model): the models SAEs here read."""
-    from ..arch.model import HookedTransformer
+    """`SAEError` unless `model` is one of our decoder-only models (`models.model_kind`; a `HookedTransformer`, whose
+    hook points SAEs here read)."""
+    from ..arch.config import HookedTransformerConfig
+    from ..arch.kind import DECODER, model_kind
 
-    if not isinstance(model, HookedTransformer):
+    if not isinstance(getattr(model, "cfg", None), HookedTransformerConfig) or model_kind(model) != DECODER:
         raise SAEError(f"{what} takes a HookedTransformer (a decoder-only model), got {type(model).__name__}")
 
 
@@ -282,41 +283,14 @@ def load_sae(folder, model=None):
 
 def save_sae(trained, folder) -> Path:
     """Write `folder` (SAELens' cfg.json and sae_weights.safetensors by its `save_model`, and `training.json`) from
-    `trained` (`models.training.sae.Trained`) atomically; an existing folder that is not empty is refused
-    (`SAEError`): nothing of the user's is replaced. A full disk raises `DiskFullError` (SAELens writes through the
-    safetensors library, whose own error type carries the operating system's) and leaves nothing behind."""
-    folder = Path(folder)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise SAEError(f"{folder} exists and is not an empty folder; give a new folder (nothing is overwritten)")
-    from ..files.atomic import atomic_write_dir
+    `trained` (`models.training.sae.Trained`), staged and published through `models.io.run_folder` as an "sae"
+    folder: a folder of other files or of another kind is refused (`FolderError`), nothing of the user's is
+    replaced. A full disk raises `DiskFullError` (SAELens writes through the safetensors library, whose own error
+    type carries the operating system's) and leaves nothing behind."""
+    from .run_folder import write_folder
 
     def write(tmp: Path) -> None:
         trained.sae.save_model(tmp)
         (tmp / TRAINING_FILE).write_text(json.dumps(trained.settings, indent=2) + "\n")
 
-    try:
-        return atomic_write_dir(folder, write)
-    except Exception as e:
-        full = disk_full(e, folder)
-        if full is None:
-            raise
-        raise full from None
-
-
-#: how the safetensors library (Rust) spells the operating system's "disk full" errors in its messages
-_RUST_DISK_FULL = {"code: 28,": errno.ENOSPC, "StorageFull": errno.ENOSPC, "code: 122,": errno.EDQUOT,
-                   "QuotaExceeded": errno.EDQUOT}
-
-
-def disk_full(e: BaseException, where) -> DiskFullError | None:
-    """`DiskFullError` for an error that says the disk (or quota) is full: an `OSError` with ENOSPC / EDQUOT, or a
-    library's own error type (safetensors' `SafetensorError`) whose message carries that error; None otherwise."""
-    if isinstance(e, DiskFullError):
-        return e
-    code = getattr(e, "errno", None) if isinstance(e, OSError) else None
-    if code is None:
-        code = next((c for text, c in _RUST_DISK_FULL.items() if text in str(e)), None)
-    if code not in (errno.ENOSPC, errno.EDQUOT):
-        return None
-    why = "quota exceeded" if code == errno.EDQUOT else "no space left on device"
-    return DiskFullError(code, f"{where}: not written, the disk is full ({why}); nothing was left behind")
+    return write_folder(folder, "sae", write)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ..data.batches import Mixture
 from ..errors import TrainConfigError
@@ -14,6 +15,8 @@ from ..errors import TrainConfigError
 @dataclass
 class TrainConfig:
     """Settings of one training run (JSON round-trip with `to_json` / `from_json`)."""
+
+    MAX_SEED: ClassVar[int] = 2**32 - 1  # the largest seed every generator takes (NumPy's legacy one included)
 
     steps: int = 1000
     batch_size: int = 32  # global: data-parallel ranks each take batch_size / world_size rows
@@ -68,6 +71,8 @@ class TrainConfig:
             positive(n)
         for n in ("warmup_steps", "checkpoint_every", "log_checkpoints", "eval_every", "seed", "synthetic_steps"):
             positive(n, allow_zero=True)
+        if self.seed > self.MAX_SEED:
+            raise TrainConfigError(f"seed must be an int in 0 … {self.MAX_SEED}, got {self.seed!r}")
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 2):
             raise TrainConfigError(f"seq_len must be an int >= 2 (or None for n_ctx), got {self.seq_len!r}")
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr < 10):

@@ -30,8 +30,10 @@ from ..data.corpora import build_token_corpus, get_tokenizer, unigram_baseline_l
 from ..data.seq2seq import Seq2SeqBatches, make_task
 from ..data.tokenizer import load_tokenizer
 from ..errors import TrainConfigError
+from ..files.atomic import atomic_write, atomic_write_text
 from ..files.size_checks import check_train_sizes
 from ..io.checkpoint import atomic_write_dir, config_from_json, load, model_class, save
+from ..io.run_folder import check_folder, claim, open_folder
 from . import state as ts
 from .config import TrainConfig, lr_at
 from .tasks import LanguageModelling, MaskedLM, Seq2Seq
@@ -189,15 +191,19 @@ def train(model_cfg, cfg: TrainConfig, *, eval_fn=None, report_fn=None, resume: 
     {name: str | bytes}` adds files (a card, a figure) to the final folder. With `cfg.out_dir` the final
     folder holds config.json, model.safetensors, tokenizer.json, train_config.json, metrics.jsonl,
     summary.json and checkpoints/. `resume=True` continues from the newest checkpoint in `cfg.out_dir`.
-    `cfg.out_dir` must be new, empty or an earlier run (`train_state.check_out_dir`); it is locked while the run
-    lasts (`train_state.run_lock`)."""
+    `cfg.out_dir` must be new, empty or an earlier run, not a seed sweep's member (`models.io.run_folder`); it is
+    locked while the run lasts."""
     if isinstance(model_cfg, dict):
         model_cfg = config_from_json(json.dumps(model_cfg))  # by its model_type
     cfg.validate()
     check_train_sizes(model_cfg, cfg, TrainConfigError)  # before anything is built or read
     rank = dist_info()[0]
-    out = ts.check_out_dir(cfg.out_dir) if cfg.out_dir else None
-    with ts.run_lock(out if rank == 0 else None):
+    if not cfg.out_dir:
+        return _train(model_cfg, cfg, None, eval_fn, report_fn, resume, tokenizer)
+    if rank != 0:  # rank 0 holds the folder; the others only read it
+        return _train(model_cfg, cfg, check_folder(cfg.out_dir, "train", ts.legacy_mark), eval_fn, report_fn,
+                      resume, tokenizer)
+    with open_folder(cfg.out_dir, "train", ts.legacy_mark) as out:
         return _train(model_cfg, cfg, out, eval_fn, report_fn, resume, tokenizer)
 
 
@@ -233,8 +239,9 @@ def _train(model_cfg, cfg: TrainConfig, out: Path | None, eval_fn, report_fn, re
         return load(out, device=device), done
     run.step, run.tokens_seen, run.wall_before = ts.restore(out, cfg, model, run.opt, found, rank)
     if out is not None and rank == 0:
-        (out / "train_config.json").write_text(cfg.to_json())
-        tokenizer.save(out / "tokenizer.json")
+        claim(out, "train")  # every check passed: the folder is this run's
+        atomic_write_text(out / ts.RUN_MARK, cfg.to_json())
+        atomic_write(out / "tokenizer.json", tokenizer.save)
     if world > 1:  # wraps the model once its weights are final (restored or initialised)
         from torch.nn.parallel import DistributedDataParallel
 

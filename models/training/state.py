@@ -10,19 +10,20 @@ pickle anywhere.
 from __future__ import annotations
 
 import json
-import os
 import random
+import re
 import shutil
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..errors import CheckpointError, TrainConfigError
+from ..files.atomic import atomic_write_text
 from ..io.checkpoint import CHECKPOINTS, CONFIG_FILE, WEIGHTS_FILE, load_state_dict, read_config, read_safetensors, save
 from ..io.readers import read_metrics, read_summary, read_train_config, read_trainer_state  # noqa: F401  (re-exported)
+from ..io.run_folder import Mark, owner
 from .config import RESUME_FREE, TrainConfig
 
 OPTIMIZER_FILE, STATE_FILE, METRICS_FILE = "optimizer.safetensors", "trainer_state.json", "metrics.jsonl"
@@ -92,67 +93,26 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict, groups: list) -> N
         g.update(kept)
 
 
-# --- the run folder -------------------------------------------------------------------------------
-RUN_MARK = "train_config.json"  # a folder holding it is one of our runs
+# --- the run folder -------------------------------------------------------------------------------------------------
+RUN_MARK = "train_config.json"  # a folder holding it, written before folders carried marks, is one of our runs
+SWEEP_FILE = "sweep.json"  # a seed sweep's record (`models.training.sweep`)
+MEMBER_NAME = re.compile(r"seed-\d+")  # a sweep's member folders: OUT/seed-K
 
 
-def check_out_dir(out, mark: str = RUN_MARK, kind: str = "a training run") -> Path:
-    """The real path of the run folder `out` (a symbolic link is followed: the run is written into its target and
-    the link stays), checked before any work: not the current folder or one holding it (the finished run takes the
-    folder's place in one swap), and either new, empty, or one of ours (`kind`: it holds the file `mark`). A
-    folder with other files is refused, so a run never deletes a user's files."""
-    real = Path(os.path.realpath(out))
-    cwd = Path.cwd().resolve()
-    if real == cwd or real in cwd.parents:
-        raise TrainConfigError(f"out_dir {out} is the current folder or holds it; give a sub-folder (the finished "
-                               "run takes the folder's place in one atomic swap)")
-    if real.exists() and not real.is_dir():
-        raise TrainConfigError(f"out_dir {out} exists and is not a folder")
-    if real.is_dir() and any(real.iterdir()) and not (real / mark).is_file():
-        raise TrainConfigError(f"out_dir {out} is a non-empty folder that is not {kind} (no {mark}); "
-                               "give a new or empty folder (nothing was written)")
-    return real
-
-
-@contextmanager
-def run_lock(out: Path | None):
-    """Hold an exclusive lock on run folder `out` (`fcntl.flock` on the hidden file `.{name}.lock` beside it, holding
-    the owner's PID) while the body runs; a second run on the same folder raises `TrainConfigError` naming the
-    holder's PID. No lock where `out` is None or the platform has no `fcntl`."""
-    try:
-        import fcntl
-    except ImportError:
-        fcntl = None
-    if out is None or fcntl is None:
-        yield
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = out.parent / f".{out.name}.lock"
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise TrainConfigError(f"out_dir {out} is in use by another training run (PID {holder}); wait for it "
-                                   "to finish or choose another folder") from None
-        try:
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
-                break  # the lock file we hold is still the one at that path
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        try:
-            os.unlink(lock)
-        except OSError:
-            pass
-        os.close(fd)
+def legacy_mark(folder: Path, is_sweep=None) -> Mark | None:
+    """What a folder written before folders carried marks (`models.io.run_folder`) is: a seed sweep (it holds
+    `SWEEP_FILE`; `is_sweep(folder)` decides where given), a sweep's member (a run folder `seed-K` inside a sweep), a
+    training run (it holds `RUN_MARK`), or None (not ours)."""
+    folder = Path(folder)
+    if (folder / SWEEP_FILE).is_file():
+        return Mark("sweep") if is_sweep is None or is_sweep(folder) else None
+    if (folder / RUN_MARK).is_file():
+        if MEMBER_NAME.fullmatch(folder.name):
+            parent = owner(folder.parent, lambda f: legacy_mark(f, is_sweep))
+            if parent is not None and parent.kind == "sweep":
+                return Mark("sweep-member", "..")
+        return Mark("train")
+    return None
 
 
 # --- checkpoints ----------------------------------------------------------------------------------
@@ -241,33 +201,51 @@ def resume_changes(out_dir: Path, cfg: TrainConfig, model, found: list[Path]) ->
 
 def restore(out_dir: Path | None, cfg: TrainConfig, model, opt, found: list[Path], rank: int) -> tuple[int, int, float]:
     """Where a run starts, `(step, tokens_seen, wall_time)`: from the newest intact checkpoint of those `found`
-    (model, optimizer and RNG states loaded, the later metrics records dropped; a damaged newer one is skipped with a
-    line on stderr; the model config must match and training settings may differ only in `RESUME_SCHEDULE` and
-    `RESUME_FREE`), or (0, 0, 0.0) for a fresh run, whose old metrics and checkpoints in `out_dir` are removed."""
+    (`load_newest`; the model config must match and training settings may differ only in `RESUME_SCHEDULE` and
+    `RESUME_FREE`; the later metrics records dropped), or (0, 0, 0.0) for a fresh run, whose old metrics and
+    checkpoints in `out_dir` are removed (`start_fresh`)."""
     if found:
         changes = resume_changes(out_dir, cfg, model, found)
-        for folder in reversed(found):
-            try:
-                state = load_checkpoint(folder, model, opt)
-                break
-            except (ValueError, KeyError, TypeError, OSError) as e:  # a torn or damaged checkpoint
-                if rank == 0:
-                    print(f"warning: checkpoint {folder} is damaged ({type(e).__name__}: {str(e)[:200]}); trying the "
-                          "previous one", file=sys.stderr)
-        else:
-            raise CheckpointError(f"cannot resume from {out_dir}: none of its {len(found)} checkpoint(s) is intact")
-        if folder is not found[-1] and rank == 0:
-            print(f"resuming from {folder.name}, the newest intact checkpoint", file=sys.stderr)
+        state = load_newest(out_dir, model, opt, found, rank)
         if rank == 0:
-            truncate_metrics(out_dir / METRICS_FILE, state["step"])
-            if changes:
-                append_metrics(out_dir / METRICS_FILE, {"step": state["step"], "resumed_with": changes})
+            record_resume(out_dir, state["step"], changes)
         return state["step"], state["tokens_seen"], state["wall_time"]
     if out_dir is not None and rank == 0:
-        (out_dir / METRICS_FILE).unlink(missing_ok=True)
-        if (out_dir / CHECKPOINTS).exists():
-            shutil.rmtree(out_dir / CHECKPOINTS)
+        start_fresh(out_dir)
     return 0, 0, 0.0
+
+
+def load_newest(out_dir: Path, model, opt, found: list[Path], rank: int = 0) -> dict:
+    """Load the newest intact checkpoint of those `found` into `model` and `opt` (a damaged newer one is skipped with
+    a line on stderr) and return its trainer state; writes nothing."""
+    for folder in reversed(found):
+        try:
+            state = load_checkpoint(folder, model, opt)
+            break
+        except (ValueError, KeyError, TypeError, OSError) as e:  # a torn or damaged checkpoint
+            if rank == 0:
+                print(f"warning: checkpoint {folder} is damaged ({type(e).__name__}: {str(e)[:200]}); trying the "
+                      "previous one", file=sys.stderr)
+    else:
+        raise CheckpointError(f"cannot resume from {out_dir}: none of its {len(found)} checkpoint(s) is intact")
+    if folder is not found[-1] and rank == 0:
+        print(f"resuming from {folder.name}, the newest intact checkpoint", file=sys.stderr)
+    return state
+
+
+def record_resume(out_dir: Path, step: int, changes: dict) -> None:
+    """metrics.jsonl of a run resumed at `step`: the later records dropped, the schedule `changes` recorded."""
+    truncate_metrics(out_dir / METRICS_FILE, step)
+    if changes:
+        append_metrics(out_dir / METRICS_FILE, {"step": step, "resumed_with": changes})
+
+
+def start_fresh(out_dir: Path) -> None:
+    """Remove what an earlier run in our folder `out_dir` wrote that a fresh run writes anew: its metrics and
+    checkpoints (nothing else: a user's files stay)."""
+    (out_dir / METRICS_FILE).unlink(missing_ok=True)
+    if (out_dir / CHECKPOINTS).exists():
+        shutil.rmtree(out_dir / CHECKPOINTS)
 
 
 # --- metrics.jsonl --------------------------------------------------------------------------------
@@ -277,9 +255,7 @@ def truncate_metrics(path, last_step: int) -> None:
     if not p.exists():
         return
     keep = [r for r in read_metrics(p) if r.get("step", 0) <= last_step]
-    tmp = p.with_name(p.name + f".tmp-{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-    os.replace(tmp, p)
+    atomic_write_text(p, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def append_metrics(path, record: dict) -> None:

@@ -6,19 +6,24 @@ Member k is what `train(model_cfg, replace(cfg, seed=k))` trains: the same initi
 that run builds its model, then stacked), the same batch at every step (`batches.batch(k, step)`), the same schedule,
 optimizer groups and checkpoint steps; its losses differ from the single run's by float32 rounding only (batched
 products may sum in another order). `OUT/seed-K/` is written as that run writes its folder (config, weights, tokenizer,
-metrics.jsonl, checkpoints with their optimizer states, summary, card), so every command loads it and
-`circuits train --seed K --resume --out OUT/seed-K` could continue it alone; `OUT/sweep.json` lists the members.
+metrics.jsonl, checkpoints with their optimizer states, summary, card), so every command loads it; it is marked as
+the sweep's member (`models.io.run_folder`), so a single `circuits train` refuses it while the sweep owns it.
+`OUT/sweep.json` lists the members.
 
 Resumable and deterministic as a single run: a sweep killed at any point and resumed (`resume=True`) restarts every
-member from the newest checkpoint step they all hold and ends with bitwise the same weights on CPU. A member whose
+member from the newest checkpoint step they all hold and ends with bitwise the same weights on CPU. A resume that
+finds the sweep changed (a member folder missing or of another kind, members without a common checkpoint, other
+settings) refuses before anything is written. A member whose
 training loss or gradient norm is not finite is marked failed (in sweep.json and its metrics.jsonl) and set to zero
 weights that no loss reads; the others train on unchanged, bit for bit (nothing in a step mixes members).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import re
 import time
 from pathlib import Path
 
@@ -27,34 +32,41 @@ import torch
 from ..arch.model import HookedTransformer
 from ..arch.state_dict import load_state_dict
 from ..data.tokenizer import load_tokenizer
-from ..errors import CheckpointError, TrainConfigError
-from ..files.atomic import atomic_write_json
+from ..errors import CheckpointError, FolderError, TrainConfigError
+from ..files.atomic import atomic_write, atomic_write_json, atomic_write_text
 from ..files.size_checks import check_train_sizes
 from ..io import readers
 from ..io.checkpoint import WEIGHTS_FILE, read_safetensors
+from ..io.run_folder import check_folder, claim, lock, open_folder, owner
 from . import state as ts
 from .config import TrainConfig, lr_at
 from .loop import adamw, build_data, check_setup, dist_info, finalize, init_positions, optimizer_groups, pick_device
 from .stacked import StackedDecoder, check_stackable, clip_per_member
+from .state import SWEEP_FILE
 from .tasks import LanguageModelling
 
-__all__ = ["train_sweep", "parse_seeds", "member_dir", "read_sweep", "SWEEP_FILE", "MAX_SEEDS"]
+__all__ = ["train_sweep", "parse_seeds", "member_dir", "sweep_json", "SWEEP_FILE", "MAX_SEEDS"]
 
-SWEEP_FILE = "sweep.json"
 MAX_SEEDS = 1024
+MAX_SEED = TrainConfig.MAX_SEED
+_DIGITS = re.compile(r"[0-9]{1,30}")
+SWEEP_FORMAT = "toy-circuits seed sweep"
 
 
 def parse_seeds(text: str) -> list[int]:
-    """Seeds from "0-7" (a range, both ends included), "0,3,5" (a list) or both ("0-3,8"), in the order given.
-    Raises `TrainConfigError` naming the problem and the allowed forms."""
-    forms = "allowed: 'A-B' (A <= B), 'A,B,C' or both, e.g. '0-7' or '0,3,5'; seeds are ints >= 0"
+    """Seeds from "0-7" (a range, both ends included), "0,3,5" (a list) or both ("0-3,8"), in the order given; each
+    written in ASCII digits and at most `MAX_SEED`. Raises `TrainConfigError` naming the problem and the allowed
+    forms."""
+    forms = f"allowed: 'A-B' (A <= B), 'A,B,C' or both, e.g. '0-7' or '0,3,5'; seeds are ints 0 … {MAX_SEED}"
     seeds: list[int] = []
     parts = str(text).replace(" ", "").split(",")
     for part in parts:
         lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not _DIGITS.fullmatch(lo) or (sep and not _DIGITS.fullmatch(hi)):  # str.isdigit takes "²", int() not
             raise TrainConfigError(f"--seeds {text!r}: {part!r} is not a seed or a range; {forms}")
         a, b = int(lo), int(hi) if sep else int(lo)
+        if max(a, b) > MAX_SEED:
+            raise TrainConfigError(f"--seeds {text!r}: {max(a, b)} is larger than the largest seed; {forms}")
         if b < a:
             raise TrainConfigError(f"--seeds {text!r}: the range {part!r} ends before it starts; {forms}")
         if b - a + 1 + len(seeds) > MAX_SEEDS:
@@ -70,10 +82,22 @@ def member_dir(out, seed: int) -> Path:
     return Path(out) / f"seed-{seed}"
 
 
-def read_sweep(out) -> dict:
+def sweep_json(out) -> dict:
     """OUT/sweep.json as a dict, through its reader (`models.io.readers.read_sweep`: `CheckpointError` naming the file
     where it is missing, corrupt or not a sweep summary)."""
     return readers.read_sweep(Path(out) / SWEEP_FILE)
+
+
+def _is_our_sweep(folder: Path) -> bool:
+    try:
+        return sweep_json(folder).get("format") == SWEEP_FORMAT
+    except CheckpointError:  # a sweep.json of another tool, or not JSON
+        return False
+
+
+def legacy_sweep_mark(folder: Path):
+    """`models.training.state.legacy_mark`, where a folder holding a sweep.json is a sweep only if that file is ours."""
+    return ts.legacy_mark(folder, _is_our_sweep)
 
 
 class _MemberOptimizer:
@@ -131,8 +155,11 @@ def train_sweep(model_cfg, cfg: TrainConfig, seeds: list[int], *, eval_fn=None, 
         raise TrainConfigError("a seed sweep runs in one process (not under torchrun): the stack is its parallelism")
     if cfg.out_dir is None:
         raise TrainConfigError("a seed sweep needs out_dir (its members go to OUT/seed-K)")
-    out = ts.check_out_dir(cfg.out_dir, mark=SWEEP_FILE, kind="a seed sweep")
-    with ts.run_lock(out):
+    with open_folder(cfg.out_dir, "sweep", legacy_sweep_mark) as out, contextlib.ExitStack() as members:
+        if owner(out, legacy_sweep_mark) is None:  # new or empty: the sweep's from now on (a `train` inside is refused)
+            claim(out, "sweep")
+        for s in seeds:  # each member folder new, empty or this sweep's, and locked while the sweep runs
+            members.enter_context(lock(check_folder(member_dir(out, s), "sweep-member", legacy_sweep_mark)))
         sweep = _Sweep(model_cfg, cfg, list(seeds), out, eval_fn, report_fn_for, tokenizer, command)
         sweep.notes = dict(notes or {})
         return sweep.run(resume)
@@ -183,7 +210,7 @@ class _Sweep:
             if k in self.failed:
                 m.update(failed_at_step=self.failed[k]["step"], reason=self.failed[k]["reason"])
             members.append(m)
-        d = {"format": "toy-circuits seed sweep", "status": status, "seeds": self.seeds, "steps": self.cfg.steps,
+        d = {"format": SWEEP_FORMAT, "status": status, "seeds": self.seeds, "steps": self.cfg.steps,
              "n_members": len(self.seeds), "n_failed": len(self.failed), "method": "stacked weights, batched "
              "products (models.training.stacked)", "device": str(self.device), "command": self.command,
              "train_config": dict(self.cfg.to_dict(), seed=None, out_dir=None),
@@ -208,17 +235,21 @@ class _Sweep:
 
     def restore(self, resume: bool) -> int:
         """The step the sweep starts from: 0 (fresh: the members' old metrics and checkpoints removed) or the newest
-        checkpoint step every live member holds intact."""
+        checkpoint step every live member holds intact. A resume that finds the sweep changed refuses before
+        anything is written (`check_resumable`, settings checked and checkpoints loaded for every member first)."""
         self.tokens_seen, self.wall_before = 0, 0.0
         if not resume:
-            for d, c, m in zip(self.dirs, self.cfgs, self.members, strict=True):
+            for d in self.dirs:
                 d.mkdir(parents=True, exist_ok=True)
-                ts.restore(d, c, m, None, [], 0)
+                ts.start_fresh(d)
             return 0
-        old = read_sweep(self.out) if (self.out / SWEEP_FILE).is_file() else {"members": []}
+        old = sweep_json(self.out) if (self.out / SWEEP_FILE).is_file() else None
+        if old is None:  # killed before its first record: nothing was trained
+            return self.restore(False)
         if old.get("seeds") is not None and old["seeds"] != self.seeds:
             raise TrainConfigError(f"cannot resume the sweep in {self.out} with seeds {self.seeds}: it trains seeds "
                                    f"{old['seeds']}; resume with those, or sweep into a new folder")
+        self.check_resumable(old)
         failed_at = {m["seed"]: m.get("failed_at_step") for m in old["members"] if m.get("status") == "failed"}
         found = [ts.resumable_checkpoints(d) for d in self.dirs]
         steps_of = [{int(p.name.split("-")[1]) for p in f} for f in found]
@@ -229,49 +260,72 @@ class _Sweep:
                     ts.finished_run(d, self.cfg.steps, found[k]) is not None]
         if finished:
             steps_of = [{self.cfg.steps} if k in finished else st for k, st in enumerate(steps_of)]
-        live_steps = [st for k, st in enumerate(steps_of) if failed_at.get(self.seeds[k]) is None]
-        common = set.intersection(*live_steps) if live_steps else set()
+        live = [k for k in range(len(self.seeds)) if failed_at.get(self.seeds[k]) is None]
+        common = set.intersection(*[steps_of[k] for k in live]) if live else set()
         if not common:
-            return self.restore(False)
+            if any(found):  # some members hold checkpoints, not at one step: restarting would delete them
+                bare = [self.dirs[k].name for k in live if not steps_of[k]] or [self.dirs[k].name for k in live]
+                raise FolderError(f"cannot resume the sweep in {self.out}: its members hold no common checkpoint "
+                                  f"step ({', '.join(bare)}: none in common with the others); nothing was changed: "
+                                  "restore the member folders, or sweep into a new folder")
+            return self.restore(False)  # killed before the first checkpoint: nothing was trained
         pending: dict = {}
         start = max(common)
         dead = [k for k, s in enumerate(self.seeds) if failed_at.get(s) is not None and failed_at[s] < start]
-        for k, (d, c, m) in enumerate(zip(self.dirs, self.cfgs, self.members, strict=True)):
-            if k in finished:  # finalized before the sweep was killed: its final weights, nothing left to train
-                load_state_dict(m, read_safetensors(d / WEIGHTS_FILE), source=str(d / WEIGHTS_FILE))
-                continue
-            if k in dead:
-                self.failed[k] = {"step": failed_at[self.seeds[k]], "reason": "failed before the resumed step"}
-                continue
-            mine = [p for p in found[k] if int(p.name.split("-")[1]) <= start]
-            step, self.tokens_seen, wall = ts.restore(d, c, m, _MemberOptimizer(self.opt, k, pending), mine, 0)
-            if step != start:
-                raise CheckpointError(f"cannot resume {self.out}: member {d.name} resumes from step {step}, the "
-                                      f"others from {start} (a damaged checkpoint); resume it alone or start anew")
-            self.wall_before = max(self.wall_before, wall)
+        todo = [k for k in range(len(self.seeds)) if k not in finished and k not in dead]
+        mine = {k: [p for p in found[k] if int(p.name.split("-")[1]) <= start] for k in todo}
+        changes = {k: ts.resume_changes(self.dirs[k], self.cfgs[k], self.members[k], mine[k]) for k in todo}
+        states = {}
+        for k in todo:  # load every member before anything is written
+            d = self.dirs[k]
+            states[k] = ts.load_newest(d, self.members[k], _MemberOptimizer(self.opt, k, pending), mine[k])
+            if states[k]["step"] != start:
+                raise CheckpointError(f"cannot resume {self.out}: member {d.name} resumes from step "
+                                      f"{states[k]['step']}, the others from {start} (a damaged checkpoint); "
+                                      "nothing was changed: sweep into a new folder")
+        for k in finished:  # finalized before the sweep was killed: its final weights, nothing left to train
+            d = self.dirs[k]
+            load_state_dict(self.members[k], read_safetensors(d / WEIGHTS_FILE), source=str(d / WEIGHTS_FILE))
         reasons = {m["seed"]: m.get("reason") for m in old["members"]}
         for k in dead:
-            self.failed[k]["reason"] = reasons.get(self.seeds[k]) or self.failed[k]["reason"]
+            self.failed[k] = {"step": failed_at[self.seeds[k]],
+                              "reason": reasons.get(self.seeds[k]) or "failed before the resumed step"}
         _load_stacked(self.opt, pending, list(range(len(self.seeds))), dead + finished)
         for k in dead:
             self.zero_member(k)
+        for k in todo:  # every check passed: the members' records follow the resumed step
+            ts.record_resume(self.dirs[k], start, changes[k])
+            self.tokens_seen = states[k]["tokens_seen"]
+            self.wall_before = max(self.wall_before, states[k]["wall_time"])
         return start
+
+    def check_resumable(self, old: dict) -> None:
+        """Refuse (`FolderError`, nothing written) a resume whose member folders are not all there as the sweep
+        record `old` lists them."""
+        listed = {m.get("folder") for m in old["members"]}
+        missing = [d.name for d in self.dirs if d.name in listed and not d.is_dir()]
+        if missing:
+            raise FolderError(f"cannot resume the sweep in {self.out}: member folder(s) {', '.join(missing)} "
+                              "missing; nothing was changed: restore them, or sweep into a new folder")
 
     # --- the loop -------------------------------------------------------------------------------------
     def run(self, resume: bool) -> dict:
         cfg = self.cfg
         self.build(resume)
         if resume and (self.out / SWEEP_FILE).is_file():
-            old = read_sweep(self.out)
+            old = sweep_json(self.out)
             if old.get("status") == "finished" and old.get("steps") == cfg.steps and old.get("seeds") == self.seeds:
+                self.check_resumable(old)
                 for k, (d, c, m) in enumerate(zip(self.dirs, self.cfgs, self.members, strict=True)):
                     if old["members"][k].get("status") != "failed":  # only with its own model and settings
                         ts.resume_changes(d, c, m, ts.resumable_checkpoints(d))
                 return old
         step0 = self.restore(resume)
+        claim(self.out, "sweep")  # every check passed: the folder and its members are this sweep's
         for d, c in zip(self.dirs, self.cfgs, strict=True):
-            (d / "train_config.json").write_text(c.to_json())
-            self.tokenizer.save(d / "tokenizer.json")
+            claim(d, "sweep-member", "..")
+            atomic_write_text(d / ts.RUN_MARK, c.to_json())
+            atomic_write(d / "tokenizer.json", self.tokenizer.save)
         self.write_sweep("running")
         self.loop(step0)
         return self.finish()

@@ -107,7 +107,7 @@ def test_wrong_tokens_are_other_symbols_uniformly():
 
 
 def test_intervals_and_power_by_hand():
-    m, lo, hi = eb.t_interval([1.0, 2.0, 3.0])  # s = 1, n = 3: half width t_{0.975,2} / √3 = 4.303 / √3
+    m, lo, hi = eb.mean_interval([1.0, 2.0, 3.0])  # s = 1, n = 3: half width t_{0.975,2} / √3 = 4.303 / √3
     assert m == 2.0 and hi - m == pytest.approx(4.3027 / math.sqrt(3), abs=1e-3) and m - lo == pytest.approx(hi - m)
     a, b = [1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 1.0, 1.0]  # variances 5/3 and 1/3, n 4 each
     d, lo, hi = eb.welch_difference(a, b)
@@ -162,7 +162,7 @@ def test_experiment_summary_and_figures_at_small_scale(tmp_path):
     assert [t[0] for t in tf["compounded_by_position"]] == pytest.approx([t[0] for t in tf["free_by_position"]])
     diff = result["versus_teacher_forcing"]["linear"]["injected_next"]
     assert diff["difference"][0] == pytest.approx(-tf["injected_next"][0])
-    md = ex.markdown(result)
+    md = ex.results_markdown(result)
     assert "| seeds | 3 | 3 |" in md and "{:.3f} [{:.3f}, {:.3f}]".format(*tf["gold"]) in md
     for fig in (plot_per_position(result), plot_injected(result)):
         assert figure_problems(fig) == []
@@ -179,7 +179,7 @@ def test_quoted_numbers_match_the_committed_results():
 
     root = Path(__file__).resolve().parents[2]
     result = json.loads((root / "docs" / "exposure_bias" / "results.json").read_text())
-    assert (root / "docs" / "exposure_bias" / "results.md").read_text().endswith(ex.markdown(result))
+    assert (root / "docs" / "exposure_bias" / "results.md").read_text().endswith(ex.results_markdown(result))
     tf, vs = result["schedules"]["teacher forcing"], result["versus_teacher_forcing"]
     readme = next(line for line in (root / "README.md").read_text().splitlines() if "05_encoder_decoder" in line)
     notebook = (root / "notebooks" / "src" / "05_encoder_decoder.py").read_text()

@@ -145,9 +145,9 @@ def _raise(err: int, name: str):
 
 
 def test_read_only_output_folder_exits_2(tiny, tmp_path, monkeypatch, capsys):
-    mkdir = Path.mkdir
-    monkeypatch.setattr(Path, "mkdir", lambda self, *a, **k: _raise(errno.EROFS, str(self))() if "readonly" in
-                        str(self) else mkdir(self, *a, **k))
+    mkdir = os.mkdir  # under Path.mkdir and tempfile's folders alike
+    monkeypatch.setattr(os, "mkdir", lambda path, *a, **k: _raise(errno.EROFS, str(path))() if "readonly" in
+                        str(path) else mkdir(path, *a, **k))
     one_line(main("report", tiny, "--out", tmp_path / "readonly", "--no-progress", capsys=capsys), 2,
              "Read-only file system")
     one_line(main("train", "--config", json.dumps(TINY_TRAIN), "--out", tmp_path / "readonly", capsys=capsys), 2,
@@ -197,8 +197,8 @@ def _terminate_when(p: subprocess.Popen, ready, timeout: float = 120) -> tuple[i
 def test_sigterm_during_report_leaves_no_figures_without_report(tiny, tmp_path):
     out = tmp_path / "rep"
     p = _start("report", tiny, "--out", out, "--no-progress", "--windows", "8")
-    # figures are written into a hidden staging folder and moved into place with report.md at the end
-    code, err = _terminate_when(p, lambda: out.is_dir() and any(f.suffix == ".png" for f in out.rglob("*.png")))
+    # figures are written into a hidden staging folder beside it, published with report.md in one swap at the end
+    code, err = _terminate_when(p, lambda: any(tmp_path.glob(".rep.stage-*/*.png")))
     assert code == 143, err
     assert [ln for ln in err.splitlines() if ln.strip()] == ["circuits report: terminated (SIGTERM)"], err
     files = sorted(f.name for f in out.iterdir()) if out.exists() else []

@@ -4,8 +4,12 @@ command end to end (e2e)."""
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +26,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("seeds, message", [("3-1", "ends before it starts"), ("0,0", "given twice"),
-                                            ("x", "is not a seed"), ("0--2", "is not a seed")])
+                                            ("x", "is not a seed"), ("0--2", "is not a seed"),
+                                            ("²", "is not a seed"), ("0-²", "is not a seed"),
+                                            ("12345678901234567890", "larger than the largest seed"),
+                                            ("0-12345678901234567890", "larger than the largest seed")])
 def test_bad_seeds_exit_2_with_one_line(seeds, message, tmp_path, capsys):
     assert main(["train", "--preset", "attn-only-2l", "--seeds", seeds, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv", [["train", "--preset", "attn-only-2l", "--seed", "12345678901234567890"],
+                                  ["heads", "attn-only-2l", "--seed", "12345678901234567890"],
+                                  ["train", "--preset", "attn-only-2l", "--seed", "²"]])
+def test_a_seed_out_of_range_exits_2_with_one_line(argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv + (["--out", str(tmp_path / "o")] if argv[0] == "train" else []))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "--seed" in err and len(err.splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "o").exists()
 
 
@@ -134,6 +152,48 @@ def test_sweep_refuses_a_member_folder_outside_the_sweep(tmp_path):
         sweep_summary(out)
 
 
+def test_sweep_of_a_sweep_with_a_member_folder_deleted_exits_2(tmp_path, capsys):
+    out = _sweep(tmp_path, [(0, "finished", 300, 2, 1), (1, "finished", 500, 1, 2)])
+    shutil.rmtree(out / "seed-1")
+    capsys.readouterr()
+    assert main(["sweep", str(out), "--out", str(tmp_path / "doc")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "seed-1" in err and "missing" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "doc").exists()
+
+
+def _full_disk_at(monkeypatch, name: str) -> None:
+    """Opening a file named `name*` for writing fails with ENOSPC, whichever writer opens it (a path or a descriptor
+    from mkstemp: both go through io.open)."""
+    real = io.open
+
+    def full(file, mode="r", *a, **k):
+        path = os.readlink(f"/proc/self/fd/{file}") if isinstance(file, int) else str(file)
+        if any(c in mode for c in "wax+") and (Path(path).name.startswith(name) or
+                                                Path(path).name.startswith(f".{name}")):
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return real(file, mode, *a, **k)
+
+    monkeypatch.setattr(io, "open", full)
+
+
+@pytest.mark.parametrize("command, text", [("sweep", "sweep.md"), ("report", "report.md")])
+def test_sweep_report_on_a_full_disk_keeps_the_previous_one_and_exits_1(tmp_path, capsys, monkeypatch, command,
+                                                                        text):
+    out = _sweep(tmp_path, [(0, "finished", 300, 2, 1), (1, "finished", 500, 1, 2)])
+    doc = tmp_path / "doc"
+    assert main([command, str(out), "--out", str(doc), "--no-copying"][:None if command == "sweep" else 4]) == 0
+    before = {p.name: p.read_bytes() for p in doc.iterdir()}
+    _member(out / "seed-1", 1, 700, 1, 2, weights=False)  # the new report differs: another formation step
+    capsys.readouterr()
+    _full_disk_at(monkeypatch, text)
+    assert main([command, str(out), "--out", str(doc), "--no-copying"][:None if command == "sweep" else 4]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "No space left on device" in err and len(err.splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in doc.iterdir()} == before  # no new sweep.png beside the old text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc", "sw"]  # no staging folder left
+
+
 def test_sweep_command_writes_its_files(tmp_path, capsys):
     out = _sweep(tmp_path, [(0, "finished", 300, 2, 1), (1, "finished", 500, 1, 2)])
     assert main(["sweep", str(out), "--out", str(tmp_path / "doc"), "--json"]) == 0
@@ -157,7 +217,10 @@ def test_report_of_a_sweep_folder_is_its_sweep_section(tmp_path, capsys):
     page = (tmp_path / "rep" / "report.md").read_text()
     assert page.startswith("# Circuits report: seed sweep") and "](sweep.png)" in page
     assert sweep_markdown(sweep_summary(out)) in page
-    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["report.md", "sweep.json", "sweep.png"]
+    from models.io.run_folder import MARK_FILE
+
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == [MARK_FILE, "report.md", "sweep.json",
+                                                                     "sweep.png"]
     # options of a model's report do not apply to a sweep, and nothing is written
     assert main(["report", str(out), "--out", str(tmp_path / "rep2"), "--html"]) == 2
     assert "seed sweep" in capsys.readouterr().err and not (tmp_path / "rep2").exists()

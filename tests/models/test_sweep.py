@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from models import HookedTransformer, HookedTransformerConfig, lm_cross_entropy, load
-from models.errors import TrainConfigError
+from models.errors import FolderError, TrainConfigError
 from models.io.checkpoint import read_safetensors
 from models.training import loop as training_loop
 from models.training import sweep as training_sweep
 from models.training.loop import train
 from models.training.stacked import StackedDecoder, check_stackable, clip_per_member
 from models.training.state import read_metrics
-from models.training.sweep import member_dir, parse_seeds, read_sweep, train_sweep
+from models.training.sweep import member_dir, parse_seeds, sweep_json, train_sweep
 from tests.models.test_train import TEXT, tiny_model, tiny_train
 
 
@@ -156,7 +156,7 @@ def test_member_equals_single_run(corpus_dir, tmp_path, monkeypatch):
     saved = json.loads((member / "train_config.json").read_text())
     alone = json.loads((tmp_path / "alone/train_config.json").read_text())
     assert {k: v for k, v in saved.items() if k != "out_dir"} == {k: v for k, v in alone.items() if k != "out_dir"}
-    sweep = read_sweep(tmp_path / "sweep")
+    sweep = sweep_json(tmp_path / "sweep")
     assert [m["status"] for m in sweep["members"]] == ["finished", "finished"] and sweep["seeds"] == [0, 3]
     # every checkpoint carries the tokenizer, as the single run's do
     steps = sorted(p.name for p in (tmp_path / "alone" / "checkpoints").iterdir())
@@ -184,7 +184,7 @@ def test_resume_equals_uninterrupted(corpus_dir, tmp_path):
 
     with pytest.raises(Killed):
         train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "b"), seeds, eval_fn=dies_at_second_checkpoint)
-    assert read_sweep(tmp_path / "b")["status"] == "running"
+    assert sweep_json(tmp_path / "b")["status"] == "running"
     train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "b"), seeds, resume=True)
     for s in seeds:
         a, b = final_weights(member_dir(tmp_path / "a", s)), final_weights(member_dir(tmp_path / "b", s))
@@ -194,7 +194,7 @@ def test_resume_equals_uninterrupted(corpus_dir, tmp_path):
         lb = [r["train_loss"] for r in read_metrics(member_dir(tmp_path / "b", s) / "metrics.jsonl")
               if "train_loss" in r]
         assert la == lb
-    assert read_sweep(tmp_path / "b")["status"] == "finished"
+    assert sweep_json(tmp_path / "b")["status"] == "finished"
     with pytest.raises(TrainConfigError, match="trains seeds"):  # another seed list would start its members anew
         train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "b"), [1, 2, 3], resume=True)
     # resuming a finished sweep changes nothing
@@ -206,7 +206,7 @@ def test_resume_equals_uninterrupted(corpus_dir, tmp_path):
 def test_sweep_refuses_a_folder_of_other_files(corpus_dir, tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    with pytest.raises(TrainConfigError, match="not a seed sweep"):
+    with pytest.raises(FolderError, match="not a seed sweep"):
         train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "mine"), [0, 1])
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
@@ -242,7 +242,7 @@ def test_diverging_member_is_marked_failed_and_others_unchanged(corpus_dir, tmp_
     recs = read_metrics(failed / "metrics.jsonl")
     assert "failed" in recs[-1] and recs[-1]["step"] == 7 and max(r["step"] for r in recs) == 7
     # resuming the sweep keeps the member failed and the others as they are
-    assert read_sweep(tmp_path / "poisoned")["status"] == "finished"
+    assert sweep_json(tmp_path / "poisoned")["status"] == "finished"
 
 
 def test_resume_after_a_failure_equals_uninterrupted(corpus_dir, tmp_path):
@@ -262,7 +262,7 @@ def test_resume_after_a_failure_equals_uninterrupted(corpus_dir, tmp_path):
     train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "b"), seeds, resume=True)
     a, b = final_weights(member_dir(tmp_path / "a", 1)), final_weights(member_dir(tmp_path / "b", 1))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [m["status"] for m in read_sweep(tmp_path / "b")["members"]] == ["failed", "finished"]
+    assert [m["status"] for m in sweep_json(tmp_path / "b")["members"]] == ["failed", "finished"]
 
 
 def test_every_member_diverging_stops_with_a_named_error(corpus_dir, tmp_path):
@@ -273,7 +273,7 @@ def test_every_member_diverging_stops_with_a_named_error(corpus_dir, tmp_path):
 
     with pytest.raises(TrainConfigError, match="every member"):
         train_sweep(tiny_model(), run_cfg(corpus_dir, tmp_path / "s"), [0, 1], eval_fn=all_nan)
-    assert read_sweep(tmp_path / "s")["status"] == "failed"
+    assert sweep_json(tmp_path / "s")["status"] == "failed"
 
 
 def test_sweep_cfg_seed_is_ignored(corpus_dir, tmp_path):

@@ -14,6 +14,7 @@ import torch
 from analyses import build_report
 from models import HookedTransformer, HookedTransformerConfig
 from models.data.tokenizer import ByteTokenizer
+from models.io.run_folder import MARK_FILE
 
 pytestmark = pytest.mark.e2e  # whole reports written to a full disk
 
@@ -71,4 +72,5 @@ def test_report_files_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert {p.stat().st_mode & 0o777 for p in r.files} == {0o644}
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted(p.name for p in r.files)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted([MARK_FILE] + [p.name for p in r.files])
+    assert (tmp_path / "r").stat().st_mode & 0o777 == 0o755

@@ -206,40 +206,40 @@ def test_a_config_claiming_more_layers_is_refused_before_building(base, tmp_path
 KILLED = ("import os, signal, sys\nimport analyses.report.build as R\n"
           "R._write = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
           "from analyses.cli import main\nsys.exit(main())")
-LIVE = ("import sys\nfrom pathlib import Path\nfrom analyses.report import staging_folder\n"
-        "with staging_folder(Path(sys.argv[1])) as stage:\n    print(stage, flush=True)\n    sys.stdin.read()")
+LIVE = ("import sys\nfrom pathlib import Path\nfrom models.io.run_folder import staged\n"
+        "with staged(Path(sys.argv[1]), 'report') as stage:\n    print(stage, flush=True)\n    sys.stdin.read()")
 
 
 @pytest.mark.e2e  # SIGKILLed reports in subprocesses
 def test_the_next_report_removes_staging_folders_of_killed_runs_only(base, tmp_path):
+    """Reports stage beside their folder (`models.io.run_folder.staged`) holding the folder's lock: a killed run's
+    stage is removed by the next run, which holds the lock; while a run lives, a second one is refused."""
     from analyses import build_report
+    from models.errors import FolderError
 
     out = tmp_path / "out"
-    out.mkdir()
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     seen = []
     for _ in range(2):  # two SIGKILLed reports: each leaves its staging folder, the second removes the first's
         r = subprocess.run([sys.executable, "-c", KILLED, "report", str(base / "model"), "--out", str(out),
                             "--sections", "overview", "--no-progress"], capture_output=True, timeout=300, env=env)
         assert r.returncode == -9, r.stderr
-        seen.append(sorted(out.glob(".report-tmp-*")))
+        seen.append(sorted(tmp_path.glob(".out.stage-*")))
     assert len(seen[0]) == 1 and len(seen[1]) == 1 and seen[0] != seen[1], seen
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    unlocked_dead = out / f".report-tmp-{int(dead.stdout)}-x"  # killed before it took its lock: its PID is gone
-    unlocked_live = out / f".report-tmp-{os.getpid()}-y"  # a run of a live process still starting
-    foreign = out / ".report-tmp-notours"
-    for d in (unlocked_dead, unlocked_live, foreign):
-        d.mkdir()
+    foreign = tmp_path / ".out.stage-notours"
+    foreign.mkdir()
     live = subprocess.Popen([sys.executable, "-c", LIVE, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, env=env)
     try:
         live_stage = Path(live.stdout.readline().strip())
-        assert live_stage.is_dir()
-        build_report(models.load(base / "model"), out, folder=base / "model", sections=["overview"], progress=False,
-                     parallel=False)
-        left = set(out.glob(".report-tmp-*"))
-        assert left == {live_stage, unlocked_live, foreign}, left  # the dead ones went, a live one stayed
-        assert (out / "report.md").is_file()
+        assert live_stage.is_dir() and set(tmp_path.glob(".out.stage-*")) == {live_stage, foreign}
+        with pytest.raises(FolderError, match=f"in use by another process \\(PID {live.pid}\\)"):
+            build_report(models.load(base / "model"), out, folder=base / "model", sections=["overview"],
+                         progress=False, parallel=False)
+        assert live_stage.is_dir()  # the refused run touched nothing
     finally:
         live.communicate("", timeout=60)
     assert not live_stage.exists()  # removed by its own run at the end
+    build_report(models.load(base / "model"), out, folder=base / "model", sections=["overview"], progress=False,
+                 parallel=False)
+    assert (out / "report.md").is_file() and set(tmp_path.glob(".out.stage-*")) == {foreign}

@@ -14,7 +14,7 @@ import pytest
 
 import models
 from models import HookedTransformerConfig
-from models.errors import TrainConfigError
+from models.errors import FolderError, TrainConfigError
 
 pytestmark = pytest.mark.e2e  # run folders through the command line in subprocesses
 
@@ -75,19 +75,19 @@ def test_second_run_on_a_locked_folder_exits_2_naming_the_holder(tmp_path):
     out = tmp_path / "run"
     run(out)
     before = snapshot(out)
-    from models.training.state import run_lock
+    from models.io.run_folder import lock
 
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]);"
-                               "from pathlib import Path; from models.training.state import run_lock\n"
-                               "with run_lock(Path(sys.argv[2])):\n print('locked', flush=True); time.sleep(60)",
+                               "from pathlib import Path; from models.io.run_folder import lock\n"
+                               "with lock(Path(sys.argv[2])):\n print('locked', flush=True); time.sleep(60)",
                                str(ROOT), str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         r = cli_train(out)
         assert r.returncode == 2, r.stderr
         assert f"PID {holder.pid}" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-        with pytest.raises(TrainConfigError, match=f"in use by another training run \\(PID {holder.pid}\\)"):
-            with run_lock(out):
+        with pytest.raises(FolderError, match=f"in use by another process \\(PID {holder.pid}\\)"):
+            with lock(out):
                 pass
     finally:
         holder.kill()
@@ -96,16 +96,16 @@ def test_second_run_on_a_locked_folder_exits_2_naming_the_holder(tmp_path):
 
 
 def test_two_runs_in_one_process_contend_for_the_lock(tmp_path):
-    from models.training.state import run_lock
+    from models.io.run_folder import lock
 
     out = tmp_path / "run"
     errors = []
-    with run_lock(out):
-        t = threading.Thread(target=lambda: errors.append(pytest.raises(TrainConfigError, run, out)))
+    with lock(out):
+        t = threading.Thread(target=lambda: errors.append(pytest.raises(FolderError, run, out)))
         t.start()
         t.join()
     assert errors and not out.exists()
-    with run_lock(out):  # released: it can be taken again
+    with lock(out):  # released: it can be taken again
         pass
     assert not (tmp_path / ".run.lock").exists()
 
