@@ -161,9 +161,7 @@ KIND_TESTS = re.compile(r"hasattr\([^)]*[\"'](cross_W_Q|W_E_src|d_vocab_src|n_en
 
 
 @pytest.mark.parametrize("package", [
-    pytest.param("models", marks=pytest.mark.xfail(strict=True, reason="models/sae.py, models/files/size_checks.py: "
-                                                                     "their owners' branches")),
-    "circuits", "analyses",
+    "models", "circuits", "analyses",
 ])
 def test_model_kind_is_asked_not_tested_by_attributes(package):
     """`models.model_kind` (models/arch/kind.py) is the one test of a model's kind (decoder-only, encoder-only,

@@ -144,6 +144,10 @@ class EncoderDecoderConfig:
         return (self.d_model * self.d_vocab_tgt + self.n_encoder_layers * (attn + mlp)
                 + self.n_decoder_layers * (2 * attn + mlp))
 
+    def layer_stacks(self) -> dict[str, int]:
+        """`{prefix: layers}` of the numbered stacks a model of this config holds (`encoder.…`, `decoder.…`)."""
+        return {"encoder": self.n_encoder_layers, "decoder": self.n_decoder_layers}
+
     # --- (de)serialisation ------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return dict(dataclasses.asdict(self), model_type=self.model_type)

@@ -27,10 +27,9 @@ def implied_weights(cfg) -> int:
 
 def layer_stacks(cfg) -> dict[str, int]:
     """`{prefix: layers}` of the numbered stacks a model of `cfg` holds (`blocks.0.…` to `blocks.{n-1}.…`;
-    an encoder–decoder's `encoder.…` and `decoder.…`)."""
-    if hasattr(cfg, "n_encoder_layers"):
-        return {"encoder": cfg.n_encoder_layers, "decoder": cfg.n_decoder_layers}
-    return {"blocks": cfg.n_layers}
+    a config with several stacks declares them, as an encoder–decoder's `layer_stacks()`: `encoder.…`, `decoder.…`)."""
+    own = getattr(cfg, "layer_stacks", None)
+    return own() if own is not None else {"blocks": cfg.n_layers}
 
 
 def held_layers(names, prefix: str) -> int:
