@@ -66,7 +66,9 @@ def test_cli_config_json_fifo_or_dev_zero_exits_2(folder, tmp_path, kind):
     _swap(folder / "config.json", kind)
     r = circuits("info", str(folder), timeout=60)
     assert r.returncode == 2, r.stderr
-    assert "not a regular file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # a link to /dev/zero leads out of the model folder: refused as such before it is opened (models.io.readers)
+    why = "not a regular file" if kind == "fifo" else "symbolic link leading out of its folder"
+    assert why in r.stderr and len(r.stderr.strip().splitlines()) == 1
     cfg = tmp_path / "cfg.json"
     cfg.write_text("{}")
     _swap(cfg, kind)
