@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..files.safe_read import loads_strict
 from .positions import SCHEMES, PositionalScheme, scheme
 from .score_bias import MASKS
 
@@ -29,24 +30,14 @@ BOOL_FIELDS = ("attn_only", "rotary_adjacent_pairs", "use_bias", "default_prepen
                "use_hook_mlp_in", "use_hook_tokens", "load_in_4bit")
 
 
-def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    """`json.loads(..., object_pairs_hook=unique_keys)`: a JSON object, refusing a key given twice."""
-    d: dict = {}
-    for k, v in pairs:
-        if k in d:
-            raise ConfigError(f"key {k!r} appears twice in one JSON object; keep one")
-        d[k] = v
-    return d
-
-
 def config_json_dict(text: str):
     """A config.json's text as every config class reads it: unreadable JSON and duplicated keys are a `ConfigError`
     (naming the key: which value was meant is unknowable), a stored run-time field (`device`, older folders) is
     dropped, so the config builds on the CPU until the caller moves it."""
     try:
-        d = json.loads(text, object_pairs_hook=unique_keys)
-    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: '[[[[...' nested too deep
-        raise ConfigError(f"config is not valid JSON: {type(e).__name__}: {e}") from None
+        d = loads_strict(text, ConfigError)  # duplicated keys, NaN / ±Infinity, overflowing numbers, deep nesting
+    except ConfigError as e:
+        raise ConfigError(f"config is {e}") from None
     return {k: v for k, v in d.items() if k not in RUNTIME_FIELDS} if isinstance(d, dict) else d
 
 
