@@ -15,6 +15,7 @@ from models.arch.kind import ENCODER_DECODER, model_kind
 
 from ..patching.report_section import induction_paths
 from . import sections as S
+from .context import Context
 from .encdec_sections import ENCDEC_SECTIONS
 from .run import Section, check_split
 
@@ -215,7 +216,7 @@ def _build(model, out: Path, stage: Path, folder, name, tokens, sections, n_wind
 
 def _write(i: _Inputs, stage: Path) -> Report:
     """Run the sections into the staging folder `stage` (`build_report` publishes it into `i.out`)."""
-    ctx = S.Context(i.model, i.name, stage, i.text, i.windows, i.vocab, i.run_dir, i.seed, train_text=i.train_text,
+    ctx = Context(i.model, i.name, stage, i.text, i.windows, i.vocab, i.run_dir, i.seed, train_text=i.train_text,
                     train_config=i.train_config)
     table = section_table(i.model)  # the section set is picked by the model's kind
     check_split(table, SECOND_PROCESS)

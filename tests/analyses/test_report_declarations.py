@@ -13,9 +13,9 @@ import torch
 
 from analyses.report import SECOND_PROCESS, SECTIONS, build_report
 from analyses.report import run as report_run
+from analyses.report.context import Context
 from analyses.report.encdec_sections import ENCDEC_SECTIONS
 from analyses.report.run import Section, check_split
-from analyses.report.sections import Context
 
 TEXT = torch.tensor(list((Path(__file__).resolve().parents[2] / "analyses" / "scores.py").read_bytes()[:6000]))
 
