@@ -90,9 +90,25 @@ def stdlib_eval():
             model = models.load(name)
             batches, tok, corpus = build_data(cfg, model.cfg, tokenizer=model.tokenizer)
             cache[name] = (model, cfg, batches, corpus)
+        model, cfg, batches, corpus = cache[name]
+        _skip_unless_the_cards_corpus(name, corpus)
         return cache[name]
 
     return get
+
+
+def _skip_unless_the_cards_corpus(name, corpus):
+    """The zoo was trained and its cards measured on the standard library of the Python that trained it (the
+    `stdlib` corpus); another build of Python ships other files, so its token stream differs and the card's
+    numbers cannot be checked against it. Where the stream's lengths differ from the ones the card records, skip,
+    saying so (a pinned corpus, issue 40, removes the condition)."""
+    summary = json.loads((ZOO_DIR / name / "summary.json").read_text())
+    here = (len(corpus.train), len(corpus.val))
+    card = (summary["train_tokens_in_corpus"], summary["val_tokens_in_corpus"])
+    if here != card:
+        pytest.skip(f"{name}: this Python's standard library is not the text the card was measured on (train / "
+                    f"validation tokens {here[0]:,} / {here[1]:,} here, {card[0]:,} / {card[1]:,} in the card); "
+                    "the card's numbers cannot be checked on this machine until the corpus is pinned (issue 40)")
 
 
 @pytest.mark.slow
