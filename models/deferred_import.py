@@ -31,9 +31,9 @@ import os
 import sys
 import threading
 from importlib import import_module
-from importlib.abc import MetaPathFinder
+from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import PathFinder
-from importlib.util import find_spec, module_from_spec
+from importlib.util import find_spec, module_from_spec, spec_from_loader
 from types import ModuleType
 
 TRANSFORMER_LENS = ("transformer_lens", "transformer_lens.utilities", "transformer_lens.conversion_utils")
@@ -160,14 +160,71 @@ def _rebind_served() -> None:
                 setattr(module, name, getattr(value, attr))
 
 
+def _served_module(fullname: str) -> bool:
+    """Whether `fullname` is a submodule the deferred packages serve early (`hook_points`, `ActivationCache`, ...):
+    imported on its own, as a served name imports it, without running the `__init__`s."""
+    return any(fullname == module for _, names in _pending.values() for module, _ in names.values())
+
+
+class _Handover(Loader):
+    """A one-shot loader that hands the import system `module`, already in `sys.modules` (the `__init__`s imported
+    it while the finder ran them), instead of a second copy made from the file. The module's own spec is put back
+    as it runs."""
+
+    def __init__(self, module: ModuleType, spec):
+        self.module, self.spec = module, spec
+
+    def create_module(self, spec):
+        return self.module
+
+    def exec_module(self, module) -> None:
+        module.__spec__ = self.spec
+
+
+class _Own(Loader):
+    """The loader of a served submodule a program imports by its path: the file's own loader, with the imports its
+    body makes marked as TransformerLens' own (the finder leaves them alone), as when a served name imports it."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):  # get_source, get_filename, ...: the file's loader answers
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        with _Busy():
+            self.loader.exec_module(module)
+
+
 class _Finder(MetaPathFinder):
     """Runs the deferred `__init__`s before a program imports a submodule of a deferred package that is not loaded
-    yet, unless the import is TransformerLens' own (made while a name is served or the `__init__`s run)."""
+    yet, unless the import is TransformerLens' own (made while a name is served or the `__init__`s run) or the
+    submodule is one the packages serve early (`import transformer_lens.hook_points` imports that module only, as
+    before any `__init__` ran). Where the `__init__`s imported that very submodule, the import system is handed
+    that module: a second copy would hold second copies of its classes (a second `HookPoint`, and
+    `HookedRootModule.setup` would find no hook point in a model built from the first)."""
 
     def find_spec(self, fullname: str, path=None, target=None):
-        if _depth() == 0 and fullname.partition(".")[0] in _pending:
-            complete_all()
-        return None
+        if _depth() > 0 or fullname.partition(".")[0] not in _pending:
+            return None
+        if _served_module(fullname):
+            spec = PathFinder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Own(spec.loader)
+            return spec
+        complete_all()
+        module = sys.modules.get(fullname)
+        if module is None:
+            return None
+        # The import system takes the spec of a module already in `sys.modules` in place of the finder's unless it
+        # has none: for the length of this import, the module's spec is the hand-over's.
+        spec = spec_from_loader(fullname, _Handover(module, module.__spec__), origin=getattr(module, "__file__", None),
+                                is_package=hasattr(module, "__path__"))
+        module.__spec__ = None
+        return spec
 
 
 _FINDER = _Finder()

@@ -207,3 +207,34 @@ def test_a_program_importing_another_transformer_lens_module_gets_the_package_fi
     """, ROOT)
     assert got == {"before": ["transformer_lens", "transformer_lens.conversion_utils", "transformer_lens.utilities"],
                    "after": [], "finder": False}
+
+
+@pytest.mark.parametrize("module", ["transformer_lens.hook_points", "transformer_lens.model_bridge"])
+def test_a_program_importing_a_transformer_lens_module_gets_the_one_copy(module):
+    """After `import models`, a program's `import transformer_lens.<module>` of a module TransformerLens' `__init__`
+    imports too (SAELens imports `transformer_lens.hook_points`) gives the one module object: a second copy made
+    from the file held a second `HookPoint` class, and a model built afterwards had no hook points at all
+    (`hook_dict` empty; notebook 07 failed with "not a hook point of this model that fires"). `hook_points` is
+    served early (imported on its own); `model_bridge` runs the `__init__`s first and is handed over."""
+    from models.arch.tl_compat import TL_VERSION, version_tuple
+
+    if module.endswith("model_bridge") and version_tuple(TL_VERSION) < (4, 0):
+        pytest.skip(f"transformer-lens {TL_VERSION} has no model_bridge")
+    got = _run(f"""
+        import gc, json, sys, types
+        import models
+        import {module} as imported
+        import transformer_lens.hook_points as hp
+        from models import HookedTransformer, HookedTransformerConfig
+        m = HookedTransformer(HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=4, d_vocab=5, n_heads=2,
+                                                      attn_only=True))
+        gc.collect()
+        copies = {{}}
+        for o in gc.get_objects():
+            if isinstance(o, types.ModuleType) and (o.__name__ or "").startswith("transformer_lens"):
+                copies[o.__name__] = copies.get(o.__name__, 0) + 1
+        print(json.dumps({{"hooks": len(m.hook_dict), "one": imported is sys.modules["{module}"],
+                          "spec": imported.__spec__.name, "copies": sorted(k for k, v in copies.items() if v > 1),
+                          "own_class": all(type(h) is hp.HookPoint for h in m.hook_dict.values())}}))
+    """, ROOT)
+    assert got == {"hooks": 20, "one": True, "spec": module, "copies": [], "own_class": True}

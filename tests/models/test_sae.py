@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import models
-from models.errors import MissingDependencyError, SAEError
+from models.errors import FolderError, MissingDependencyError, SAEError
 
 ROOT = Path(__file__).resolve().parents[2]
 try:
@@ -208,8 +208,8 @@ def test_train_save_load_round_trip_and_no_overwrite(tmp_path):
     assert json.loads((out / "training.json").read_text())["steps"] == 20
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    with pytest.raises(SAEError, match="not an empty folder"):
-        save_sae(tr, tmp_path / "mine")
+    with pytest.raises(FolderError, match="non-empty folder that is not a sparse-autoencoder folder"):
+        save_sae(tr, tmp_path / "mine")  # through models.io.run_folder: a user's folder is never written into
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
