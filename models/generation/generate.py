@@ -177,7 +177,9 @@ def generate(model, input, max_new_tokens=20, temperature=1.0, top_k=None, top_p
             step = embeds if cache is None or not new_embeds else new_embeds[-1]
             logits = _embeds_logits(model, step, cache)
         elif cache is not None:
-            step_mask = None if mask is None else mask[:, -new.shape[1]:]
+            # an explicit mask: without one, a cached forward infers padding from the pad id, and a generated token
+            # equal to it (a pad, or EOS where pad = EOS) would be masked out of every later step
+            step_mask = torch.ones_like(new) if mask is None else mask[:, -new.shape[1]:]
             logits = model(new, past_kv_cache=cache, attention_mask=step_mask)[:, -1].float()
         elif mask is not None:
             logits = model(tokens, attention_mask=mask)[:, -1].float()

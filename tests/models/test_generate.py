@@ -271,3 +271,21 @@ def test_bad_beam_arguments(kwargs, field):
 def test_beam_search_takes_one_prompt():
     with pytest.raises(ValueError, match="one prompt"):
         make().beam_search(PROMPT, beams=2)
+
+
+@pytest.mark.parametrize("kind,kv_heads", [("rotary", 1), ("standard", None), ("shortformer", 1), ("alibi", None)])
+def test_generated_pad_tokens_stay_in_context_with_the_cache(kind, kv_heads):
+    """A generated token equal to the tokenizer's pad id (or EOS, where a tokenizer's pad is its EOS) is text: the
+    cached decoding step passed no mask, so `forward` inferred one from the pad id and masked that token out of
+    every later step (greedy tokens differed from the cache-free path and from TransformerLens 2.18). Cached =
+    cache-free = a hand-written argmax loop, with the pad id set to a token the model generates."""
+    tok = ByteTokenizer()
+    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=32, d_vocab=tok.vocab_size, n_heads=2, d_mlp=32,
+                                  positional_embedding_type=kind, n_key_value_heads=kv_heads, seed=0)
+    model = randomize(HookedTransformer(cfg, tokenizer=tok), scale=0.5, seed=1)
+    prompt = torch.tensor([[tok.bos_token_id, 104, 105, 33]])
+    free = model.generate(prompt, max_new_tokens=12, do_sample=False, use_past_kv_cache=False)
+    tok.pad_token_id = int(free[0, prompt.shape[1] + 1])  # the second generated token is now the pad id
+    expected = hand_greedy(model, prompt, 12)
+    assert torch.equal(model.generate(prompt, max_new_tokens=12, do_sample=False, use_past_kv_cache=False), expected)
+    assert torch.equal(model.generate(prompt, max_new_tokens=12, do_sample=False, use_past_kv_cache=True), expected)
