@@ -80,6 +80,19 @@ def test_load_state_dict_refuses_buffers_that_differ(key, value, match):
         model.load_state_dict(sd)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_load_state_dict_takes_rotary_tables_stored_in_reduced_precision(dtype):
+    """TransformerLens 2.18 stores a bfloat16 / float16 model's rotary tables in that dtype (up to 1.9e-3 / 2.4e-4
+    off the exact values); the check compared them with the float64 tables at atol 1e-4 and refused a valid state
+    dict. A table of another base in that dtype is still refused."""
+    model = HookedTransformer(_cfg(positional_embedding_type="rotary"))
+    sd = {k: (v.to(dtype) if k.endswith(("rotary_sin", "rotary_cos")) else v) for k, v in _tl2_state(model).items()}
+    model.load_state_dict(sd)
+    sd["blocks.0.attn.rotary_sin"] = _tl2_rotary(24, 4, 500.0, False, "sin").to(dtype)
+    with pytest.raises(CheckpointError, match="rotary_sin"):
+        model.load_state_dict(sd)
+
+
 def test_load_state_dict_refuses_a_rotary_table_of_another_base_and_unknown_keys():
     model = HookedTransformer(_cfg(positional_embedding_type="rotary"))
     sd = _tl2_state(model)
