@@ -3,6 +3,9 @@ unambiguously once several folders have one)."""
 
 from __future__ import annotations
 
+import errno
+import os
+
 import torch
 
 from models import HookedTransformer, HookedTransformerConfig
@@ -112,3 +115,16 @@ def pairwise(*axes: list) -> list[tuple]:
         cover(row)
         rows.append(row)
     return [tuple(axes[i][row[i]] for i in range(len(axes))) for row in rows]
+
+
+def fail_fsync_of(monkeypatch, suffix: str, code: int = errno.ENOSPC) -> None:
+    """Make `os.fsync` of any file whose name ends with `suffix` raise `OSError(code)`: a disk that fills up (or a
+    quota reached) while that file is written (Linux: the descriptor's path read from /proc)."""
+    real = os.fsync
+
+    def fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(suffix):
+            raise OSError(code, os.strerror(code))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)

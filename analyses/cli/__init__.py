@@ -200,10 +200,10 @@ def _outcome(e: BaseException, where: str) -> int:
         warn(f"{where}: interrupted")
         return 130
     except Exception as e:
-        from models.errors import DiskFullError, ToyCircuitsError
+        from models.errors import ToyCircuitsError
 
         msg = (str(e).splitlines() or [type(e).__name__])[0]
-        if getattr(e, "errno", None) in _MACHINE_ERRNOS or isinstance(e, _environment_errors()):
+        if getattr(e, "errno", None) in _MACHINE_ERRNOS:  # the machine's (DiskFullError keeps its errno): exit 1
             warn(f"{where}: failed: {_os_message(e) or msg}")
             return 1
         if isinstance(e, (ToyCircuitsError, *_FILE_ERRORS)) or getattr(e, "errno", None) in _USER_ERRNOS:
@@ -219,14 +219,6 @@ def _outcome(e: BaseException, where: str) -> int:
         print(prefix + traceback.format_exc().rstrip(), file=sys.stderr)
         print(f"{prefix}{where}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-
-
-def _environment_errors() -> tuple[type, ...]:
-    """The named errors that are the machine's, not the command line's (exit 1): `models.errors.DiskFullError`
-    where it is defined (an `OSError` too; its errno ENOSPC / EDQUOT alone already says so)."""
-    from models import errors
-
-    return tuple(c for c in (getattr(errors, "DiskFullError", None),) if c is not None)
 
 
 def _os_message(e: BaseException) -> str | None:

@@ -4,6 +4,7 @@ optional: `pip install sae-lens`). torch and SAELens are imported inside the `ru
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from models.arch.kind import DECODER
@@ -70,7 +71,7 @@ def _sae_args(p: argparse.ArgumentParser) -> None:
 
 
 def _sae_check(args) -> None:
-    """`--out` and the SAE folder checked before the model loads."""
+    """`--out` and SAE_DIR checked before the model loads."""
     out = Path(args.out)
     if args.sae_command == "train" and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} exists and is not an empty folder; give a new folder (nothing is overwritten)")
@@ -79,9 +80,6 @@ def _sae_check(args) -> None:
             raise UsageError(f"--out {out} exists and is not a folder")
         if not Path(args.sae_dir).is_dir():
             raise UsageError(f"SAE_DIR {args.sae_dir} is not a folder")
-        from models.io.readers import read_sae_folder
-
-        read_sae_folder(Path(args.sae_dir))  # every file of it checked before the model is loaded or anything written
 
 
 def run_sae(args, loaded) -> int:
@@ -134,15 +132,16 @@ def run_sae_report(args, loaded) -> int:
     import torch
 
     from models.files.atomic import atomic_write_text
-    from models.io.readers import read_sae_folder
+    from models.io.readers import SAE_TRAINING_FILE, read_sae_training
     from models.io.sae import load_sae
 
     from ..sae_report import analyse, markdown, plot
 
     out, device = Path(args.out), loaded.device
     sae_dir = Path(args.sae_dir)
-    _, _, settings = read_sae_folder(sae_dir)
-    sae = load_sae(sae_dir, loaded.model)
+    sae = load_sae(sae_dir, loaded.model)  # every file of the folder read and checked once (models.io.readers)
+    training = sae_dir / SAE_TRAINING_FILE
+    settings = read_sae_training(training) if os.path.lexists(training) else None
     win, what, _ = validation_windows(loaded, args, args.windows, args.seed)
     if win is None:
         raise UsageError(f"{loaded.name}: {what}; pass --text-file FILE")

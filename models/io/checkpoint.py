@@ -36,7 +36,6 @@ from .readers import (  # noqa: F401  (re-exported: the readers of a model folde
 from .registry import config_from_dict, config_from_json, model_class, model_types  # noqa: F401  (re-exported)
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
-safetensors_shapes = read_safetensors_header  # its former name
 
 
 def zoo_names() -> list[str]:

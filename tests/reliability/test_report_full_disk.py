@@ -10,6 +10,7 @@ from pathlib import Path
 import matplotlib.figure
 import pytest
 import torch
+from helpers import fail_fsync_of
 
 from analyses import build_report
 from models import HookedTransformer, HookedTransformerConfig
@@ -51,14 +52,7 @@ def test_full_disk_keeps_the_previous_report(tmp_path, monkeypatch, where):
 
         monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     else:
-        real_fsync = os.fsync
-
-        def fsync(fd):
-            if os.readlink(f"/proc/self/fd/{fd}").endswith("report.md"):
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return real_fsync(fd)
-
-        monkeypatch.setattr(os, "fsync", fsync)
+        fail_fsync_of(monkeypatch, "report.md")
     with pytest.raises(OSError) as e:
         build_report(tiny(), out, tokens=TEXT, progress=False, sections=SECTIONS)
     assert e.value.errno == errno.ENOSPC

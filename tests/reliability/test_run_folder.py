@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import fail_fsync_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -261,14 +262,7 @@ def test_the_command_line_exits_1_on_a_full_disk(tmp_path, monkeypatch, capsys):
     """`DiskFullError` is an environment error: one line and exit 1 (a named error of bad input exits 2)."""
     from analyses.cli import main
 
-    real = os.fsync
-
-    def fsync(fd):
-        if os.readlink(f"/proc/self/fd/{fd}").endswith("report.md"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    fail_fsync_of(monkeypatch, "report.md")
     code = main(["report", "attn-only-2l", "--out", str(tmp_path / "r"), "--sections", "overview", "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 1 and "disk is full" in err and len(err.splitlines()) == 1, err
