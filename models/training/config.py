@@ -50,6 +50,7 @@ class TrainConfig:
     pos_init: str = "normal"  # learned positions start as Normal(0, init_range) or a scaled sinusoidal table
     checkpoint_every: int = 500
     log_checkpoints: int = 12  # log-spaced early checkpoints
+    dense_checkpoints: list | None = None  # [start, stop, k]: also a checkpoint every k-th step, start to stop
     keep_checkpoints: list | None = None  # at the end keep only these steps' weights; None keeps everything
     eval_every: int = 100  # validation loss and head scores every this many steps (0: at checkpoints only)
     val_sequences: int = 64
@@ -108,6 +109,12 @@ class TrainConfig:
             raise TrainConfigError(f"sampling_k must be a number > 0 or None, got {self.sampling_k!r}")
         if self.pos_init not in POS_INITS:
             raise TrainConfigError(f"pos_init must be one of {POS_INITS}, got {self.pos_init!r}")
+        d = self.dense_checkpoints
+        if d is not None and not (isinstance(d, (list, tuple)) and len(d) == 3
+                                  and all(isinstance(v, int) and not isinstance(v, bool) for v in d)
+                                  and 0 <= d[0] <= d[1] and d[2] >= 1):
+            raise TrainConfigError(f"dense_checkpoints must be [start, stop, every] with 0 <= start <= stop and "
+                                   f"every >= 1 (ints), got {d!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise TrainConfigError(f"num_threads must be >= 1, got {self.num_threads}")
         try:
@@ -151,7 +158,8 @@ SAMPLING_SCHEDULES = ("none", "linear", "exponential", "inverse_sigmoid")
 
 
 #: Settings that may differ between a run and its resumption (they do not change the trajectory).
-RESUME_FREE = ("steps", "device", "progress", "out_dir", "cache_dir", "num_threads", "keep_checkpoints", "extra")
+RESUME_FREE = ("steps", "device", "progress", "out_dir", "cache_dir", "num_threads", "keep_checkpoints", "extra",
+               "dense_checkpoints")
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:

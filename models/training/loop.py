@@ -288,7 +288,8 @@ class _Run:
         self.cfg, self.model, self.opt, self.task, self.device = cfg, model, opt, task, device
         self.rank, self.world, self.out, self.eval_fn = rank, world, out, eval_fn
         self.val = torch.as_tensor(task.batches.val_batch(cfg.val_sequences)).to(device)
-        self.schedule = set(ts.checkpoint_steps(cfg.steps, cfg.checkpoint_every, cfg.log_checkpoints))
+        self.schedule = set(ts.checkpoint_steps(cfg.steps, cfg.checkpoint_every, cfg.log_checkpoints,
+                                                     dense=cfg.dense_checkpoints))
         self.step, self.tokens_seen, self.wall_before, self.t0 = 0, 0, 0.0, time.perf_counter()
         self.ddp = None  # DistributedDataParallel(model) under torchrun
 

@@ -29,10 +29,14 @@ from .config import RESUME_FREE, TrainConfig
 OPTIMIZER_FILE, STATE_FILE, METRICS_FILE = "optimizer.safetensors", "trainer_state.json", "metrics.jsonl"
 
 
-def checkpoint_steps(steps: int, every: int, n_log: int, first: int = 10) -> list[int]:
+def checkpoint_steps(steps: int, every: int, n_log: int, first: int = 10, dense=None) -> list[int]:
     """Steps to checkpoint at: 0 (the initialisation), `n_log` log-spaced steps from `first` to `steps`
-    (the phase change needs early ones), every `every` steps, and the last step."""
+    (the phase change needs early ones), every `every` steps, the last step, and with `dense = [start, stop, k]`
+    every k-th step from start to stop (a window around a phase change, so its rise and crossing are resolved)."""
     out = {0, steps}
+    if dense:
+        start, stop, k = dense
+        out |= set(range(start, stop + 1, k))
     if n_log > 0 and steps > first:
         out |= {int(round(x)) for x in np.geomspace(first, steps, n_log)}
     if every > 0:

@@ -201,7 +201,8 @@ class _Sweep:
         self.alive = torch.ones(len(self.seeds), dtype=torch.bool, device=self.device)  # False: a failed member
         self.opt = adamw(optimizer_groups(self.stack.named_stacked(), cfg), lr=cfg.lr, betas=tuple(cfg.betas))
         self.val = torch.as_tensor(self.batches.val_batch(cfg.val_sequences)).to(self.device)
-        self.schedule = set(ts.checkpoint_steps(cfg.steps, cfg.checkpoint_every, cfg.log_checkpoints))
+        self.schedule = set(ts.checkpoint_steps(cfg.steps, cfg.checkpoint_every, cfg.log_checkpoints,
+                                                     dense=cfg.dense_checkpoints))
 
     def sweep_record(self, status: str, extra: dict | None = None) -> dict:
         members = []

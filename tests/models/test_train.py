@@ -113,6 +113,21 @@ def test_checkpoint_schedule_and_lr():
     assert lr_at(cfg, 550) == pytest.approx(0.55e-3, rel=1e-6) and lr_at(cfg, 1000) == pytest.approx(1e-4)
 
 
+def test_dense_checkpoint_window(corpus_dir, tmp_path):
+    """`dense_checkpoints = [start, stop, every]` adds every `every`-th step of the window to the schedule, and a
+    run evaluates its head scores at each of them; a malformed window is refused before training."""
+    assert set(checkpoint_steps(3000, 500, 16, dense=[1500, 2200, 25])) - set(checkpoint_steps(3000, 500, 16)) == {
+        s for s in range(1500, 2201, 25) if s not in checkpoint_steps(3000, 500, 16)}
+    cfg = tiny_train(corpus_dir, tmp_path / "run", steps=30, dense_checkpoints=[12, 20, 4], log_checkpoints=0,
+                     checkpoint_every=0)
+    train(tiny_model(), cfg, eval_fn=lambda m: {"probe": 1.0})
+    m = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in m if "probe" in r] == [0, 12, 16, 20, 30]
+    for bad in ([5, 2, 1], [0, 10, 0], [0, 10], "0:10:1", [0.5, 10, 1]):
+        with pytest.raises(TrainConfigError, match="dense_checkpoints"):
+            TrainConfig(dense_checkpoints=bad).validate()
+
+
 def test_checkpoints_contain_no_pickle(corpus_dir, tmp_path):
     train(tiny_model(), tiny_train(corpus_dir, tmp_path / "run", steps=12))
     files = [f for f in (tmp_path / "run").rglob("*") if f.is_file()]
