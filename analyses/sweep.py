@@ -3,8 +3,11 @@ formed and which heads became the circuit; across seeds, the mean and a 95 % int
 every seed's curves.
 
 Per seed (read from `OUT/seed-K/metrics.jsonl` and the member's newest weights):
-- formation point: the first checkpoint whose best layer ≥ 1 induction score (|R| = 50) is ≥ `FORMED` (0.4,
-  ARENA's threshold), as step and tokens, and the loss bump (`analyses.dynamics.loss_bump`) in tokens;
+- formation point: where the best layer ≥ 1 induction score (|R| = 50) first crosses `FORMED` (0.4, ARENA's
+  threshold), by linear interpolation between the last checkpoint below it and the first at or above it
+  (`crossing`; as step and tokens, with that bracket, the interpolation's resolution), the first checkpoint at or
+  above it (an upper bound: `formation_step` / `formation_tokens`), and the loss bump
+  (`analyses.dynamics.loss_bump`) in tokens;
 - the circuit at the newest checkpoint: the layer-0 head with the highest previous-token score, the layer ≥ 1 heads
   whose induction score is ≥ 0.4, and the OV copying score (Σλ/Σ|λ| of W_E W_V W_O W_U, `circuits.eigen`) of
   the best induction head;
@@ -13,11 +16,13 @@ Per seed (read from `OUT/seed-K/metrics.jsonl` and the member's newest weights):
   10 % of the final one and the first at or above 90 % of it (the 10–90 % rise time, an upper bound at the
   checkpoints' resolution), for a seed whose final score reached `FORMED`.
 
-Across seeds: the mean and Student's t 95 % interval, mean ± t₀.₉₇₅,ₙ₋₁ · s/√n (Student 1908), over the seeds that
-have the number (a seed whose heads never formed has no formation point: the count says how many do); proportions
-(how many seeds form an induction head, how many share the most common previous-token head) with Wilson's 95 % score
-interval (Wilson 1927). Olsson et al. (2022, "In-context Learning and Induction Heads", §3) report the phase change
-in every small attention-only model they trained, abrupt and within a narrow window of tokens.
+Across seeds: the checkpoints alone bound the mean crossing to (mean of the brackets' lower ends, mean of their
+upper ends] (`formation_bound_steps`); the mean and Student's t 95 % interval, mean ± t₀.₉₇₅,ₙ₋₁ · s/√n (Student
+1908), over the seeds that have the number (a seed whose heads never formed has no formation point: the count says
+how many do); proportions (how many seeds form an induction head, how many share the most common previous-token
+head) with Wilson's 95 % score interval (Wilson 1927). Olsson et al. (2022, "In-context Learning and Induction
+Heads", §3) report the phase change in every small attention-only model they trained, abrupt and within a narrow
+window of tokens.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from .dynamics import FORMED, loss_bump
 from .labels import figure_text
 from .stats import max_count_p_value, t_interval, wilson_interval
 
-__all__ = ["sweep_summary", "plot_sweep", "sweep_markdown", "rise_tokens"]
+__all__ = ["sweep_summary", "plot_sweep", "sweep_markdown", "rise_tokens", "crossing"]
 
 INDUCTION_KEY = "induction_scores_50"
 
@@ -57,16 +62,36 @@ def _best_induction(scores) -> float:
     return max(max(r) for r in rows)
 
 
+def crossing(curve: list, threshold: float = FORMED) -> dict | None:
+    """Where a `(step, tokens, score)` curve, sampled at checkpoints, first reaches `threshold`: `{"step",
+    "tokens"}` by linear interpolation between the last checkpoint below the threshold and the first at or above it,
+    and that `"bracket"` (steps; the interpolation's resolution: the true crossing lies in (low, high] whatever the
+    curve does between them). None if the curve never reaches it; a curve at or above it from its first checkpoint
+    has no bracket below: the crossing is that checkpoint, bracket (None, step)."""
+    i = next((k for k, (_, _, v) in enumerate(curve) if v >= threshold), None)
+    if i is None:
+        return None
+    s1, t1, v1 = curve[i]
+    if i == 0:
+        return {"step": float(s1), "tokens": float(t1), "bracket": [None, s1]}
+    s0, t0, v0 = curve[i - 1]
+    f = (threshold - v0) / (v1 - v0)
+    return {"step": s0 + f * (s1 - s0), "tokens": t0 + f * (t1 - t0), "bracket": [s0, s1]}
+
+
 def member_numbers(folder: Path, batch_tokens: int, copying: bool = True) -> dict:
     """The per-seed numbers of the module docstring from one member's folder."""
     recs = read_metrics(folder / METRICS_FILE)
     scored = [r for r in recs if INDUCTION_KEY in r and "tokens" in r]
     curve = [(r["step"], r["tokens"], _best_induction(r[INDUCTION_KEY])) for r in scored]
     formed = next(((s, t, v) for s, t, v in curve if v >= FORMED), None)
+    cross = crossing(curve)
     val = [(int(r["tokens"]), float(r["val_loss"])) for r in recs if "val_loss" in r and "tokens" in r]
     bump, slopes = loss_bump(val)
     out = {"steps_reached": max((r.get("step", 0) for r in recs if "failed" not in r), default=0),
            "formation_step": formed[0] if formed else None, "formation_tokens": formed[1] if formed else None,
+           "crossing_step": cross["step"] if cross else None, "crossing_tokens": cross["tokens"] if cross else None,
+           "crossing_bracket": cross["bracket"] if cross else None,
            "loss_bump_tokens": bump, "loss_bump_step": None if bump is None else bump // batch_tokens,
            "loss_bump_slopes": list(slopes) if slopes else None,
            "induction_curve": [[s, t, v] for s, t, v in curve],
@@ -114,7 +139,8 @@ def _copying(folder: Path, step: int, layer: int, head: int) -> float | None:
 
 
 # --- across seeds ---------------------------------------------------------------------------------------------
-SUMMARISED = ("formation_step", "formation_tokens", "rise_tokens", "loss_bump_tokens", "final_icl_score",
+SUMMARISED = ("crossing_step", "crossing_tokens", "formation_step", "formation_tokens", "rise_tokens",
+              "loss_bump_tokens", "final_icl_score",
               "final_val_loss", "previous_token_score", "best_induction_score", "copying_score_best_induction_head")
 
 
@@ -138,6 +164,8 @@ def sweep_summary(out, copying: bool = True) -> dict:
         seeds.append(row)
     ok = [r for r in seeds if r["status"] != "failed"]
     across = {k: t_interval([r.get(k) for r in ok]) for k in SUMMARISED}
+    brackets = [r["crossing_bracket"] for r in ok if r.get("crossing_bracket")]
+    widths = [b[1] - b[0] for b in brackets if b[0] is not None]
     n_formed = sum(r.get("formation_step") is not None for r in ok)
     prev = Counter(r.get("previous_token_head") for r in ok if r.get("previous_token_head"))
     common = prev.most_common(1)[0] if prev else (None, 0)
@@ -155,6 +183,10 @@ def sweep_summary(out, copying: bool = True) -> dict:
                                                 "p_uniform": None if not n_heads else
                                                 max_count_p_value(common[1], sum(prev.values()), int(n_heads))},
             "induction_heads": dict(sorted(Counter(h for r in ok for h in r.get("induction_heads", [])).items())),
+            "formation_bound_steps": [sum(b[0] for b in brackets) / len(brackets),
+                                      sum(b[1] for b in brackets) / len(brackets)]
+            if brackets and all(b[0] is not None for b in brackets) else None,
+            "crossing_resolution_steps": [min(widths), max(widths)] if widths else None,
             "across_seeds": across, "seeds": seeds}
 
 
@@ -166,6 +198,10 @@ def _fmt(v, digits=3) -> str:
     return f"{v:.{digits}f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
 
 
+def _bracket(b) -> str:
+    return "–" if not b else f"({'–' if b[0] is None else f'{b[0]:,}'}, {b[1]:,}]"
+
+
 def sweep_markdown(s: dict) -> str:
     """The report section of a sweep summary: a table per seed, the distribution across seeds."""
     from .util import markdown_table
@@ -174,14 +210,17 @@ def sweep_markdown(s: dict) -> str:
     head = [f"## Seed sweep: {s['n_seeds']} seeds of {s.get('model_name') or 'the model'}", "",
             f"Training steps reached: {reached:,} of {s['steps']:,} per seed" +
             ("" if reached >= (s["steps"] or 0) else " (the sweep is unfinished: numbers at its newest checkpoint)") +
-            f"; failed (diverged): {s['n_failed']}. Formation: the first checkpoint whose best layer-1 induction "
-            f"score reaches {s['threshold']}.", ""]
-    rows = [[r["seed"], r["status"], _fmt(r.get("formation_step")), _fmt(r.get("formation_tokens")),
+            f"; failed (diverged): {s['n_failed']}. Formation: where the best layer-1 induction score crosses "
+            f"{s['threshold']}, interpolated linearly between the checkpoints around it (bracket: those two "
+            "checkpoints' steps); formation checkpoint: the first checkpoint at or above it.", ""]
+    rows = [[r["seed"], r["status"], _fmt(r.get("crossing_step"), 0), _bracket(r.get("crossing_bracket")),
+             _fmt(r.get("formation_step")), _fmt(r.get("formation_tokens")),
              _fmt(r.get("rise_tokens")), _fmt(r.get("loss_bump_tokens")), r.get("previous_token_head", "–"),
              _fmt(r.get("previous_token_score")), ", ".join(r.get("induction_heads", [])) or "none",
              _fmt(r.get("best_induction_score")), _fmt(r.get("copying_score_best_induction_head")),
              _fmt(r.get("final_icl_score")), _fmt(r.get("final_val_loss"), 4)] for r in s["seeds"]]
-    table = markdown_table(["seed", "status", "formation step", "formation tokens", "10–90 % rise (tokens, ≤)",
+    table = markdown_table(["seed", "status", "crossing step (interpolated)", "bracket (steps)",
+                            "formation checkpoint", "its tokens", "10–90 % rise (tokens, ≤)",
                             "loss bump (tokens)",
                             "prev-token head", "score", "induction heads (≥ 0.4)", "best induction",
                             "copying (best ind.)", "ICL", "val loss"], rows)
@@ -194,6 +233,12 @@ def sweep_markdown(s: dict) -> str:
              f"{s['previous_token_heads']}, most common {c['head']} in {c['k']} of {c['n']}" +
              ("" if c.get("p_uniform") is None else f" (if every seed picked one of the layer-0 heads uniformly, a "
               f"head this common or more: p = {c['p_uniform']:.2f}, exact)") if c["n"] else ""]
+    if s.get("formation_bound_steps"):
+        lo, hi = s["formation_bound_steps"]
+        w = s["crossing_resolution_steps"]
+        lines.append(f"- the checkpoints alone bound the mean crossing step to ({lo:,.0f}, {hi:,.0f}] (each seed's "
+                     f"crossing lies in its bracket, {w[0]:,}–{w[1]:,} steps wide); the interpolated mean below "
+                     "assumes the score rises linearly within a bracket")
     for k in SUMMARISED:
         a = s["across_seeds"][k]
         if a["n"]:
@@ -206,7 +251,8 @@ def sweep_markdown(s: dict) -> str:
 def plot_sweep(s: dict):
     """Every seed's validation loss (tokens on a log axis: the whole run) and best layer-1 induction score (tokens
     on a linear axis, in millions: the phase change at its own width) against tokens, one colour per seed, the
-    formation points marked (○ on both panels) and the 0.4 threshold drawn; returns the matplotlib figure."""
+    formation points marked (○: the formation checkpoint on the loss panel, the interpolated crossing on the score
+    panel) and the 0.4 threshold drawn; returns the matplotlib figure."""
     import matplotlib.pyplot as plt
 
     fig, (ax_loss, ax_ind) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -224,8 +270,8 @@ def plot_sweep(s: dict):
             v_at = [v for t, v in val if t == t_form]
             if v_at:
                 ax_loss.plot([t_form], v_at, "o", mfc="none", color=colour, ms=7)
-            ax_ind.plot([t_form / 1e6], [next(v for _, t, v in ind if t == t_form)], "o", mfc="none", color=colour,
-                        ms=7)
+        if r.get("crossing_tokens") is not None:  # the interpolated crossing, on the threshold line
+            ax_ind.plot([r["crossing_tokens"] / 1e6], [s["threshold"]], "o", mfc="none", color=colour, ms=7)
     ax_ind.axhline(s["threshold"], color="grey", lw=0.8, ls="--")
     ax_ind.text(0.99, s["threshold"] + 0.02, f"formed: {s['threshold']}", transform=ax_ind.get_yaxis_transform(),
                 fontsize=8, color="grey", ha="right")
@@ -240,7 +286,7 @@ def plot_sweep(s: dict):
     ax_ind.set_ylabel("best layer-1 induction score (|R| = 50)", fontsize=9)
     name = figure_text(s.get("model_name") or "model")
     ax_loss.set_title(f"{name}: {s['n_seeds']} seeds, validation loss", fontsize=10)
-    ax_ind.set_title("induction score; ○ = formation point", fontsize=10)
+    ax_ind.set_title(f"induction score; ○ = crossing of {s['threshold']} (interpolated)", fontsize=10)
     ax_ind.set_ylim(-0.02, 1.02)
     ax_ind.legend(fontsize=8, ncol=2, loc="lower right", bbox_to_anchor=(1.0, 0.04))  # under the risen curves
     fig.tight_layout()

@@ -119,6 +119,18 @@ def test_sweep_summary_reads_what_was_written(tmp_path):
 
     assert s["most_common_previous_token_head"]["p_uniform"] == pytest.approx(max_count_p_value(2, 3, 4))
     assert rise_tokens([(0, 0, 0.0), (1, 10, 0.05), (2, 20, 0.3), (3, 30, 0.55), (4, 40, 0.6)]) == 30 - 10
+    from analyses.sweep import crossing
+
+    # 0.3 at step 2, 0.55 at step 3: 0.4 is crossed 0.1 / 0.25 of the way, bracket (2, 3]
+    c = crossing([(0, 0, 0.0), (1, 10, 0.05), (2, 20, 0.3), (3, 30, 0.55), (4, 40, 0.6)])
+    assert c["step"] == pytest.approx(2.4) and c["tokens"] == pytest.approx(24) and c["bracket"] == [2, 3]
+    assert crossing([(0, 0, 0.1), (5, 50, 0.2)]) is None
+    assert crossing([(7, 70, 0.5), (9, 90, 0.9)]) == {"step": 7.0, "tokens": 70.0, "bracket": [None, 7]}
+    for r in (by[0], by[1]):  # the member's crossing lies in its bracket, whose top is the formation checkpoint
+        lo, hi = r["crossing_bracket"]
+        assert lo < r["crossing_step"] <= hi == r["formation_step"]
+    lo, hi = s["formation_bound_steps"]
+    assert lo == pytest.approx((by[0]["crossing_bracket"][0] + by[1]["crossing_bracket"][0]) / 2) and hi == 400
     assert by[0]["final_icl_score"] == -0.5 and by[2]["final_icl_score"] == -0.1
     assert by[5]["status"] == "failed" and "formation_step" not in by[5]
     assert s["formed"]["k"] == 2 and s["formed"]["n"] == 3 and s["n_failed"] == 1
