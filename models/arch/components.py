@@ -23,7 +23,8 @@ from .score_bias import ScoreBias
 from .tl_compat import HookPoint
 from .watch import hooked_path
 
-__all__ = ["Attention", "BlockInputs", "Embed", "MLP", "Norm", "PosEmbed", "TransformerBlock", "Unembed"]
+__all__ = ["Attention", "BlockInputs", "Embed", "GatedMLP", "LayerNorm", "LayerNormPre", "MLP", "Norm", "PosEmbed",
+           "RMSNorm", "RMSNormPre", "TransformerBlock", "Unembed"]
 
 
 class Embed(nn.Module):
@@ -110,6 +111,34 @@ class Norm(nn.Module):
         return out * w if w is not None else out
 
 
+class LayerNorm(Norm):
+    """TransformerLens 2.x's `LayerNorm(cfg, length=None)`: a `Norm` of kind "LN" over `length` features (default
+    d_model); `cfg` a config or its dict. The subclasses below fix the other kinds the same way."""
+
+    KIND = "LN"
+
+    def __init__(self, cfg: HookedTransformerConfig | dict, length: int | None = None):
+        super().__init__(HookedTransformerConfig.unwrap(cfg), length, self.KIND)
+
+
+class LayerNormPre(LayerNorm):
+    """TransformerLens 2.x's `LayerNormPre(cfg)`: centre and scale, no weight or bias (a `Norm` of kind "LNPre")."""
+
+    KIND = "LNPre"
+
+
+class RMSNorm(LayerNorm):
+    """TransformerLens 2.x's `RMSNorm(cfg, length=None)`: a `Norm` of kind "RMS" (weight, no centring, no bias)."""
+
+    KIND = "RMS"
+
+
+class RMSNormPre(LayerNorm):
+    """TransformerLens 2.x's `RMSNormPre(cfg)`: scale only (a `Norm` of kind "RMSPre")."""
+
+    KIND = "RMSPre"
+
+
 def final_norm(cfg: HookedTransformerConfig) -> Norm:
     """`ln_final`: the blocks' norm, or RMSNorm with `final_rms` (when the model has norms at all); none with post-norm
     blocks, whose output is normalised already (Vaswani et al. 2017)."""
@@ -183,6 +212,15 @@ class MLP(nn.Module):
             if hasattr(self, "ln"):
                 post = self.ln(self.hook_mid(post), hooked)
         return linear(self.hook_post(post), self.W_out, self.b_out)
+
+
+class GatedMLP(MLP):
+    """TransformerLens 2.x's `GatedMLP(cfg)`: an `MLP` gated whatever `cfg.gated_mlp` says (its parameters in our
+    order: W_in, W_gate, W_out)."""
+
+    def __init__(self, cfg: HookedTransformerConfig | dict):
+        cfg = HookedTransformerConfig.unwrap(cfg)
+        super().__init__(cfg if cfg.gated_mlp else cfg.replace(gated_mlp=True))
 
 
 @dataclass

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..arch.config import HookedTransformerConfig
+from ..arch.initialization import rng_kept
 from ..arch.model import HookedTransformer
 from ..arch.state_dict import load_state_dict, tl_state_to_ours  # noqa: F401  (tl_state_to_ours: re-exported)
 from ..arch.weight_processing import process_loaded
@@ -234,7 +235,8 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg, **processing) -> H
         except (ConfigError, TypeError):
             cfg = config_from_transformer_lens(cfg)
     check_size(cfg, state, source)
-    model = HookedTransformer(cfg)
+    with rng_kept():  # the initial draws are overwritten: leave the process's generators as they were
+        model = HookedTransformer(cfg)
     load_state_dict(model, tl_state_to_ours(state, model, source), source=source)
     return process_loaded(model, processing)
 
