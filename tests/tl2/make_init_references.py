@@ -7,10 +7,10 @@ Run INSIDE the legacy environment (tests/tl2/make_legacy_venv.sh builds it):
 For every case of `init_grid()` it builds `HookedTransformer(HookedTransformerConfig(**BASE, **overrides))` (with
 `seed` in the config, or, where the case's seed is None, after `torch.manual_seed(global_seed)`), and writes under
 OUT_DIR `NAME.safetensors`: the state dict as built, plus `rng/torch`, `rng/numpy`, `rng/random`, the next draws of
-torch's, numpy's and Python's global generators after the model is built. For every component of
-`COMPONENTS` it writes `components.safetensors`: seeded weights, an input and 2.18's output. `manifest.json` (the
-cases with their overrides and seeds, the components) is written last. Only torch, numpy, transformer_lens and
-safetensors are used.
+torch's, numpy's and Python's global generators after the model is built. For every component of `COMPONENTS` it
+writes `components.safetensors`: seeded weights, an input and 2.18's output; `grokking-training.safetensors`: the
+losses of the first epochs of TransformerLens' Grokking demo (`grokking_run`). `manifest.json` (the cases with their
+overrides and seeds, the components) is written last. Only torch, numpy, transformer_lens and safetensors are used.
 """
 
 from __future__ import annotations
@@ -145,6 +145,47 @@ def build_components() -> dict[str, torch.Tensor]:
     return out
 
 
+GROKKING_EPOCHS = 60
+
+
+def grokking_run(model_cls, config_cls, epochs: int = GROKKING_EPOCHS) -> dict[str, torch.Tensor]:
+    """The first `epochs` epochs of TransformerLens' Grokking demo (modular addition mod 113, 30 % of the pairs for
+    training, full batch, AdamW lr 1e-3, weight decay 1, betas (0.9, 0.98), biases frozen, float64 loss on the last
+    position), as its notebook writes them, with `model_cls` / `config_cls` the HookedTransformer classes to use:
+    the train and test loss of every epoch."""
+    p = 113
+    a = torch.arange(p).repeat_interleave(p)
+    b = torch.arange(p).repeat(p)
+    dataset = torch.stack([a, b, torch.full_like(a, p)], dim=1)
+    labels = (dataset[:, 0] + dataset[:, 1]) % p
+    torch.manual_seed(598)  # the demo's DATA_SEED
+    indices = torch.randperm(p * p)
+    cutoff = int(p * p * 0.3)
+    train_data, test_data = dataset[indices[:cutoff]], dataset[indices[cutoff:]]
+    train_labels, test_labels = labels[indices[:cutoff]], labels[indices[cutoff:]]
+    model = model_cls(config_cls(**GROKKING))
+    for name, param in model.named_parameters():
+        if "b_" in name:
+            param.requires_grad = False
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1.0, betas=(0.9, 0.98))
+
+    def loss_fn(logits, labels):
+        log_probs = logits[:, -1].to(torch.float64).log_softmax(dim=-1)
+        return -log_probs.gather(dim=-1, index=labels[:, None])[:, 0].mean()
+
+    train_losses, test_losses = [], []
+    for _ in range(epochs):
+        train_loss = loss_fn(model(train_data), train_labels)
+        train_loss.backward()
+        train_losses.append(train_loss.item())
+        optimizer.step()
+        optimizer.zero_grad()
+        with torch.inference_mode():
+            test_losses.append(loss_fn(model(test_data), test_labels).item())
+    return {"grokking/train_loss": torch.tensor(train_losses, dtype=torch.float64),
+            "grokking/test_loss": torch.tensor(test_losses, dtype=torch.float64)}
+
+
 def main(out_dir: str) -> None:
     import importlib.metadata
 
@@ -159,6 +200,9 @@ def main(out_dir: str) -> None:
     for name, case in cases.items():
         save_file(build_case(case), str(out / f"{name}.safetensors"))
     save_file(build_components(), str(out / "components.safetensors"))
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    save_file(grokking_run(HookedTransformer, HookedTransformerConfig), str(out / "grokking-training.safetensors"))
     tmp = out / f".manifest.{os.getpid()}"
     tmp.write_text(json.dumps({"transformer_lens": version, "torch": torch.__version__, "cases": cases,
                                "components": {k: [list(a), o, i] for k, (a, o, i) in COMPONENTS.items()}}))

@@ -16,7 +16,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from make_init_references import BASE, COMPONENTS, component_inputs, rng_probe
+from make_init_references import BASE, COMPONENTS, GROKKING_EPOCHS, component_inputs, grokking_run, rng_probe
 from tl2_legacy import references_or_skip
 
 import models.components as ours_components
@@ -24,6 +24,7 @@ from models import HookedTransformer, HookedTransformerConfig
 from models.arch.state_dict import tl_state_to_ours
 
 pytestmark = pytest.mark.slow
+GROKKING_TOL = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +82,16 @@ def test_components_match_transformer_lens_2_18(refs, name):
         out = layer(ref[f"{name}/input"])
     assert ref[f"{name}/input"].shape == component_inputs(kind, torch.Generator()).shape
     torch.testing.assert_close(out, ref[f"{name}/output"], rtol=1e-6, atol=1e-6)
+
+
+def test_grokking_demo_trains_as_in_transformer_lens_2_18(refs):
+    """TransformerLens' Grokking demo, its first epochs as its notebook runs them, here and in 2.18: from the same
+    seeded initial weights the losses follow 2.18's (the forward passes differ in float32 rounding only)."""
+    from safetensors.torch import load_file
+
+    ref = load_file(str(refs / "grokking-training.safetensors"))
+    ours = grokking_run(HookedTransformer, HookedTransformerConfig)
+    assert ours["grokking/train_loss"].shape == (GROKKING_EPOCHS,)
+    gap = {k: float((ours[k] - ref[k]).abs().max()) for k in ref}
+    print(f"\nGrokking demo, {GROKKING_EPOCHS} epochs: largest loss difference from 2.18 {gap}")
+    assert max(gap.values()) < GROKKING_TOL
