@@ -154,9 +154,10 @@ def init_weights_transformer_lens(model: nn.Module) -> None:
     cfg = model.cfg
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
-    for name, param in transformer_lens_weight_order(model):
-        if param is None:  # 2.18's W_pos of a model without a learned table: the same draws, discarded
-            param = torch.empty(cfg.n_ctx, cfg.d_model, dtype=cfg.torch_dtype)
+    order = transformer_lens_weight_order(model)
+    for name, param in order:
+        if param is None:  # 2.18's W_pos of a model without a learned table: the same draws (same device), discarded
+            param = torch.empty(cfg.n_ctx, cfg.d_model, dtype=cfg.torch_dtype, device=order[0][1].device)
         _draw(param, name, cfg.init_mode, cfg.init_range)
 
 

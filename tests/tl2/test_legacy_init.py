@@ -24,7 +24,9 @@ from models import HookedTransformer, HookedTransformerConfig
 from models.arch.state_dict import tl_state_to_ours
 
 pytestmark = pytest.mark.slow
-GROKKING_TOL = 1e-3
+#: largest loss difference from 2.18 over the Grokking demo's first 60 epochs (measured 1.2e-4 train, 7.0e-4 test on an
+#: AMD EPYC: float32 rounding of the forward passes, which AdamW's normalised steps carry on; the initial weights agree)
+GROKKING_TOL = {"grokking/train_loss": 5e-4, "grokking/test_loss": 2e-3}
 
 
 @pytest.fixture(scope="module")
@@ -94,4 +96,4 @@ def test_grokking_demo_trains_as_in_transformer_lens_2_18(refs):
     assert ours["grokking/train_loss"].shape == (GROKKING_EPOCHS,)
     gap = {k: float((ours[k] - ref[k]).abs().max()) for k in ref}
     print(f"\nGrokking demo, {GROKKING_EPOCHS} epochs: largest loss difference from 2.18 {gap}")
-    assert max(gap.values()) < GROKKING_TOL
+    assert all(gap[k] < GROKKING_TOL[k] for k in GROKKING_TOL), gap
