@@ -139,14 +139,22 @@ class RMSNormPre(LayerNorm):
     KIND = "RMSPre"
 
 
+def norm_of_kind(cfg: HookedTransformerConfig, d: int | None = None, kind: str | None = "cfg") -> Norm:
+    """A `Norm` of `kind` (default `cfg.normalization_type`) as the class TransformerLens 2.x names it (`LayerNorm`,
+    `LayerNormPre`, `RMSNorm`, `RMSNormPre`): `isinstance(model.ln_final, LayerNorm)` holds as there; none: `Norm`."""
+    kind = cfg.normalization_type if kind == "cfg" else kind
+    cls = {c.KIND: c for c in (LayerNorm, LayerNormPre, RMSNorm, RMSNormPre)}.get(kind)
+    return Norm(cfg, d, None) if cls is None else cls(cfg, d)
+
+
 def final_norm(cfg: HookedTransformerConfig) -> Norm:
     """`ln_final`: the blocks' norm, or RMSNorm with `final_rms` (when the model has norms at all); none with post-norm
     blocks, whose output is normalised already (Vaswani et al. 2017)."""
     if cfg.normalization_position == "post":
         return Norm(cfg, kind=None)
     if cfg.final_rms and cfg.normalization_type:
-        return Norm(cfg, kind="RMSPre" if cfg.normalization_type.endswith("Pre") else "RMS")
-    return Norm(cfg)
+        return norm_of_kind(cfg, kind="RMSPre" if cfg.normalization_type.endswith("Pre") else "RMS")
+    return norm_of_kind(cfg)
 
 
 def gelu_fast(x: torch.Tensor) -> torch.Tensor:
@@ -197,7 +205,7 @@ class MLP(nn.Module):
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
         if cfg.act_fn == "solu_ln":
             self.hook_mid = HookPoint()  # [batch, pos, d_mlp]
-            self.ln = Norm(cfg, cfg.d_mlp, kind="LNPre" if cfg.normalization_type in ("LNPre", "RMSPre") else "LN")
+            self.ln = norm_of_kind(cfg, cfg.d_mlp, "LNPre" if cfg.normalization_type in ("LNPre", "RMSPre") else "LN")
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]
 
     def forward(self, x: torch.Tensor, hooked: bool | None = None) -> torch.Tensor:
@@ -275,7 +283,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, cfg: HookedTransformerConfig, layer: int = 0):
         super().__init__()
         self.cfg = cfg
-        self.ln1 = Norm(cfg)
+        self.ln1 = norm_of_kind(cfg)
         self.attn = Attention(cfg, layer)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_in = HookPoint()  # [batch, pos, head, d_model], with cfg.use_attn_in
@@ -285,7 +293,7 @@ class TransformerBlock(nn.Module):
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
         if not cfg.attn_only:
-            self.ln2 = Norm(cfg)
+            self.ln2 = norm_of_kind(cfg)
             self.mlp = MLP(cfg)
             self.hook_mlp_in = HookPoint()  # [batch, pos, d_model], with cfg.use_hook_mlp_in
             if not cfg.parallel_attn_mlp:

@@ -248,3 +248,6 @@ def test_components_have_transformer_lens_names_and_constructors():
                                + gated.b_out)
     assert GroupedQueryAttention is Attention
     assert isinstance(TransformerBlock(cfg, 1).attn, Attention)
+    for kind, cls in (("LN", LayerNorm), ("LNPre", LayerNormPre), ("RMS", RMSNorm), ("RMSPre", RMSNormPre)):
+        built = HookedTransformer(cfg.replace(normalization_type=kind))  # 2.x's classes inside the model too
+        assert all(type(n) is cls for n in (built.ln_final, built.blocks[0].ln1, built.blocks[1].ln2))
