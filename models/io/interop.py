@@ -138,7 +138,8 @@ TL_SAME = ("n_layers", "d_model", "n_ctx", "d_head", "model_name", "n_heads", "d
 TL_CONVERTED = ("normalization_type", "attn_scale", "d_vocab_out", "attn_scores_soft_cap", "output_logits_soft_cap",
                 "initializer_range", "dtype")
 #: kept in `extra["transformer_lens"]`, computing nothing: the device and seed of the run that made it (weights come
-#: from the state dict), how a fresh model was initialised, checkpoint and hub metadata, n_params (derived), and
+#: from the state dict), how a fresh model was initialised (init_mode and init_weights also fill our fields of those
+#: names, `models.arch.initialization`), checkpoint and hub metadata, n_params (derived), and
 #: tie_word_embeddings and decoder_start_token_id, which TransformerLens 2.18's HookedTransformer does not read either
 TL_METADATA = ("device", "seed", "init_mode", "init_weights", "from_checkpoint", "checkpoint_index",
                "checkpoint_label_type", "checkpoint_value", "n_params", "tokenizer_prepends_bos", "trust_remote_code",
