@@ -144,7 +144,8 @@ def random_model(n_layers: int = 2, n_heads: int = 3, d_model: int = 16, d_head:
     cfg = HookedTransformerConfig(
         n_layers=n_layers, d_model=d_model, n_ctx=n_ctx, d_vocab=d_vocab, n_heads=n_heads, d_head=d_head,
         d_mlp=None if attn_only else 2 * d_model, attn_only=attn_only, normalization_type=normalization,
-        positional_embedding_type=positional, use_bias=biases, dtype=dtype, seed=seed, **cfg_kw,
+        positional_embedding_type=positional, use_bias=biases, dtype=dtype, seed=seed,
+        **{"init_mode": "gpt2_scaled", **cfg_kw},  # drawn in float64 whatever `dtype`: the same weights in each
     )
     model = HookedTransformer(cfg)
     gen = torch.Generator().manual_seed(seed + 1)

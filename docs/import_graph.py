@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("accel", ("models.accel",)),  # opt-in speed code, on top of everything; none has earned its place today
     # TransformerLens 2.x's module paths under our name: re-exports that users import, nothing in models does
     ("tl_paths", ("models.utils", "models.hook_points", "models.patching", "models.past_key_value_caching",
-                  "models.evals")),
+                  "models.evals", "models.components")),
     ("package", ("models",)),  # models/__init__.py (this entry: that module only): its lazy exports reach every layer
 ]
 TOP = "models"

@@ -42,7 +42,7 @@ def byte_model(kind: str = "standard", n_kv: int | None = None, attn_only: bool 
 
     cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=n_ctx, d_vocab=259, n_heads=4, d_mlp=32, seed=0,
                                   positional_embedding_type=kind, normalization_type="LN", n_key_value_heads=n_kv,
-                                  attn_only=attn_only)
+                                  attn_only=attn_only, init_mode="gpt2_scaled")  # the scale its tests were sized for
     return randomize(HookedTransformer(cfg, tokenizer=ByteTokenizer()), scale=0.5, seed=1).eval()
 
 

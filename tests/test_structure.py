@@ -196,7 +196,7 @@ def test_import_machinery_is_plain_python():
 
 #: TransformerLens 2.x's module paths (`transformer_lens.utils` → `models.utils`, …): re-export files that must sit at
 #: the top of the package, beside the modules of the package itself
-TL_PATHS = {"utils.py", "hook_points.py", "patching.py", "past_key_value_caching.py", "evals.py"}
+TL_PATHS = {"utils.py", "hook_points.py", "patching.py", "past_key_value_caching.py", "evals.py", "components.py"}
 
 
 def test_models_top_level_holds_few_loose_modules():

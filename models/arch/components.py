@@ -23,7 +23,8 @@ from .score_bias import ScoreBias
 from .tl_compat import HookPoint
 from .watch import hooked_path
 
-__all__ = ["Attention", "BlockInputs", "Embed", "MLP", "Norm", "PosEmbed", "TransformerBlock", "Unembed"]
+__all__ = ["Attention", "BlockInputs", "Embed", "GatedMLP", "LayerNorm", "LayerNormPre", "MLP", "Norm", "PosEmbed",
+           "RMSNorm", "RMSNormPre", "TransformerBlock", "Unembed"]
 
 
 class Embed(nn.Module):
@@ -110,14 +111,50 @@ class Norm(nn.Module):
         return out * w if w is not None else out
 
 
+class LayerNorm(Norm):
+    """TransformerLens 2.x's `LayerNorm(cfg, length=None)`: a `Norm` of kind "LN" over `length` features (default
+    d_model); `cfg` a config or its dict. The subclasses below fix the other kinds the same way."""
+
+    KIND = "LN"
+
+    def __init__(self, cfg: HookedTransformerConfig | dict, length: int | None = None):
+        super().__init__(HookedTransformerConfig.unwrap(cfg), length, self.KIND)
+
+
+class LayerNormPre(LayerNorm):
+    """TransformerLens 2.x's `LayerNormPre(cfg)`: centre and scale, no weight or bias (a `Norm` of kind "LNPre")."""
+
+    KIND = "LNPre"
+
+
+class RMSNorm(LayerNorm):
+    """TransformerLens 2.x's `RMSNorm(cfg, length=None)`: a `Norm` of kind "RMS" (weight, no centring, no bias)."""
+
+    KIND = "RMS"
+
+
+class RMSNormPre(LayerNorm):
+    """TransformerLens 2.x's `RMSNormPre(cfg)`: scale only (a `Norm` of kind "RMSPre")."""
+
+    KIND = "RMSPre"
+
+
+def norm_of_kind(cfg: HookedTransformerConfig, d: int | None = None, kind: str | None = "cfg") -> Norm:
+    """A `Norm` of `kind` (default `cfg.normalization_type`) as the class TransformerLens 2.x names it (`LayerNorm`,
+    `LayerNormPre`, `RMSNorm`, `RMSNormPre`): `isinstance(model.ln_final, LayerNorm)` holds as there; none: `Norm`."""
+    kind = cfg.normalization_type if kind == "cfg" else kind
+    cls = {c.KIND: c for c in (LayerNorm, LayerNormPre, RMSNorm, RMSNormPre)}.get(kind)
+    return Norm(cfg, d, None) if cls is None else cls(cfg, d)
+
+
 def final_norm(cfg: HookedTransformerConfig) -> Norm:
     """`ln_final`: the blocks' norm, or RMSNorm with `final_rms` (when the model has norms at all); none with post-norm
     blocks, whose output is normalised already (Vaswani et al. 2017)."""
     if cfg.normalization_position == "post":
         return Norm(cfg, kind=None)
     if cfg.final_rms and cfg.normalization_type:
-        return Norm(cfg, kind="RMSPre" if cfg.normalization_type.endswith("Pre") else "RMS")
-    return Norm(cfg)
+        return norm_of_kind(cfg, kind="RMSPre" if cfg.normalization_type.endswith("Pre") else "RMS")
+    return norm_of_kind(cfg)
 
 
 def gelu_fast(x: torch.Tensor) -> torch.Tensor:
@@ -168,7 +205,7 @@ class MLP(nn.Module):
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
         if cfg.act_fn == "solu_ln":
             self.hook_mid = HookPoint()  # [batch, pos, d_mlp]
-            self.ln = Norm(cfg, cfg.d_mlp, kind="LNPre" if cfg.normalization_type in ("LNPre", "RMSPre") else "LN")
+            self.ln = norm_of_kind(cfg, cfg.d_mlp, "LNPre" if cfg.normalization_type in ("LNPre", "RMSPre") else "LN")
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]
 
     def forward(self, x: torch.Tensor, hooked: bool | None = None) -> torch.Tensor:
@@ -183,6 +220,15 @@ class MLP(nn.Module):
             if hasattr(self, "ln"):
                 post = self.ln(self.hook_mid(post), hooked)
         return linear(self.hook_post(post), self.W_out, self.b_out)
+
+
+class GatedMLP(MLP):
+    """TransformerLens 2.x's `GatedMLP(cfg)`: an `MLP` gated whatever `cfg.gated_mlp` says (its parameters in our
+    order: W_in, W_gate, W_out)."""
+
+    def __init__(self, cfg: HookedTransformerConfig | dict):
+        cfg = HookedTransformerConfig.unwrap(cfg)
+        super().__init__(cfg if cfg.gated_mlp else cfg.replace(gated_mlp=True))
 
 
 @dataclass
@@ -237,7 +283,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, cfg: HookedTransformerConfig, layer: int = 0):
         super().__init__()
         self.cfg = cfg
-        self.ln1 = Norm(cfg)
+        self.ln1 = norm_of_kind(cfg)
         self.attn = Attention(cfg, layer)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_in = HookPoint()  # [batch, pos, head, d_model], with cfg.use_attn_in
@@ -247,7 +293,7 @@ class TransformerBlock(nn.Module):
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
         if not cfg.attn_only:
-            self.ln2 = Norm(cfg)
+            self.ln2 = norm_of_kind(cfg)
             self.mlp = MLP(cfg)
             self.hook_mlp_in = HookPoint()  # [batch, pos, d_model], with cfg.use_hook_mlp_in
             if not cfg.parallel_attn_mlp:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import torch
 
 from ..errors import ConfigError
 from ..files.safe_read import loads_strict
+from .initialization import INIT_MODES, default_init_range, seed_everywhere
 from .positions import SCHEMES, PositionalScheme, scheme
 from .score_bias import MASKS
 
@@ -27,7 +28,7 @@ RUNTIME_FIELDS = ("device",)  # chosen when a model is built or loaded; never wr
 BOOL_FIELDS = ("attn_only", "rotary_adjacent_pairs", "use_bias", "default_prepend_bos", "gated_mlp",
                "parallel_attn_mlp", "final_rms", "use_attn_scale", "scale_attn_by_inverse_layer_idx", "alibi_symmetric",
                "ungroup_grouped_query_attention", "use_attn_result", "use_split_qkv_input", "use_attn_in",
-               "use_hook_mlp_in", "use_hook_tokens", "load_in_4bit")
+               "use_hook_mlp_in", "use_hook_tokens", "load_in_4bit", "init_weights")
 
 
 def config_json_dict(text: str):
@@ -127,7 +128,14 @@ class HookedTransformerConfig:
     load_in_4bit: bool = False  # TransformerLens' field; only False (4-bit weights need bitsandbytes and CUDA)
     original_architecture: str | None = None  # metadata (TransformerLens' field)
     tokenizer_name: str | None = None  # metadata: stored, never fetched
-    init_range: float = 0.02
+    # a fresh model's weights (models.arch.initialization): TransformerLens 2.18's init_mode ("gpt2", "xavier_uniform",
+    # "xavier_normal", "kaiming_uniform", "kaiming_normal", "muP"; bitwise its weights for the same seed) or
+    # "gpt2_scaled" (this toolkit's own, the zoo presets'); init_range is 2.18's initializer_range (None: its default,
+    # 0.8/√d_model for "gpt2", 1.0 for the others; 0.02 for "gpt2_scaled"); init_weights=False: weight matrices 0
+    init_range: float | None = None
+    initializer_range: InitVar[float | None] = None  # TransformerLens 2.18's name of init_range (read it too)
+    init_mode: str = "gpt2"
+    init_weights: bool = True
     seed: int | None = None
     dtype: torch.dtype | str = "float32"
     device: str = "cpu"
@@ -141,7 +149,7 @@ class HookedTransformerConfig:
     checkpoint_value = None
     checkpoint_label_type = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, initializer_range: float | None = None) -> None:
         for name in ("n_layers", "d_model", "n_ctx", "d_vocab", "n_heads"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
@@ -198,6 +206,12 @@ class HookedTransformerConfig:
         if not isinstance(self.rotary_dim, int) or isinstance(self.rotary_dim, bool):
             raise ConfigError(f"rotary_dim must be an int or None, got {self.rotary_dim!r}")
         self.positions.check()
+        self._check_choice("init_mode", INIT_MODES)
+        if self.init_range is None and not (isinstance(initializer_range, (int, float)) and not isinstance(
+                initializer_range, bool) and initializer_range < 0):  # TransformerLens' "unset" is -1.0
+            self.init_range = initializer_range  # read only when init_range is not given (`replace` passes both)
+        if self.init_range is None:
+            self.init_range = default_init_range(self.init_mode, self.d_model)
         for name in ("rotary_base", "init_range", "eps"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:  # `not >` also rejects NaN
@@ -258,6 +272,11 @@ class HookedTransformerConfig:
         """The positional scheme object of `positional_embedding_type` (`models.arch.positions`)."""
         return scheme(self)
 
+    def set_seed_everywhere(self, seed: int) -> None:
+        """Seed torch's, Python's and numpy's global generators (TransformerLens 2.18's method; its config calls it
+        when built with a seed, ours never: building a model with a TransformerLens `init_mode` and a seed does)."""
+        seed_everywhere(seed)
+
     def is_layer_norm_activation(self) -> bool:
         """True when the MLP activation carries its own LayerNorm (`act_fn="solu_ln"`), as TransformerLens."""
         return self.act_fn == "solu_ln"
@@ -286,4 +305,16 @@ class HookedTransformerConfig:
         return cls.from_dict(config_json_dict(text))
 
     def replace(self, **changes: Any) -> HookedTransformerConfig:
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`; an `init_range` at its default follows a changed `init_mode` or `d_model`."""
+        if "initializer_range" in changes:
+            changes.setdefault("init_range", changes.pop("initializer_range"))
+        if ({"init_mode", "d_model"} & set(changes) and "init_range" not in changes
+                and self.init_range == default_init_range(self.init_mode, self.d_model)):
+            changes["init_range"] = None
+        return dataclasses.replace(self, **changes, initializer_range=None)
+
+
+# TransformerLens 2.18's name of `init_range`, read and written (a constructor argument through the InitVar above)
+HookedTransformerConfig.initializer_range = property(
+    lambda self: self.init_range, lambda self, value: setattr(self, "init_range", value),
+    doc="TransformerLens 2.18's name of `init_range`.")

@@ -18,7 +18,8 @@ from torch import nn
 from ..errors import ConfigError, InputError
 from .components import _ACTIVATIONS, Norm, linear
 from .config import HookedTransformerConfig
-from .model import RETURN_TYPES, HookedTransformer, init_weights
+from .initialization import init_weights_gpt2_scaled
+from .model import RETURN_TYPES, HookedTransformer
 from .tl_compat import HookPoint
 
 
@@ -29,11 +30,12 @@ class EncoderConfig(HookedTransformerConfig):
 
     attention_dir: str = "bidirectional"
     mask_token_id: int | None = None
+    init_mode: str = "gpt2_scaled"  # the encoder's initialisation before TransformerLens' modes were accepted
 
     model_type = "encoder"  # a class constant, written to config.json
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def __post_init__(self, initializer_range: float | None = None) -> None:
+        super().__post_init__(initializer_range)
         if self.attention_dir != "bidirectional":
             raise ConfigError(f"an encoder's attention_dir must be 'bidirectional', got {self.attention_dir!r}")
         if self.mask_token_id is None:
@@ -73,7 +75,8 @@ class HookedEncoder(HookedTransformer):
             raise ConfigError(f"HookedEncoder needs an EncoderConfig, got {type(cfg).__name__}")
         super().__init__(cfg, tokenizer)
         self.mlm_head = MLMHead(cfg)
-        init_weights(self.mlm_head, cfg.init_range, cfg.n_layers, None if cfg.seed is None else cfg.seed + 1)
+        init_weights_gpt2_scaled(self.mlm_head, cfg.init_range, cfg.n_layers,
+                                 None if cfg.seed is None else cfg.seed + 1)
         self.to(cfg.device)
         self.setup()
 

@@ -33,8 +33,9 @@ from .components import (
     norm_inputs,
 )
 from .encoder_decoder_config import EncoderDecoderConfig
+from .initialization import init_weights_gpt2_scaled
 from .inputs import check_mask, check_tokens
-from .model import RETURN_TYPES, init_weights, lm_cross_entropy
+from .model import RETURN_TYPES, lm_cross_entropy
 from .persist import save as save_folder
 from .score_bias import Bidirectional, Causal, KeyPadding, combine
 from .tl_compat import ActivationCache, FactoredMatrix, HookedRootModule, HookPoint
@@ -127,7 +128,7 @@ class HookedEncoderDecoder(HookedRootModule):
         self.decoder = nn.ModuleList([DecoderBlock(dec) for _ in range(cfg.n_decoder_layers)])
         self.decoder_ln_final = final_norm(dec)
         self.unembed = TiedUnembed(dec, self.embed_tgt) if cfg.tie_embeddings else Unembed(dec)
-        init_weights(self, cfg.init_range, cfg.n_encoder_layers + cfg.n_decoder_layers, cfg.seed)
+        init_weights_gpt2_scaled(self, cfg.init_range, cfg.n_encoder_layers + cfg.n_decoder_layers, cfg.seed)
         self.to(cfg.device)
         self.setup()
 

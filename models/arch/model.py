@@ -19,6 +19,13 @@ from .attention import soft_cap
 from .components import BlockInputs, Embed, PosEmbed, TransformerBlock, Unembed, final_norm
 from .config import HookedTransformerConfig
 from .hook_switches import HookSwitches
+from .initialization import (
+    TL_INIT_MODES,
+    init_weights_gpt2_scaled,
+    init_weights_transformer_lens,
+    seed_everywhere,
+    zero_weights,
+)
 from .inputs import check_tokens
 from .persist import save as save_folder
 from .score_bias import attention_mask as attention_mask_of
@@ -30,23 +37,6 @@ from .watch import decide, forced, watched
 IGNORE = -100  # F.cross_entropy's ignore_index
 
 RETURN_TYPES = ("logits", "loss", "both", None)
-
-
-def init_weights(model: nn.Module, init_range: float, n_layers: int, seed: int | None) -> None:
-    """Normal(0, init_range) for every weight matrix, scaled by 1/√(2·n_layers) on the residual writes (W_O, W_out) as
-    GPT-2 (Radford et al. 2019); norms at w=1, b=0; biases 0. Seeded by `seed` without touching the global RNG."""
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
-    write_scale = (2 * max(n_layers, 1)) ** -0.5
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            leaf = name.rsplit(".", 1)[-1]
-            if leaf.startswith("W_"):
-                std = init_range * (write_scale if leaf in ("W_O", "W_out") else 1.0)
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * std)
-            elif leaf == "w":
-                p.fill_(1.0)
-            else:
-                p.zero_()
 
 
 def head_label(layer: int, head: int) -> str:
@@ -81,14 +71,23 @@ class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
         self.blocks = nn.ModuleList([TransformerBlock(cfg, l) for l in range(cfg.n_layers)])
         self.ln_final = final_norm(cfg)
         self.unembed = Unembed(cfg)
-        self.init_weights()
+        if cfg.seed is not None and cfg.init_mode in TL_INIT_MODES:
+            seed_everywhere(cfg.seed)  # TransformerLens 2.18's config seeds torch, random and numpy
+        if cfg.init_weights:
+            self.init_weights()
+        else:
+            zero_weights(self)
         self.to(cfg.device)
         self.setup()
 
     # ------------------------------------------------------------------------------------------------
     def init_weights(self) -> None:
-        """`init_weights(self, cfg.init_range, cfg.n_layers, cfg.seed)`."""
-        init_weights(self, self.cfg.init_range, self.cfg.n_layers, self.cfg.seed)
+        """Draw the weights as `cfg.init_mode` says (`models.arch.initialization`): TransformerLens 2.18's modes
+        bitwise as 2.18 draws them (reseeding torch's global generator with `cfg.seed` when set), or "gpt2_scaled"."""
+        if self.cfg.init_mode in TL_INIT_MODES:
+            init_weights_transformer_lens(self)
+        else:
+            init_weights_gpt2_scaled(self, self.cfg.init_range, self.cfg.n_layers, self.cfg.seed)
 
     def forward(self, input=None, return_type: str | None = "logits", loss_per_token: bool = False,
                 prepend_bos: bool | None = None, padding_side: str | None = None, start_at_layer: int | None = None,

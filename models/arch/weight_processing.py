@@ -26,7 +26,7 @@ import warnings
 import torch
 
 from ..errors import WeightProcessingError
-from .components import Norm, final_norm
+from .components import final_norm, norm_of_kind
 from .config import HookedTransformerConfig
 from .kind import DECODER, model_kind
 from .state_dict import load_state_dict, tl_state_to_ours
@@ -209,11 +209,11 @@ def set_norms(model, kind: str | None) -> None:
     cfg = model.cfg
     cfg.normalization_type = kind
     for block in model.blocks:
-        block.ln1 = Norm(cfg)
+        block.ln1 = norm_of_kind(cfg)
         if hasattr(block, "ln2"):
-            block.ln2 = Norm(cfg)
+            block.ln2 = norm_of_kind(cfg)
         if hasattr(block, "mlp") and hasattr(block.mlp, "ln"):
-            block.mlp.ln = Norm(cfg, cfg.d_mlp, kind="LNPre" if kind.endswith("Pre") else "LN")
+            block.mlp.ln = norm_of_kind(cfg, cfg.d_mlp, "LNPre" if kind.endswith("Pre") else "LN")
     model.ln_final = final_norm(cfg)
     model.to(model.W_E.device)
     model.setup()  # the new modules' hook points

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..arch.config import dtype_name
+from ..arch.initialization import rng_kept
 from ..arch.kind import ENCODER_DECODER, model_kind
 from ..arch.model import HookedTransformer
 from ..arch.persist import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, save  # noqa: F401  (re-exported)
@@ -112,7 +113,8 @@ def load(path_or_name, device=None, dtype=None, **processing) -> HookedTransform
         cfg.device = device
     check_size(cfg, read_safetensors_header(folder / WEIGHTS_FILE), str(folder / CONFIG_FILE))  # weights and layers
     state = read_safetensors(folder / WEIGHTS_FILE)
-    model = model_class(cfg)(cfg)
+    with rng_kept():  # a seeded TransformerLens init_mode would reseed the process; the weights come from the file
+        model = model_class(cfg)(cfg)
     load_state_dict(model, state, source=str(folder / WEIGHTS_FILE))
     if os.path.lexists(folder / TOKENIZER_FILE) and not (folder / TOKENIZER_FILE).is_file():
         raise CheckpointError(f"{folder / TOKENIZER_FILE}: not a file (a folder or a dangling link)")

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..arch.config import HookedTransformerConfig
+from ..arch.initialization import rng_kept
 from ..arch.model import HookedTransformer
 from ..arch.state_dict import load_state_dict, tl_state_to_ours  # noqa: F401  (tl_state_to_ours: re-exported)
 from ..arch.weight_processing import process_loaded
@@ -137,7 +138,8 @@ TL_SAME = ("n_layers", "d_model", "n_ctx", "d_head", "model_name", "n_heads", "d
 TL_CONVERTED = ("normalization_type", "attn_scale", "d_vocab_out", "attn_scores_soft_cap", "output_logits_soft_cap",
                 "initializer_range", "dtype")
 #: kept in `extra["transformer_lens"]`, computing nothing: the device and seed of the run that made it (weights come
-#: from the state dict), how a fresh model was initialised, checkpoint and hub metadata, n_params (derived), and
+#: from the state dict), how a fresh model was initialised (init_mode and init_weights also fill our fields of those
+#: names, `models.arch.initialization`), checkpoint and hub metadata, n_params (derived), and
 #: tie_word_embeddings and decoder_start_token_id, which TransformerLens 2.18's HookedTransformer does not read either
 TL_METADATA = ("device", "seed", "init_mode", "init_weights", "from_checkpoint", "checkpoint_index",
                "checkpoint_label_type", "checkpoint_value", "n_params", "tokenizer_prepends_bos", "trust_remote_code",
@@ -234,7 +236,8 @@ def from_transformer_lens_state_dict(state_dict_or_path, cfg, **processing) -> H
         except (ConfigError, TypeError):
             cfg = config_from_transformer_lens(cfg)
     check_size(cfg, state, source)
-    model = HookedTransformer(cfg)
+    with rng_kept():  # the initial draws are overwritten: leave the process's generators as they were
+        model = HookedTransformer(cfg)
     load_state_dict(model, tl_state_to_ours(state, model, source), source=source)
     return process_loaded(model, processing)
 

@@ -20,7 +20,7 @@ from ..arch.config import HookedTransformerConfig
 from .config import TrainConfig
 
 _ATTN_ONLY = dict(d_model=128, n_ctx=256, d_vocab=2048, d_mlp=None, attn_only=True, normalization_type=None,
-                  positional_embedding_type="shortformer", use_bias=False, init_range=0.02)
+                  positional_embedding_type="shortformer", use_bias=False, init_range=0.02, init_mode="gpt2_scaled")
 _TRAIN = dict(batch_size=32, lr=2e-2, warmup_steps=50, weight_decay=0.01, grad_clip=1.0, seed=0, data="stdlib",
               tokenizer="bpe-2048", checkpoint_every=500, log_checkpoints=16, eval_every=100, log_every=10,
               num_threads=2)
@@ -88,7 +88,7 @@ PRESETS: dict[str, dict] = {
         "about": "2-layer transformer with GELU MLPs and LayerNorm (standard learned positions)",
         "model": dict(_BYTES, n_layers=2, d_model=128, n_heads=4, d_mlp=512, act_fn="gelu",
                       normalization_type="LN", positional_embedding_type="standard", use_bias=True,
-                      model_name="gelu-2l"),
+                      init_range=0.02, init_mode="gpt2_scaled", model_name="gelu-2l"),
         "train": dict(_BYTES_TRAIN, steps=6000, lr=3e-3),
     },
     "enc-dec-reverse": {

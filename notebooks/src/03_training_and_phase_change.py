@@ -54,7 +54,8 @@ plt.rcParams["figure.dpi"] = 90  # 7-pt labels legible at the saved size
 def live_run(n_layers: int, out: Path):
     mcfg = models.HookedTransformerConfig(
         n_layers=n_layers, d_model=64, n_heads=2, n_ctx=64, d_vocab=259, attn_only=True, normalization_type=None,
-        positional_embedding_type="shortformer", use_bias=False, seed=0, model_name=f"live-{n_layers}l")
+        positional_embedding_type="shortformer", use_bias=False, init_range=0.02, init_mode="gpt2_scaled", seed=0,
+        model_name=f"live-{n_layers}l")
     tcfg = TrainConfig(steps=800, batch_size=32, lr=5e-3, warmup_steps=30, data="synthetic:repeat", tokenizer="bytes",
                        checkpoint_every=100, log_checkpoints=6, eval_every=100, log_every=10, out_dir=str(out),
                        progress=False, num_threads=1)

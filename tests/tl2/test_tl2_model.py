@@ -94,10 +94,10 @@ def test_grouped_query_attention_output_is_correct():
             getattr(a, name).copy_(torch.rand_like(getattr(a, name)))
             getattr(b, name).copy_(getattr(a, name).repeat_interleave(4, dim=0))
     x = torch.randint(0, 10, (1, 5))
-    regular = full(x)
-    torch.testing.assert_close(gqa(x), regular, rtol=1e-6, atol=1e-6)
+    regular = full(x)  # TransformerLens 2.18's initial weights (logits of order 1): float32 rounding ~1e-6
+    torch.testing.assert_close(gqa(x), regular, rtol=1e-5, atol=1e-5)
     gqa.set_use_split_qkv_input(True)
-    torch.testing.assert_close(gqa(x), regular, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gqa(x), regular, rtol=1e-5, atol=1e-5)
 
 
 def test_ungroup_grouped_query_attention_flag_produces_same_result():
