@@ -9,6 +9,7 @@ from .build import (  # noqa: F401
     Report,
     Section,
     build_report,
+    corpus_note,
     folder_train_config,
     section_table,
     training_corpus,
