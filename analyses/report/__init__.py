@@ -10,6 +10,7 @@ from .build import (  # noqa: F401
     Section,
     build_report,
     corpus_note,
+    corpus_warning,
     folder_train_config,
     section_table,
     training_corpus,

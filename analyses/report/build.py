@@ -105,23 +105,29 @@ def training_corpus(model, folder: Path | None):
         return None
 
 
-def corpus_note(corpus, folder: Path | None) -> str:
-    """One line naming the corpus numbers are measured on (name, sha256), saying so when it is not the corpus the
-    model's card names (its folder's `summary.json` `corpus`), or when the card names none."""
-    if corpus is None:
+def corpus_warning(corpus, folder: Path | None) -> str:
+    """"" when `corpus` is the one the model's card names (its folder's `summary.json` `corpus`, by sha256) or there
+    is no card; else one sentence saying the numbers are measured on another corpus, or that the card names none."""
+    if corpus is None or folder is None or not (Path(folder) / "summary.json").is_file():
         return ""
-    line = f"Text: the validation split of corpus {corpus.name} (sha256 {corpus.sha256})."
-    if folder is None or not (Path(folder) / "summary.json").is_file():
-        return line
     from models.io.readers import read_summary
 
     card = read_summary(Path(folder) / "summary.json").get("corpus") or {}
     if not card.get("sha256"):
-        return line + " The model's card names no corpus checksum: its numbers may be measured on other text."
+        return "The model's card names no corpus checksum: its numbers may be measured on other text."
     if card["sha256"] != corpus.sha256:
-        return line + (f" Not the corpus the model's card names ({card.get('name')}, sha256 {card['sha256']}): "
-                       "numbers can differ from the card's.")
-    return line
+        return (f"Not the corpus the model's card names ({card.get('name')}, sha256 {card['sha256']}): numbers can "
+                "differ from the card's.")
+    return ""
+
+
+def corpus_note(corpus, folder: Path | None) -> str:
+    """One line naming the corpus numbers are measured on (name, sha256), with `corpus_warning`'s sentence."""
+    if corpus is None:
+        return ""
+    warning = corpus_warning(corpus, folder)
+    return f"Text: the validation split of corpus {corpus.name} (sha256 {corpus.sha256})." + (
+        f" {warning}" if warning else "")
 
 
 def validation_text(model, folder: Path | None, max_tokens: int, corpus=None):

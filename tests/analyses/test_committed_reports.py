@@ -28,3 +28,16 @@ def test_committed_report_is_a_fresh_run(name, tmp_path):
     diff = list(difflib.unified_diff(committed, fresh, "committed", "fresh", n=0, lineterm=""))
     assert not diff, "\n".join(line[:300] for line in diff[:20])
     assert "Text: the validation split of corpus python3.11-stdlib-v1 (sha256 " in "\n".join(fresh)
+
+
+@pytest.mark.e2e
+def test_committed_reproduction_is_a_fresh_run(tmp_path):
+    """analyses/REPRODUCTION.md is what `python -m analyses.reproduction` writes today, but for its run time."""
+    from analyses.reproduction import write
+
+    write(tmp_path / "REPRODUCTION.md")
+    drop = lambda text: [ln for ln in text.splitlines() if not ln.startswith("*Computed in ")]
+    fresh = drop((tmp_path / "REPRODUCTION.md").read_text())
+    committed = drop((ROOT / "analyses" / "REPRODUCTION.md").read_text())
+    diff = list(difflib.unified_diff(committed, fresh, "committed", "fresh", n=0, lineterm=""))
+    assert not diff, "\n".join(line[:300] for line in diff[:20])

@@ -208,3 +208,27 @@ def test_manifest_token_counts_are_the_snapshots(spec, tmp_path):
     corpus = build_token_corpus(pinned_source(PINNED), models.load(man["zoo model"]).tokenizer, tmp_path)
     assert (corpus.train.size, corpus.val.size) == (man["train"], man["val"])
     assert corpus.train.dtype == np.uint16 and corpus.folder.is_relative_to(tmp_path)
+
+
+@pytest.mark.e2e
+def test_heads_says_when_the_text_is_not_the_cards_corpus(tmp_path):
+    """`circuits heads` on a copy of attn-only-2l whose summary.json names another corpus prints one line saying so;
+    on the zoo model itself (its card names the pinned corpus) it prints none."""
+    import contextlib
+    import io
+
+    from analyses import cli
+
+    folder = tmp_path / "m"
+    shutil.copytree(ZOO_DIR / "attn-only-2l", folder, ignore=shutil.ignore_patterns("checkpoints"))
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["corpus"] = {"name": "elsewhere", "sha256": "c" * 64}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    outs = []
+    for target in (str(folder), "attn-only-2l"):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert cli.main(["heads", target, "--no-progress"]) == 0
+        outs.append(buf.getvalue())
+    assert outs[0].rstrip().splitlines()[-1].startswith("Not the corpus the model's card names (elsewhere, sha256 c")
+    assert "Not the corpus" not in outs[1] and "no corpus checksum" not in outs[1]
