@@ -232,3 +232,24 @@ def test_heads_says_when_the_text_is_not_the_cards_corpus(tmp_path):
         outs.append(buf.getvalue())
     assert outs[0].rstrip().splitlines()[-1].startswith("Not the corpus the model's card names (elsewhere, sha256 c")
     assert "Not the corpus" not in outs[1] and "no corpus checksum" not in outs[1]
+
+
+def test_runs_and_sweeps_record_the_corpus_checksum(tmp_path):
+    """summary.json of a run, sweep.json and each member's summary name the corpus by name and sha256: for a folder
+    of text, `source_fingerprint` (sha256 over the files' names and contents), computed here independently."""
+    from models.data.corpora import folder_source, source_fingerprint
+    from models.training.loop import train
+    from models.training.sweep import train_sweep
+    from tests.models.test_train import TEXT, tiny_model, tiny_train
+
+    text = tmp_path / "texts"
+    text.mkdir()
+    (text / "code.py").write_text(TEXT)
+    want = {"name": "texts", "sha256": source_fingerprint(folder_source(text))}
+    assert want["sha256"] == hashlib.sha256(b"code.py\0" + TEXT.encode() + b"\1--val--" + b"0.05").hexdigest()
+    short = dict(steps=4, checkpoint_every=2, log_checkpoints=0, eval_every=2)
+    train(tiny_model(), tiny_train(text, tmp_path / "run", **short))
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["corpus"] == want
+    train_sweep(tiny_model(), tiny_train(text, tmp_path / "sweep", **short), [0, 1])
+    assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["corpus"] == want
+    assert json.loads((tmp_path / "sweep" / "seed-1" / "summary.json").read_text())["corpus"] == want
