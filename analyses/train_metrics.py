@@ -251,10 +251,11 @@ def card_results(model, metrics, summary, corpus) -> tuple[list[str], dict]:
 def data_line(cfg, corpus, summary) -> str:
     if corpus is None:
         return f"- data: {cfg.data}"
-    held = ("the `test`/`tests` packages" if cfg.data == "stdlib" else "the held-out tail of the text")
-    return (f"- data: {corpus.name} ({summary.get('train_tokens_in_corpus', 0):,} training tokens; validation = "
-            f"{held}, {summary.get('val_tokens_in_corpus', 0):,} tokens), tokenizer `{cfg.tokenizer}` "
-            "(tokenizer.json)")
+    held = ("the `test`/`tests` packages" if cfg.data in ("stdlib", "python-stdlib")
+            else "the held-out tail of the text")
+    return (f"- data: {corpus.name} (sha256 {corpus.sha256}; {summary.get('train_tokens_in_corpus', 0):,} training "
+            f"tokens; validation = {held}, {summary.get('val_tokens_in_corpus', 0):,} tokens), tokenizer "
+            f"`{cfg.tokenizer}` (tokenizer.json)")
 
 
 def mixture_line(cfg) -> str:

@@ -24,6 +24,10 @@ class CorpusError(ToyCircuitsError, ValueError):
     """A corpus that cannot train a model (no files, no text, too few tokens); the message says why."""
 
 
+class CorpusChecksumError(CorpusError):
+    """A shipped corpus snapshot whose archive (or extracted text) does not match its manifest's sha256."""
+
+
 class TrainConfigError(ToyCircuitsError, ValueError):
     """A training setting that cannot work; raised before any training starts."""
 

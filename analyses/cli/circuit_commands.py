@@ -113,6 +113,11 @@ def run_heads(args, loaded) -> int:
         f"{', '.join(obj['previous_token_heads']) or 'none'}", ""]
         + [textwrap.fill(f"{k:<13} {v}", 110, subsequent_indent=" " * 14) for k, v in notes]
         + ["", textwrap.fill(f"verdicts: {crit}", 110, subsequent_indent="  ")])
+    if text is not None and not args.text_file:  # one line when the text is not the corpus the card names
+        from ..report import corpus_warning, training_corpus
+
+        obj["corpus_warning"] = corpus_warning(training_corpus(model, loaded.folder), loaded.folder) or None
+        text_out += f"\n\n{obj['corpus_warning']}" if obj["corpus_warning"] else ""
     emit(args, obj, text_out)
     return 0
 

@@ -371,13 +371,14 @@ def validation_windows(loaded: Loaded, args, n: int, seed: int = 0):
             raise UsageError(f"--text-file {text_file} holds {ids.numel()} tokens; need at least {n_ctx} (n_ctx)")
         return (windows(ids, n_ctx, n, seed, bos=bos_token_id(model)), f"{n} windows of {n_ctx} tokens of {text_file}",
                 ids.unique())
-    from ..report import validation_text
+    from ..report import corpus_note, training_corpus, validation_text
 
-    text, vocab = validation_text(model, loaded.folder, 400_000)
+    corpus = training_corpus(model, loaded.folder)
+    text, vocab = validation_text(model, loaded.folder, 400_000, corpus)
     if text is None or text.numel() < n_ctx:
         return None, "no validation text (the model has no tokenizer or its corpus is unavailable)", None
     return (windows(text, n_ctx, n, seed, bos=bos_token_id(model)),
-            f"{n} validation windows of {n_ctx} tokens from the model's training corpus", vocab)
+            f"{n} validation windows of {n_ctx} tokens ({corpus_note(corpus, loaded.folder)})", vocab)
 
 
 def table(headers: list[str], rows: list[list], digits: int = 3) -> str:

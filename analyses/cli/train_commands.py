@@ -37,8 +37,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     seed.add_argument("--seed", type=seed_int)
     seed.add_argument("--seeds", help="a seed sweep: one model per seed, trained together in one process "
                       "(models.training.sweep), e.g. 0-7 or 0,3,5; --out then holds seed-K/ per seed and sweep.json")
-    p.add_argument("--data", help="'stdlib' (default), a text folder or file, 'synthetic:repeat', or for "
-                   "encoder-decoder models 'seq2seq:copy|reverse|sort|cumsum|date'")
+    p.add_argument("--data", help="'stdlib' (default: the pinned, checksummed snapshot of Python 3.11.7's standard "
+                   "library the zoo is measured on), 'python-stdlib' (the running Python's own library: differs "
+                   "between Python builds), a text folder or file, 'synthetic:repeat', or for encoder-decoder models "
+                   "'seq2seq:copy|reverse|sort|cumsum|date'")
     p.add_argument("--tokenizer", help="'bpe-2048' (default), 'bytes', or a tokenizer.json")
     p.add_argument("--repeat-fraction", type=float, help="fraction of sequences with a repeated segment")
     p.add_argument("--label-smoothing", type=float)

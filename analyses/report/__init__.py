@@ -9,6 +9,8 @@ from .build import (  # noqa: F401
     Report,
     Section,
     build_report,
+    corpus_note,
+    corpus_warning,
     folder_train_config,
     section_table,
     training_corpus,

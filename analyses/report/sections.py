@@ -273,7 +273,7 @@ def _icl_caveat(ctx: Context, n: int, early: int, late: int) -> str:
     if tc.get("repeat_fraction"):
         parts.append(f"{tc['repeat_fraction']:.0%} of its training sequences carried a synthetic repeated segment, "
                      "which rewards reading the context")
-    if tc.get("data", "stdlib") == "stdlib":
+    if tc.get("data", "stdlib") in ("stdlib", "python-stdlib"):
         parts.append("its text is Python source, which repeats identifiers, so some of the gain needs no "
                      "induction head")
     card = ctx.run_dir is not None and (ctx.run_dir / "card.md").is_file()

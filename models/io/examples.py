@@ -38,7 +38,8 @@ def model_example(root) -> Path:
     metrics = [{"step": s, "tokens": s * 32, "lr": 0.001, "train_loss": 5.6 - s / 100, "val_loss": 5.5 - s / 100}
                for s in (0, 5, 10)]
     save(model, folder, extra_files={"train_config.json": json.dumps(train_config),
-                                     "summary.json": json.dumps({"steps": 10, "final_val_loss": 5.5}),
+                                     "summary.json": json.dumps({"steps": 10, "final_val_loss": 5.5,
+                                                                 "corpus": {"name": "c", "sha256": "0" * 64}}),
                                      "metrics.jsonl": "".join(json.dumps(r) + "\n" for r in metrics)})
     sae_example(root)
     return folder

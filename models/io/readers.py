@@ -229,11 +229,14 @@ def read_pth(path) -> dict:
 
 
 def read_summary(path, contained: bool = True) -> dict:
-    """A run's `summary.json`: a JSON object with `steps` (an integer >= 0) and `final_val_loss` a number or null
-    where present. `CheckpointError` naming the file otherwise."""
+    """A run's `summary.json`: a JSON object with `steps` (an integer >= 0), `final_val_loss` a number or null
+    and `corpus` an object of strings `name` and `sha256` where present. `CheckpointError` naming the file otherwise."""
     d = _json_object(path, CheckpointError, "a run summary", contained)
     field_of(d, "steps", int, path, CheckpointError, lo=0, hi=MAX_STEP)
     field_of(d, "final_val_loss", (float, type(None)), path, CheckpointError, required=False)
+    corpus = field_of(d, "corpus", (dict, type(None)), path, CheckpointError, required=False) or {}
+    for key in ("name", "sha256"):  # the text the card's numbers are measured on (models.data.corpora)
+        field_of(corpus, key, (str, type(None)), f"{path}: corpus", CheckpointError, required=False)
     return d
 
 

@@ -30,7 +30,7 @@ class TrainConfig:
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0
     seed: int = 0
-    data: str = "stdlib"  # "stdlib", a folder or file path, or "synthetic:repeat"
+    data: str = "stdlib"  # "stdlib" (the pinned snapshot), "python-stdlib", a folder or file path, "synthetic:repeat"
     tokenizer: str = "bpe-2048"  # "bytes", "bpe-<N>" (trained on the training split), or a tokenizer.json
     repeat_fraction: float = 0.0  # fraction of sequences with a repeated segment (models.data.batches.Mixture)
     repeat_min_len: int = 8

@@ -262,6 +262,7 @@ def _train(model_cfg, cfg: TrainConfig, out: Path | None, eval_fn, report_fn, re
             summary["unigram_val_loss"] = unigram_baseline_loss(corpus)
             summary["train_tokens_in_corpus"] = int(corpus.train.size)
             summary["val_tokens_in_corpus"] = int(corpus.val.size)
+            summary["corpus"] = corpus.record()  # the text's name and sha256 (models.data.corpora)
         extra = dict(report_fn(model, summary, metrics)) if report_fn is not None else {}
         finalize(model, out, cfg, summary, extra)
     if run.ddp is not None:

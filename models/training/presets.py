@@ -1,8 +1,9 @@
 """Training presets of the shipped model zoo: `circuits train --preset NAME --out DIR` reproduces `models/zoo/NAME`.
 
-Every preset trains on the Python standard-library corpus (`models.data.corpora.stdlib_source`: `*.py` files, the
-`test`/`tests` packages held out for validation). The attention-only models are built as in the papers:
-shortformer positions, no LayerNorm, no biases.
+Every preset trains on the `stdlib` corpus, the pinned snapshot `python3.11-stdlib-v1`
+(`models.data.corpora.pinned_source`: Python 3.11.7's standard-library `*.py` files, the `test`/`tests` packages held
+out for validation). The attention-only models are built as in the papers: shortformer positions, no LayerNorm, no
+biases.
 
 - `attn-only-0l` and `attn-only-1l` use a 2048-id byte-level BPE and 256-token contexts.
 - `attn-only-2l` uses a 512-id byte-level BPE and 128-token contexts (about 260 bytes of text): short enough for
@@ -28,7 +29,8 @@ _BYTES = dict(n_ctx=128, d_vocab=259)
 _BYTES_TRAIN = dict(_TRAIN, tokenizer="bytes", lr=1e-2, warmup_steps=100, eval_every=250, log_every=25,
                     log_checkpoints=12)
 
-NOTES_2L = """Settings measured to matter (training seed: 0, this corpus; "induction" is the best layer-1 score on
+NOTES_2L = """Settings measured to matter (training seed: 0, text: the trainer's own standard library, before the corpus
+was pinned; "induction" is the best layer-1 score on
 [BOS]+R+R with |R| = 50 as measured during those runs, by the definition before 2026-11-27: ARENA's whole stripe,
 two first-copy entries included, which reads ≈ 0.02 lower than the second-copy score for a strong head (0.853
 against 0.872 for this model); "previous-token" the best layer-0 score on validation text, ICL the

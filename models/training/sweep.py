@@ -216,6 +216,7 @@ class _Sweep:
              "products (models.training.stacked)", "device": str(self.device), "command": self.command,
              "train_config": dict(self.cfg.to_dict(), seed=None, out_dir=None),
              "model_config": self.members[0].cfg.replace(seed=None).to_dict(), "notes": self.notes,
+             "corpus": self.corpus.record() if getattr(self, "corpus", None) is not None else None,
              "members": members}
         return d | (extra or {})
 
@@ -438,7 +439,7 @@ class _Sweep:
 
             corpus_numbers = {"unigram_val_loss": unigram_baseline_loss(self.corpus),
                               "train_tokens_in_corpus": int(self.corpus.train.size),
-                              "val_tokens_in_corpus": int(self.corpus.val.size)}
+                              "val_tokens_in_corpus": int(self.corpus.val.size), "corpus": self.corpus.record()}
         for k, (m, d, c) in enumerate(zip(self.members, self.dirs, self.cfgs, strict=True)):
             if k in self.failed:
                 continue

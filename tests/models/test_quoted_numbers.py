@@ -150,3 +150,57 @@ def test_seed_sweep_section_quotes_its_record():
     shipped = [json.loads(x) for x in (ROOT / "models" / "zoo" / "attn-only-2l" / "metrics.jsonl").read_text()
                .splitlines()]
     assert f"the shipped {next(r['val_loss'] for r in shipped if r['step'] == 6000):.4f}" in section
+
+
+def _minus(text: str) -> str:
+    return text.replace("-", "−")
+
+
+LANGUAGE_MODELS = ["attn-only-0l", "attn-only-1l", "attn-only-2l", "gelu-2l"]
+
+
+@pytest.mark.parametrize("name", LANGUAGE_MODELS)
+def test_zoo_table_validation_loss_and_icl_are_the_cards(name):
+    """Issue 40: the README's zoo table quotes each language model's card numbers as re-measured on the pinned
+    corpus (validation loss, unigram baseline, ICL score), and the card prints the same."""
+    js = measured(name)
+    row = next(r for r in README.splitlines() if r.startswith(f"| [`{name}`]"))
+    assert f"| {js['final_val_loss']:.3f} ({js['unigram_val_loss']:.3f}) |" in row
+    assert f"final validation loss: **{js['final_val_loss']:.4f}**" in card_line(name, "- final validation loss")
+    assert f"**{js['icl_score']:+.3f}** nats" in card_line(name, "- in-context-learning score")
+    icl = _minus(format(js["icl_score"], ".2f"))
+    if name == "attn-only-2l":
+        assert f"ICL score **{icl}** nats" in row
+        assert f"the card's\n{icl} is the checkpoint evaluation's" in README
+    if name == "gelu-2l":
+        assert f"ICL {icl} |" in row
+
+
+def test_readme_icl_scores_are_reproductions():
+    """The README's 2L ICL numbers (clean and with L1H1, L1H2 ablated; at step 1500) are REPRODUCTION.md's."""
+    row = next(r for r in REPRO.splitlines() if r.startswith("| 2L: pattern-preserving ablation"))
+    m = re.search(rf"ICL score ({NUM}) ± ({NUM}) clean → ({NUM}) ± ({NUM}) with L1H1, L1H2 ablated", row)
+    clean, se, abl, se_abl = (float(x) for x in m.groups())
+    text = " ".join(README.split())
+    assert _minus(f"takes the ICL score from {clean:.2f} ± {se:.2f} to {abl:.2f} ± {se_abl:.2f}") in text
+    assert _minus(f"scaled): {clean:.2f} ± {se:.2f} (one standard error) over 1024 windows") in text
+    row = next(r for r in REPRO.splitlines() if r.startswith("| 2L: ICL score (loss at token 125"))
+    m = re.search(rf"({NUM}) ± ({NUM}) at step 1500", row)
+    assert _minus(f"against {float(m.group(1)):.2f} ± {float(m.group(2)):.2f} at step 1500") in text
+    card = measured("attn-only-2l")["icl_score"]
+    assert _minus(f"disagree by {abs(clean - card):.2f} nats") in text
+
+
+@pytest.mark.e2e
+def test_readme_heads_example_is_a_fresh_run():
+    """README's `circuits heads attn-only-2l` block is what the command prints today (on the pinned corpus)."""
+    import contextlib
+    import io
+
+    from analyses import cli
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(["heads", "attn-only-2l", "--no-progress"]) == 0
+    block = README.split("$ circuits heads attn-only-2l\n", 1)[1].split("```", 1)[0]
+    assert buf.getvalue().strip() == block.strip()

@@ -1,5 +1,6 @@
-"""The shipped model zoo: every model loads by name offline and runs; cards hold the measured numbers;
-(slow) the validation loss and the head scores in each card are reproduced."""
+"""The shipped model zoo: every model loads by name offline and runs; cards hold the measured numbers and name the
+pinned corpus they are measured on; (slow) the validation loss and the head scores in each card are reproduced from
+that corpus."""
 
 import json
 
@@ -77,7 +78,8 @@ def test_copying_scores_reproduce():
 
 @pytest.fixture(scope="module")
 def stdlib_eval():
-    """(tokenizer-specific) validation batches and seen ids, exactly as the training run built them."""
+    """(tokenizer-specific) validation batches and seen ids from the corpus the card names (`stdlib`, the pinned
+    snapshot), as the training run builds them."""
     from models.training.loop import TrainConfig, build_data
 
     cache = {}
@@ -90,25 +92,24 @@ def stdlib_eval():
             model = models.load(name)
             batches, tok, corpus = build_data(cfg, model.cfg, tokenizer=model.tokenizer)
             cache[name] = (model, cfg, batches, corpus)
-        model, cfg, batches, corpus = cache[name]
-        _skip_unless_the_cards_corpus(name, corpus)
         return cache[name]
 
     return get
 
 
-def _skip_unless_the_cards_corpus(name, corpus):
-    """The zoo was trained and its cards measured on the standard library of the Python that trained it (the
-    `stdlib` corpus); another build of Python ships other files, so its token stream differs and the card's
-    numbers cannot be checked against it. Where the stream's lengths differ from the ones the card records, skip,
-    saying so (a pinned corpus, issue 40, removes the condition)."""
+@pytest.mark.parametrize("name", NAMES)
+def test_cards_name_the_pinned_corpus(name):
+    """Issue 40: every language-model card and summary names the corpus its numbers are measured on by name and
+    sha256: the shipped snapshot's (its manifest's), the text `stdlib` now means."""
+    from models.data.corpora import PINNED, snapshot_manifest
+
+    man = snapshot_manifest(PINNED)
     summary = json.loads((ZOO_DIR / name / "summary.json").read_text())
-    here = (len(corpus.train), len(corpus.val))
-    card = (summary["train_tokens_in_corpus"], summary["val_tokens_in_corpus"])
-    if here != card:
-        pytest.skip(f"{name}: this Python's standard library is not the text the card was measured on (train / "
-                    f"validation tokens {here[0]:,} / {here[1]:,} here, {card[0]:,} / {card[1]:,} in the card); "
-                    "the card's numbers cannot be checked on this machine until the corpus is pinned (issue 40)")
+    assert summary["corpus"] == {"name": man["name"], "sha256": man["sha256"]}
+    assert f"- data: {man['name']} (sha256 {man['sha256']};" in (ZOO_DIR / name / "card.md").read_text()
+    tokens = next(t for t in man["tokens"].values() if t["zoo model"] == name) if name != "attn-only-0l" else \
+        man["tokens"]["bpe-2048"]
+    assert (summary["train_tokens_in_corpus"], summary["val_tokens_in_corpus"]) == (tokens["train"], tokens["val"])
 
 
 @pytest.mark.slow
