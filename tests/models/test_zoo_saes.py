@@ -131,9 +131,9 @@ def _direct_logits(model, hook, W_dec_row: torch.Tensor) -> torch.Tensor:
     row = W_dec_row.double()
     if hook.endswith("hook_z"):
         layer = int(hook.split(".")[1])
-        W_O = model.W_O[layer].double()  # [head, d_head, d_model]
+        W_O = model.W_O[layer].detach().double()  # [head, d_head, d_model]
         row = sum(row.reshape(W_O.shape[0], W_O.shape[1])[h] @ W_O[h] for h in range(W_O.shape[0]))
-    return row @ model.W_U.double()
+    return row @ model.W_U.detach().double()
 
 
 @pytest.mark.ecosystem
@@ -151,7 +151,6 @@ def test_feature_page_numbers_against_a_direct_computation(model_name, hook):
 
     model = models.load(model_name).eval()
     sae = SAE.load_from_disk(zoo_sae(model_name, hook))
-    sae.turn_off_forward_pass_hook_z_reshaping() if hook.endswith("hook_z") else None
     bos = model.tokenizer.bos_token_id
     text = model.to_tokens("import os\nfor name in sorted(os.listdir(path)):\n    print(name, len(name))\n" * 8,
                            prepend_bos=False)[0]
@@ -159,6 +158,8 @@ def test_feature_page_numbers_against_a_direct_computation(model_name, hook):
     with torch.no_grad():
         report = analyse(model, sae, win, bos, top=4, contexts=3, promoted=5, before=6, after=2, bins=10)
         _, cache = model.run_with_cache(win, names_filter=hook)
+        if hook.endswith("hook_z"):  # the heads concatenated by hand below
+            sae.turn_off_forward_pass_hook_z_reshaping()
         act = cache[hook][:, 1:]
         x = act.reshape(*act.shape[:2], -1)  # [window, pos, d_in], heads concatenated for hook_z
         acts = sae.encode(x.reshape(-1, x.shape[-1]))  # [n, d_sae]
