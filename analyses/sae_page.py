@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .labels import html_text
 from .sae_metrics import Histogram
-from .sae_report import Context, Feature, SAEReport
+from .sae_report import Feature, FeatureContext, SAEReport
 
 STYLE = """
 .sae-feature { border: 1px solid #ccc; border-radius: 6px; padding: 0.4em 1em 0.8em; margin: 1.2em 0; }
@@ -91,7 +91,7 @@ def logit_table(promoted, demoted) -> str:
             "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
-def context_html(ctx: Context, scale: float) -> str:
+def context_html(ctx: FeatureContext, scale: float) -> str:
     """One context as a line of tokens, each shaded by the feature's activation on it relative to `scale` (its
     activation in a tooltip), the token it was picked for outlined."""
     spans = []

@@ -46,7 +46,7 @@ def logit_weights(model, hook_name: str, sae, feature: int) -> torch.Tensor | No
 
 
 @dataclass
-class Context:
+class FeatureContext:
     """One top-activating context of a feature: the token `labels` shown (`before` tokens, the token, `after`
     tokens), the feature's activation `acts` on each, and `at`, the index of the token it was picked for."""
 
@@ -73,7 +73,7 @@ class Feature:
     promoted: list[tuple[str, float]] | None  # (token, logit weight), largest first
     demoted: list[tuple[str, float]] | None = None  # (token, logit weight), smallest first
     histogram: Histogram | None = None
-    windows: list[Context] = field(default_factory=list)
+    windows: list[FeatureContext] = field(default_factory=list)
 
 
 @dataclass
@@ -131,7 +131,7 @@ def analyse(model, sae, windows: torch.Tensor, bos: int | None, top: int = 8, co
             labels = token_labels(model, windows[w, lo + skip: hi + skip].tolist(), max_len=12)
             acts_shown = [float(v) for v in per_window[w, lo:hi, f]]
             cut = p - lo
-            shown.append(Context(labels, acts_shown, cut))
+            shown.append(FeatureContext(labels, acts_shown, cut))
             ctx.append(("".join(labels[:cut]), labels[cut], "".join(labels[cut + 1:]), float(col[k])))
         logits = logit_weights(model, hook, sae, f)
         prom = dem = None

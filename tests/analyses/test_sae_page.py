@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from analyses.labels import visible_controls
 from analyses.sae_metrics import activation_histogram
 from analyses.sae_page import features_html, histogram_svg
-from analyses.sae_report import Context, Feature, SAEReport, markdown
+from analyses.sae_report import Feature, FeatureContext, SAEReport, markdown
 
 HOSTILE = ["<!--", "<script>alert(1)</script>", "</section>", "<b>PWN</b>", "<img src=x onerror=alert(1)>",
            "&amp;", '"quote\'', "\x1b[31mRED", "\u202eevil", "$a^{$", "line\u2028sep", "]]>"]
@@ -66,7 +66,7 @@ def _parse(fragment: str) -> _Page:
 
 def _report(labels: list[str]) -> SAEReport:
     acts = [0.0, 0.5, 2.0, 1.0, 0.25][: len(labels)] + [0.0] * max(0, len(labels) - 5)
-    ctx = Context(list(labels), acts, 2)
+    ctx = FeatureContext(list(labels), acts, 2)
     hist = activation_histogram(torch.tensor([0.0, 0.5, 2.0, 1.0, 0.25, 2.0]), 4)
     feat = Feature(7, 0.25, 2.0, [("".join(labels[:2]), labels[2], "".join(labels[3:]), 2.0)],
                    [(t, 1.0 - 0.1 * i) for i, t in enumerate(labels[:4])],
