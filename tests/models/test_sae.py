@@ -52,8 +52,9 @@ def test_missing_sae_lens_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "sae_lens", None)  # `import sae_lens` raises ImportError
     from models.sae import with_saes
 
-    with pytest.raises(MissingDependencyError, match=r"pip install sae-lens==6\.54\.12 .*not installed"):
+    with pytest.raises(MissingDependencyError, match=r"pip install sae-lens==6\.54\.12 .*not installed") as e:
         with_saes(models.load("gelu-2l"))
+    assert "pip install -e '.[sae]'" in str(e.value) and "toy-circuits[sae]" not in str(e.value)  # a source checkout
 
 
 def test_missing_sae_lens_is_one_line_exit_2_on_the_command_line(tmp_path):
