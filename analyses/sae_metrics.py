@@ -73,3 +73,26 @@ def sae_losses(model, sae, tokens: torch.Tensor, bos: int | None = None) -> dict
     gap = ablated - clean
     return {"clean": clean, "spliced": spliced, "zero_ablated": ablated,
             "recovered": (ablated - spliced) / gap if gap != 0 else float("nan")}
+
+
+@dataclass
+class Histogram:
+    """Counts of a feature's non-zero activations in `len(counts)` equal bins from 0 to its largest activation:
+    `edges [bins + 1]`, `counts [bins]` (the last bin closed, as `numpy.histogram`); `zeros`, the tokens where it is
+    0 (not drawn: a feature is off on most tokens)."""
+
+    edges: list[float]
+    counts: list[int]
+    zeros: int
+
+
+def activation_histogram(acts: torch.Tensor, bins: int = 24) -> Histogram:
+    """`Histogram` of the positive values of one feature's activations `acts [n]` over `bins` equal bins from 0 to
+    their maximum (the activation density plot of SAE dashboards, Bricken et al. 2023, "Towards Monosemanticity",
+    feature browser), in float64; a feature that never fires gets no bins."""
+    a = acts.detach().double().reshape(-1).cpu()
+    pos = a[a > 0]
+    if pos.numel() == 0:
+        return Histogram([], [], int(a.numel()))
+    counts, edges = torch.histogram(pos, bins=int(bins), range=(0.0, float(pos.max())))
+    return Histogram(edges.tolist(), [int(c) for c in counts.tolist()], int(a.numel() - pos.numel()))

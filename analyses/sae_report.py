@@ -11,11 +11,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from models.errors import SAEError
 from models.io.sae import activations
 
 from .labels import markdown_text, token_labels
-from .sae_metrics import feature_stats, sae_losses
+from .sae_metrics import Histogram, activation_histogram, feature_stats, sae_losses
 from .util import markdown_table
+
+#: The heading of report.md's HTML page under which `analyses.sae_page` places the feature pages.
+PAGES_HEADING = "Feature pages"
 
 
 def residual_direction(model, hook_name: str, direction: torch.Tensor) -> torch.Tensor | None:
@@ -33,13 +37,43 @@ def residual_direction(model, hook_name: str, direction: torch.Tensor) -> torch.
     return None
 
 
+def logit_weights(model, hook_name: str, sae, feature: int) -> torch.Tensor | None:
+    """`[d_vocab]`: the logit weights of `feature`, its decoder direction written to the residual stream
+    (`residual_direction`) times `W_U` (Bricken et al. 2023, "Towards Monosemanticity", "logit weights"; the final
+    norm's scale left out, as there), or None at a hook whose output does not reach the residual stream linearly."""
+    d = residual_direction(model, hook_name, sae.W_dec[feature].detach())
+    return None if d is None else d.to(model.W_U.dtype) @ model.W_U
+
+
+@dataclass
+class FeatureContext:
+    """One top-activating context of a feature: the token `labels` shown (`before` tokens, the token, `after`
+    tokens), the feature's activation `acts` on each, and `at`, the index of the token it was picked for."""
+
+    labels: list[str]
+    acts: list[float]
+    at: int
+
+    @property
+    def activation(self) -> float:
+        return self.acts[self.at]
+
+
 @dataclass
 class Feature:
+    """One feature of the report: how often it fires (`frequency`), its largest activation, its top `contexts` as
+    `(before, token, after, activation)` text, the `promoted` tokens (largest logit weights) and, for the feature
+    page, the `demoted` ones (smallest), the `histogram` of its non-zero activations and the contexts token by
+    token (`windows`)."""
+
     index: int
     frequency: float
     max_act: float
     contexts: list[tuple[str, str, str, float]]  # (before, token, after, activation)
-    promoted: list[tuple[str, float]] | None  # (token, logit weight)
+    promoted: list[tuple[str, float]] | None  # (token, logit weight), largest first
+    demoted: list[tuple[str, float]] | None = None  # (token, logit weight), smallest first
+    histogram: Histogram | None = None
+    windows: list[FeatureContext] = field(default_factory=list)
 
 
 @dataclass
@@ -53,14 +87,22 @@ class SAEReport:
     features: list[Feature] = field(default_factory=list)
 
 
+def top_features(acts: torch.Tensor, top: int) -> list[int]:
+    """The `top` features of largest activation anywhere on these tokens (`acts [n, d_sae]`), those that never fire
+    left out: the ones that fire hardest somewhere (those of largest total activation are the densest, here
+    whitespace features)."""
+    mass = acts.max(0).values
+    return [int(i) for i in torch.argsort(mass, descending=True)[:top] if mass[i] > 0]
+
+
 def analyse(model, sae, windows: torch.Tensor, bos: int | None, top: int = 8, contexts: int = 5,
-            promoted: int = 6, before: int = 10, after: int = 2) -> SAEReport:
-    """Measure `sae` on `windows` `[n, n_ctx]` (BOS first when `bos` is given: that position is left out) and pick
-    the `top` features by their largest activation (the ones that fire hardest somewhere; those of largest total
-    activation are the densest, here whitespace features), each with its `contexts` highest-activating positions
-    (`before` tokens of context, the token, `after` tokens) and the `promoted` tokens of largest logit weight
-    (decoder direction · `W_U`; Bricken et al. 2023, "Towards Monosemanticity", "logit weights"; the final norm's
-    scale is left out)."""
+            promoted: int = 6, before: int = 10, after: int = 2, features: list[int] | None = None,
+            bins: int = 24) -> SAEReport:
+    """Measure `sae` on `windows` `[n, n_ctx]` (BOS first when `bos` is given: that position is left out) and
+    describe `features` (default: the `top` of largest activation, `top_features`): each with its `contexts`
+    highest-activating positions (`before` tokens of context, the token, `after` tokens, and the feature's
+    activation on each), the `promoted` tokens of largest and smallest logit weight (`logit_weights`) and a
+    `bins`-bin histogram of its non-zero activations (`activation_histogram`)."""
     hook = sae.cfg.metadata.hook_name
     skip = int(bos is not None)
     x = activations(model, hook, windows, skip=skip)
@@ -68,36 +110,47 @@ def analyse(model, sae, windows: torch.Tensor, bos: int | None, top: int = 8, co
     losses = sae_losses(model, sae, windows, bos)
     n, n_ctx = windows.shape
     span = n_ctx - skip
-    mass = st.acts.max(0).values
-    order = [int(i) for i in torch.argsort(mass, descending=True)[:top] if mass[i] > 0]
+    if features is None:
+        order = top_features(st.acts, top)
+    else:
+        bad = [f for f in features if not 0 <= f < st.acts.shape[1]]
+        if bad:
+            raise SAEError(f"feature {bad[0]} does not exist: this SAE has features 0 to {st.acts.shape[1] - 1}")
+        order = list(dict.fromkeys(int(f) for f in features))
+    per_window = st.acts.reshape(n, span, -1)
     feats = []
     for f in order:
         col = st.acts[:, f]
-        best = torch.argsort(col, descending=True)[:contexts]
-        ctx = []
+        best = torch.argsort(col, descending=True, stable=True)[:contexts]
+        ctx, shown = [], []
         for k in best.tolist():
             if col[k] <= 0:
                 break
             w, p = divmod(k, span)
-            p += skip
-            row = windows[w].tolist()
-            lo = max(skip, p - before)
-            labels = token_labels(model, row[lo: p + after + 1], max_len=12)
+            lo, hi = max(0, p - before), min(span, p + after + 1)  # positions after the BOS
+            labels = token_labels(model, windows[w, lo + skip: hi + skip].tolist(), max_len=12)
+            acts_shown = [float(v) for v in per_window[w, lo:hi, f]]
             cut = p - lo
+            shown.append(FeatureContext(labels, acts_shown, cut))
             ctx.append(("".join(labels[:cut]), labels[cut], "".join(labels[cut + 1:]), float(col[k])))
-        d = residual_direction(model, hook, sae.W_dec[f].detach())
-        prom = None
-        if d is not None:
-            logits = d.to(model.W_U.dtype) @ model.W_U
-            vals, ids = torch.topk(logits, min(promoted, logits.numel()))
+        logits = logit_weights(model, hook, sae, f)
+        prom = dem = None
+        if logits is not None:
+            k = min(promoted, logits.numel())
+            vals, ids = torch.topk(logits, k)
             prom = list(zip(token_labels(model, ids.tolist()), vals.tolist()))
-        feats.append(Feature(f, float(st.frequency[f]), float(col.max()), ctx, prom))
+            vals, ids = torch.topk(logits, k, largest=False)
+            dem = list(zip(token_labels(model, ids.tolist()), vals.tolist()))
+        feats.append(Feature(f, float(st.frequency[f]), float(col.max()), ctx, prom, dem,
+                             activation_histogram(col, bins), shown))
     stats = {"fvu": st.fvu, "l0": st.l0, "dead": st.dead, "d_sae": int(st.frequency.numel()), "tokens": int(x.shape[0]),
              "hook_name": hook}
     return SAEReport(stats, losses, st.frequency, feats)
 
 
-def markdown(report: SAEReport, name: str, settings: dict | None, text: str) -> str:
+def markdown(report: SAEReport, name: str, settings: dict | None, text: str, features: bool = True) -> str:
+    """report.md: the settings, the reconstruction and loss tables and, with `features`, a section per feature
+    (without: only a `## Feature pages` heading, under which the HTML page places `analyses.sae_page`'s pages)."""
     s, lo = report.stats, report.losses
     md = [f"# Sparse autoencoder on {markdown_text(name)} at `{s['hook_name']}`", "",
           f"Measured on {s['tokens']} token positions of {markdown_text(text)} (the BOS position left out). "
@@ -114,16 +167,21 @@ def markdown(report: SAEReport, name: str, settings: dict | None, text: str) -> 
            markdown_table(["run", "loss (nats)"], [
                ["clean (the model)", lo["clean"]], ["SAE reconstruction spliced in", lo["spliced"]],
                ["zero-ablated (the hook's output set to 0)", lo["zero_ablated"]],
-               ["loss recovered, (zero − spliced) / (zero − clean)", lo["recovered"]]]), "",
-           "## Top features", "",
+               ["loss recovered, (zero − spliced) / (zero − clean)", lo["recovered"]]]), ""]
+    if not features:
+        return "\n".join(md + [f"## {PAGES_HEADING}", ""])
+    md += ["## Top features", "",
            "By largest activation on these tokens. Contexts: the tokens before, the token, and the tokens after "
-           "(whitespace shown as ␣ and ⏎); promoted: the tokens of largest logit weight (decoder direction · W_U).", ""]
+           "(whitespace shown as ␣ and ⏎); promoted / suppressed: the tokens of largest / smallest logit weight "
+           "(decoder direction · W_U).", ""]
     for f in report.features:
         md += [f"### Feature {f.index}", "",
                f"Active on {f.frequency:.2%} of tokens; largest activation {f.max_act:.3f}.", ""]
         md += [markdown_table(["before", "token", "after", "activation"], [list(c) for c in f.contexts]), ""]
         if f.promoted:
             md += ["Promotes: " + ", ".join(f"{markdown_text(t)} ({v:+.2f})" for t, v in f.promoted), ""]
+        if f.demoted:
+            md += ["Suppresses: " + ", ".join(f"{markdown_text(t)} ({v:+.2f})" for t, v in f.demoted), ""]
     return "\n".join(md)
 
 

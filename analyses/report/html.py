@@ -70,14 +70,14 @@ def write_html(ctx, markdown: str, path) -> Path:
     return write_page(markdown, path, f"Circuit report: {ctx.name}", _views_html(ctx))
 
 
-def write_page(markdown: str, path, title: str, views: str = "") -> Path:
+def write_page(markdown: str, path, title: str, views: str = "", anchor: str = ANCHOR) -> Path:
     """Write `markdown` as one self-contained page to `path` (atomically: a temporary file renamed into place): its
     PNGs (files beside `path`) embedded, raw HTML in the markdown shown as text, `views` (HTML of ours) after the
-    `ANCHOR` heading or the title."""
+    level-2 heading `anchor` or the title."""
     path = Path(path)
     body = _embed_images(_markdown_to_html(markdown), path.parent)
     if views:
-        heading = f"<h2>{html.escape(ANCHOR)}</h2>"
+        heading = f"<h2>{html.escape(anchor)}</h2>"
         i = body.find(heading)
         at = i + len(heading) if i >= 0 else body.find("</h1>") + len("</h1>")
         body = body[:at] + "\n" + views + "\n" + body[at:]

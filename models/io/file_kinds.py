@@ -85,7 +85,8 @@ SWEEP_COMMANDS = (
     ("sweep", "{root}/sweep", "--out", "{out}"),
     ("report", "{root}/sweep", "--out", "{out}"),
 )
-SAE_COMMANDS = (("sae", "report", "{root}/model", "{root}/sae", "--out", "{out}"),)
+SAE_COMMANDS = (("sae", "report", "{root}/model", "{root}/sae", "--out", "{out}"),
+                ("sae", "report", "{root}/model", "{root}/sae", "--out", "{out}", "--html", "--features", "0,3"))
 LEGACY_COMMANDS = (
     ("info", "{root}/old.pth", "--config", "{root}/cfg.json"),
     ("heads", "{root}/old.pth", "--config", "{root}/cfg.json"),

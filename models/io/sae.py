@@ -12,6 +12,8 @@ Nothing here re-implements SAELens; it connects our models to it:
 - `load_sae` reads an SAE folder (SAELens' `cfg.json` and `sae_weights.safetensors`) through this toolkit's readers
   (`models.io.readers.read_sae_folder`: bounded, schema-checked, finite weights) and hands them to SAELens'
   `SAE.load_from_disk` as its `converter`; `save_sae` writes one atomically (a full disk: `DiskFullError`).
+- `zoo_saes`, `zoo_sae`: the SAEs shipped with the zoo, `models/zoo/<model>/saes/<hook name>/` (SAELens' files,
+  training.json, a card and measured.json).
 
 Training is `models.training.sae`; the measures (FVU, L0, spliced losses) are `analyses.sae_metrics`.
 """
@@ -50,7 +52,7 @@ def sae_lens():
             f"SAELens 6.x needs transformer-lens<4, this environment has {TL_VERSION}" \
             if version_tuple(TL_VERSION) >= (4, 0) else f"importing it failed: {e}"
         raise MissingDependencyError(f"sparse autoencoders need SAELens: pip install sae-lens=={SAE_LENS_VERSION} "
-                                     f"(or pip install 'toy-circuits[sae]'; {why})") from None
+                                     f"(from a source checkout: pip install -e '.[sae]'; {why})") from None
     return sae_lens
 
 
@@ -294,3 +296,27 @@ def save_sae(trained, folder) -> Path:
         (tmp / TRAINING_FILE).write_text(json.dumps(trained.settings, indent=2) + "\n")
 
     return write_folder(folder, "sae", write)
+
+
+# --- the zoo's SAEs -------------------------------------------------------------------------------------------
+#: Where a zoo model's SAEs are shipped: models/zoo/<model>/saes/<hook name>/ (each with card.md and measured.json).
+ZOO_SAES_DIR = "saes"
+
+
+def zoo_saes() -> list[tuple[str, str]]:
+    """`(zoo model, hook name)` of every SAE shipped with the zoo."""
+    from .checkpoint import ZOO_DIR
+
+    return sorted((d.parent.parent.name, d.name) for d in ZOO_DIR.glob(f"*/{ZOO_SAES_DIR}/*")
+                  if (d / "sae_weights.safetensors").is_file())
+
+
+def zoo_sae(model: str, hook_name: str) -> Path:
+    """The folder of the SAE shipped with zoo model `model` at `hook_name` (`load_sae`, SAELens' own
+    `SAE.load_from_disk` and `circuits sae report` read it); `SAEError` naming the shipped ones when there is none."""
+    from .checkpoint import ZOO_DIR
+
+    if (model, hook_name) not in zoo_saes():
+        have = ", ".join(f"{m} {h}" for m, h in zoo_saes()) or "none"
+        raise SAEError(f"the zoo ships no SAE for {model} at {hook_name}; shipped: {have}")
+    return ZOO_DIR / model / ZOO_SAES_DIR / hook_name

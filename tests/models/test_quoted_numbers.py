@@ -204,3 +204,51 @@ def test_readme_heads_example_is_a_fresh_run():
         assert cli.main(["heads", "attn-only-2l", "--no-progress"]) == 0
     block = README.split("$ circuits heads attn-only-2l\n", 1)[1].split("```", 1)[0]
     assert buf.getvalue().strip() == block.strip()
+
+
+ZOO_SAES = [("gelu-2l", "blocks.1.hook_mlp_out"), ("attn-only-2l", "blocks.1.attn.hook_z")]
+
+
+def sae_measured(model: str, hook: str) -> dict:
+    """measured.json of a shipped SAE: the numbers of `circuits sae report` on it, the command that gave them
+    (tests/models/test_zoo_saes.py re-runs it in the ecosystem tier)."""
+    return json.loads((ZOO_DIR / model / "saes" / hook / "measured.json").read_text())
+
+
+def test_sae_section_quotes_the_shipped_saes_measured_json():
+    """README's SAE section: each shipped SAE's row is its measured.json at the precision printed, the command shown
+    is the one that measured it, and no other decimal number stands in the section's prose (the numbers once quoted
+    there came from another machine's text and did not reproduce)."""
+    start = README.index("### Sparse autoencoders on the zoo (SAELens)")
+    section = README[start:README.index("\n## ", start)]
+    prose = " ".join(re.sub(r"```.*?```", "", section, flags=re.S).split())  # lines joined
+    allowed = set()
+    for model, hook in ZOO_SAES:
+        m, lo = sae_measured(model, hook), sae_measured(model, hook)["losses"]
+        cells = [f"{m['fvu']:.3f}", f"{m['l0']:.1f}", f"{lo['clean']:.3f}", f"{lo['spliced']:.3f}",
+                 f"{lo['zero_ablated']:.3f}", f"{100 * lo['recovered']:.1f}"]
+        row = (f"| {model} `{hook}` | {cells[0]} | {cells[1]} | {m['dead']} of {m['d_sae']} | {cells[2]} / {cells[3]} "
+               f"/ {cells[4]} | {cells[5]} % |")
+        assert row in section.splitlines(), row
+        folder = f"models/zoo/{model}/saes/{hook}"
+        assert m["command"] == f"circuits sae report {model} {folder} --out DIR --windows 128 --json"
+        assert m["windows"] == 128 and f"{m['windows']} validation windows, {m['tokens']:,} token positions" in prose
+        allowed |= set(cells)
+    assert "circuits sae report MODEL models/zoo/MODEL/saes/HOOK --out DIR --windows 128" in prose
+    stray = [x for x in re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", prose) if x not in allowed]
+    assert stray == [], stray
+
+
+def test_notebook_07_shows_the_shipped_saes_numbers():
+    """Notebook 07 measures the shipped SAEs on their cards' windows: its committed summary lines are measured.json's
+    numbers."""
+    nb = json.loads((ROOT / "notebooks" / "07_sparse_autoencoders.ipynb").read_text())
+    printed = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                      for o in c.get("outputs", []))
+    for model, hook in ZOO_SAES:
+        m = sae_measured(model, hook)
+        lo = m["losses"]
+        line = (f"{model} {hook}: d_sae {m['d_sae']}, FVU {m['fvu']:.3f}, L0 {m['l0']:.1f}, dead {m['dead']}, "
+                f"loss clean {lo['clean']:.3f} / spliced {lo['spliced']:.3f} / zero-ablated {lo['zero_ablated']:.3f} "
+                f"(recovered {lo['recovered']:.1%})")
+        assert line in printed, line

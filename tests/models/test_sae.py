@@ -52,8 +52,9 @@ def test_missing_sae_lens_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "sae_lens", None)  # `import sae_lens` raises ImportError
     from models.sae import with_saes
 
-    with pytest.raises(MissingDependencyError, match=r"pip install sae-lens==6\.54\.12 .*not installed"):
+    with pytest.raises(MissingDependencyError, match=r"pip install sae-lens==6\.54\.12 .*not installed") as e:
         with_saes(models.load("gelu-2l"))
+    assert "pip install -e '.[sae]'" in str(e.value) and "toy-circuits[sae]" not in str(e.value)  # a source checkout
 
 
 def test_missing_sae_lens_is_one_line_exit_2_on_the_command_line(tmp_path):
@@ -268,7 +269,7 @@ def test_cli_train_then_report_on_gelu_2l(tmp_path):
     from analyses.sae_metrics import feature_stats
     from analyses.util import windows
     from models.io.checkpoint import resolve
-    from models.sae import activations
+    from models.sae import activations, zoo_sae
 
     out = tmp_path / "sae"
     r = _circuits("sae", "train", "gelu-2l", "--hook", "blocks.1.hook_mlp_out", "--steps", 300, "--out", out,
@@ -276,7 +277,15 @@ def test_cli_train_then_report_on_gelu_2l(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["steps"] == 300 and summary["hook_name"] == "blocks.1.hook_mlp_out"
+    assert summary["data"] == "stdlib" and summary["train_tokens_read"] == 2_000_000  # the text it read, recorded
     sae = SAE.load_from_disk(out)
+    # the same command made the SAE the zoo ships (its card): on the same text (corpus key) it is that SAE again
+    # (bitwise on the machine that made it; the tolerance leaves room for another CPU's rounding, not another text)
+    shipped = zoo_sae("gelu-2l", "blocks.1.hook_mlp_out")
+    if json.loads((shipped / "training.json").read_text())["corpus_key"] == summary["corpus_key"]:
+        ref = SAE.load_from_disk(shipped)
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(sae.state_dict()[k], v, rtol=0, atol=1e-3)
     model = models.load("gelu-2l").eval()
     corpus = training_corpus(model, resolve("gelu-2l"))
     bos = model.tokenizer.bos_token_id
