@@ -1,14 +1,16 @@
 """The exposure-bias experiment of notebook 05: teacher forcing against each scheduled-sampling schedule on
-`seq2seq:cumsum` (the running sum mod 10, y_j = y_{j−1} + x_j, sources of 4–8 symbols), several seeds each, every
-run stopped after the first step at which its teacher-forced per-symbol accuracy on 500 held-out sources reaches
-`THRESHOLD`; then the measures of `analyses.exposure_bias` on 2,000 other held-out rows, and their means with 95 %
-Student-t intervals over seeds, the differences to teacher forcing with Welch intervals and the smallest difference
-detectable at 80 % power.
+`seq2seq:cumsum` (the running sum mod 10, y_j = y_{j−1} + x_j) and `seq2seq:walk` (the same from a random start the
+source does not hold), sources of 4–8 symbols, several seeds each; every run stops after the first step at which its
+teacher-forced per-symbol accuracy on 500 held-out sources reaches `THRESHOLD`; then the measures of
+`analyses.exposure_bias` on 2,000 other held-out rows against the true and the prefix-consistent target, their means
+with 95 % Student-t intervals over the main seeds, the held-out seeds checked against them, the differences to
+teacher forcing with Welch intervals and the smallest difference detectable at 80 % power.
 
-    python -m analyses.exposure_bias_experiment --out docs/exposure_bias [--seeds 8]
+    python -m analyses.exposure_bias_experiment --out docs/exposure_bias [--seeds 5] [--held-out-seeds 3]
 
-writes one JSON per run under OUT/runs/ (a run already there is not trained again), then OUT/results.json and the
-figures OUT/per_position.png and OUT/injected.png (`analyses.exposure_bias_plots`).
+writes one JSON per run under OUT/runs/ (a run already there is not trained again; processes given disjoint seeds
+with --first-seed share OUT), then OUT/results.json, OUT/results.md and the figures (`FIGURES`,
+`analyses.exposure_bias_plots`).
 """
 
 from __future__ import annotations
@@ -490,7 +492,7 @@ def _write_results(args, runs: list[dict], stage: Path) -> None:
     result = {"setup": setup(), "cpu": cpu, "torch": torch.__version__, "runs": runs, **summarise(runs, args.seeds)}
     (stage / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     head = (f"# Exposure bias: results\n\nWritten by `python -m analyses.exposure_bias_experiment --out {args.out} "
-            f"--seeds {args.seeds} --held-out-seeds {args.held_out_seeds}` ({cpu}, torch {torch.__version__}); see "
+            f"--seeds {args.seeds} --held-out-seeds {args.held_out_seeds}` ({cpu}); see "
             "notebooks/05_encoder_decoder.ipynb. Every run stops after the first step whose teacher-forced accuracy "
             f"on {STOP_ROWS} held-out rows reaches {THRESHOLD}; measured on {MEASURE_ROWS:,} other held-out rows.\n\n")
     (stage / "results.md").write_text(head + results_markdown(result))

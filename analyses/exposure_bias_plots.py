@@ -35,7 +35,7 @@ def plot_per_position(result: dict, task: str = "cumsum"):
                              layout="constrained", squeeze=False)
     targets = _targets(task)
     keys = [f"free_{t}_by_position" for t in targets] + ["compounded_by_position"] * (task != "walk")
-    top = max(t[2] for e in schedules.values() for key in keys for t in e[key] if t[2] == t[2])
+    top = max((t[2] for e in schedules.values() for key in keys for t in e[key] if t[2] == t[2]), default=0.5)
     for ax, (name, e) in zip(axes[0], schedules.items()):
         x = np.arange(len(e["tf_consistent_by_position"]))
         _band(ax, x, e["tf_consistent_by_position"], COLOURS[1], "true prefix (teacher forced)")
