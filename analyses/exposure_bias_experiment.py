@@ -386,6 +386,8 @@ def _arguments(argv) -> argparse.Namespace:
                    help=f"any of {', '.join(repr(s) for s in SCHEDULES)} (default: all)")
     p.add_argument("--tasks", nargs="*", default=list(TASK_NAMES), choices=list(TASK_NAMES), metavar="TASK",
                    help=f"any of {', '.join(TASK_NAMES)} (default: all), trained in this order")
+    p.add_argument("--summarise-only", action="store_true", help="train nothing: publish the summary of the runs "
+                   "already in OUT/runs/ (results.md names the runs missing)")
     args = p.parse_args(argv)
     if not 1 <= args.seeds <= MAX_SEEDS:
         p.error(f"--seeds {args.seeds}: give the number of seeds, 1 … {MAX_SEEDS}")
@@ -459,7 +461,7 @@ def run_experiment(argv=None) -> int:
                               for seed in range(args.first_seed, args.seeds + args.held_out_seeds)
                               for s in args.schedules):
             path = args.out / "runs" / run_name(task, s, seed)
-            if path.exists():
+            if path.exists() or args.summarise_only:
                 continue
             r = run_one(s, seed, args.steps, task)
             with lock(args.out, wait=True):  # processes that share OUT (--first-seed) write one at a time
@@ -490,11 +492,17 @@ def _write_results(args, runs: list[dict], stage: Path) -> None:
     runs = [r for r in runs if r["seed"] < total]
     cpu = hardware()
     result = {"setup": setup(), "cpu": cpu, "torch": torch.__version__, "runs": runs, **summarise(runs, args.seeds)}
+    have = {(r["task"], r["schedule"], r["seed"]) for r in runs}
+    missing = [f"{t} {s} seed {seed}" for t in args.tasks for s in args.schedules for seed in range(total)
+               if (t, s, seed) not in have]
+    result["missing_runs"] = missing
     (stage / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    head = (f"# Exposure bias: results\n\nWritten by `python -m analyses.exposure_bias_experiment --out {args.out} "
-            f"--seeds {args.seeds} --held-out-seeds {args.held_out_seeds}` ({cpu}); see "
+    command = (f"python -m analyses.exposure_bias_experiment --out {args.out} --seeds {args.seeds} --held-out-seeds "
+               f"{args.held_out_seeds}" + " --summarise-only" * args.summarise_only)
+    head = (f"# Exposure bias: results\n\nWritten by `{command}` ({cpu}); see "
             "notebooks/05_encoder_decoder.ipynb. Every run stops after the first step whose teacher-forced accuracy "
-            f"on {STOP_ROWS} held-out rows reaches {THRESHOLD}; measured on {MEASURE_ROWS:,} other held-out rows.\n\n")
+            f"on {STOP_ROWS} held-out rows reaches {THRESHOLD}; measured on {MEASURE_ROWS:,} other held-out rows.\n\n"
+            + (f"Not trained (cut for CPU time): {'; '.join(missing)}.\n\n" if missing else ""))
     (stage / "results.md").write_text(head + results_markdown(result))
     for task, names in FIGURES.items():
         if task not in result["tasks"]:

@@ -54,7 +54,7 @@ def plot_per_position(result: dict, task: str = "cumsum"):
     axes[0, 0].set_ylabel("error rate of symbol j", fontsize=8)
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=2)
-    note = " (position 0 is a free choice: any symbol counts as right)" if task == "walk" else ""
+    note = "\nposition 0 is a free choice: any symbol counts as right" if task == "walk" else ""
     fig.suptitle(f"seq2seq:{task}: error by position, mean and 95 % t-interval over seeds{note}", fontsize=9)
     return fig
 
@@ -82,6 +82,6 @@ def plot_injected(result: dict, task: str = "cumsum"):
     handles += [Line2D([], [], color="grey", linestyle=ls) for ls in ("-", "--")]
     labels += ["after one wrong symbol", "base rate (no wrong symbol)"]
     fig.legend(handles, labels, fontsize=7, loc="outside right center")
-    fig.suptitle(f"seq2seq:{task}: the model's own continuation after one injected wrong symbol, mean and 95 % "
+    fig.suptitle(f"seq2seq:{task}: the model's own continuation after one injected wrong symbol,\nmean and 95 % "
                  "t-interval over seeds", fontsize=9)
     return fig
