@@ -101,3 +101,16 @@ def test_no_library_module_imports_the_command_line():
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names
                           if n == "analyses.cli" or n.startswith("analyses.cli.")]
     assert offenders == []
+
+
+def test_summarise_only_trains_nothing_and_names_the_missing_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(ex, "run_one", fake_run)
+    out = tmp_path / "eb"
+    base = ["--out", str(out), "--tasks", "cumsum", "--schedules", "teacher forcing", "linear"]
+    assert ex.run_experiment([*base, "--seeds", "2", "--held-out-seeds", "0"]) == 0
+    monkeypatch.setattr(ex, "run_one", lambda *a: pytest.fail("--summarise-only trained a run"))
+    assert ex.run_experiment([*base, "--seeds", "2", "--held-out-seeds", "1", "--summarise-only"]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["missing_runs"] == ["cumsum teacher forcing seed 2", "cumsum linear seed 2"]
+    md = (out / "results.md").read_text()
+    assert "--summarise-only" in md and "Not trained (cut for CPU time): cumsum teacher forcing seed 2" in md
