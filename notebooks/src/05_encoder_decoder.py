@@ -168,12 +168,14 @@ for name, v in sorted(contrib.items(), key=lambda kv: -abs(kv[1]))[:8]:
 # predictions); after **one wrong symbol injected** at position k of the decoder's input, the error of the model's
 # own greedy continuation at distance d = j − k, beside the same positions continued from the true prefix (the base).
 # Means over seeds 0–4 with 95 % Student-t intervals; seeds 5–7, trained afterwards, are a held-out check of those
-# intervals; each scheduled-sampling schedule minus teacher forcing with Welch's 95 % interval and the smallest
-# difference a two-sided test at α = 0.05 finds with 80 % power given the observed between-seed spread. The results
-# were computed once, on a CPU, by
+# intervals (teacher forcing on cumsum; CPU time cut the scheduled-sampling arms to 4 / 2 / 1 seeds and walk to
+# teacher forcing, seeds 0–4: `results.md` lists the runs not trained); each scheduled-sampling schedule minus
+# teacher forcing with Welch's 95 % interval and the smallest difference a two-sided test at α = 0.05 finds with 80 %
+# power given the observed between-seed spread. The results were computed once, on a CPU, by
 #
 #     python -m analyses.exposure_bias_experiment --out docs/exposure_bias --seeds 5 --held-out-seeds 3
 #
+# (the published summary by the same command with `--summarise-only`, over the runs in `docs/exposure_bias/runs/`),
 # which writes `docs/exposure_bias/results.json`, `results.md` (every table, per position too) and the figures;
 # this notebook loads the JSON and draws them.
 
@@ -201,7 +203,7 @@ for task, tr in result["tasks"].items():
             print(f"{label:<40}" + "".join(f"{'{:.3f} [{:.3f}, {:.3f}]'.format(*sch[n][f'{key}_{target}']):>24}"
                                            for n in names))
     print("scheduled sampling − teacher forcing, prefix-consistent target: difference [Welch 95 %]; detectable "
-          "at 80 % power (5 seeds)")
+          "at 80 % power (with the seeds each has)")
     for n, diffs in tr["versus_teacher_forcing"].items():
         for key in ("gap_consistent", "after1_excess_consistent", "later_excess_consistent"):
             (d, lo, hi), mdd = diffs[key]["difference"], diffs[key]["detectable_at_80_power"]
