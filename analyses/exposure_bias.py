@@ -1,22 +1,31 @@
-"""Exposure bias of an encoder–decoder, measured per target position, and the statistics over training seeds.
+"""Exposure bias of an encoder–decoder, measured per target position against two targets, and the statistics over
+training seeds.
 
 A model trained with teacher forcing only ever reads true target prefixes; decoding, it reads its own, so one mistake
 can lead to more (exposure bias; scheduled sampling, Bengio et al. 2015, "Scheduled Sampling for Sequence Prediction
-with Recurrent Neural Networks", trains on a mixture of both, `models.training.tasks.sampling_probability`). The
-measures, each one function, on a batch split by `models.data.seq2seq.Seq2SeqBatches.split`:
+with Recurrent Neural Networks", trains on a mixture of both, `models.training.tasks.sampling_probability`). Each way
+of decoding is a `Decoded` (what the decoder read at each target position, and what it predicted there):
 
-- `gold_prefix_errors`: is the greedy (argmax) prediction of target symbol j wrong, given the true symbols 0 .. j − 1?
-- `free_running_errors`: is symbol j of greedy decoding wrong, the decoder reading its own earlier predictions?
-- `injected_errors`: the same after one wrong symbol (`wrong_tokens`) replaces true symbol k in the decoder's input,
-  the later inputs true (`free=False`) or the model's own continuation (`free=True`), beside the base rate of the
-  same positions without the injection.
+- `teacher_forced`: the argmax prediction of target symbol j given the true symbols 0 .. j − 1;
+- `free_running`: greedy decoding, the decoder reading its own earlier predictions;
+- `injected`: the same after one wrong symbol (`wrong_tokens`) replaces true symbol k in the decoder's input, the
+  later inputs true (`free=False`) or the model's own continuation (`free=True`), beside the same positions without
+  the injection (the base).
+
+`errors` scores a `Decoded` against one of two targets. The **true target** (`task=None`) is the task's answer for
+the source; where a task's next symbol is computed from the previous one (`seq2seq:cumsum`), a prediction that is
+right for the prefix the model read is "wrong" against it after any earlier mistake, so what it measures after one
+is the compounding the task imposes, not the model's exposure bias. The **prefix-consistent target** (`task` given;
+`models.data.seq2seq.Task.consistent_targets`) is the symbol the task's rule gives for the prefix the model actually
+read: an error against it is a mistake the model made at that step, so a higher error on its own prefixes than on
+true ones is exposure bias proper.
 
 "Position j" is the j-th symbol of the target (0-based; BOS and EOS left out); a row counts at j when its target has a
-symbol j; errors are against the true target. A model is any callable `model(src, tgt, src_mask, tgt_mask)` returning
-next-token logits `[batch, tgt_pos, vocab]`, as `HookedEncoderDecoder`'s forward, so hand-built oracles test the
-measures. `t_interval` (Student's t over seeds), `welch_difference` and `detectable_difference` (the smallest
-difference a two-sided Welch test finds with the given power) summarise runs; `train_to_accuracy` stops a run where
-its teacher-forced accuracy first reaches a threshold.
+symbol j. A model is any callable `model(src, tgt, src_mask, tgt_mask)` returning next-token logits
+`[batch, tgt_pos, vocab]`, as `HookedEncoderDecoder`'s forward, so hand-built oracles test the measures.
+`mean_interval` (Student's t over seeds), `prediction_interval` (where one more seed's value should fall),
+`welch_difference` and `detectable_difference` (the smallest difference a two-sided Welch test finds with the given
+power) summarise runs; `train_to_accuracy` stops a run where its teacher-forced accuracy first reaches a threshold.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import math
 
 import torch
 
-from models.data.seq2seq import EOS
+from models.data.seq2seq import ANY_SYMBOL, EOS
 from models.training.loop import train
 
 from . import stats
@@ -58,21 +67,54 @@ def greedy_from(model, src, src_mask, prefix: torch.Tensor, width: int) -> torch
     return out
 
 
+@dataclasses.dataclass
+class Decoded:
+    """One way of decoding a batch: `read [batch, n]`, the token the decoder read last before predicting target
+    symbol j (BOS at j = 0, then the symbol fed at position j), and `pred [batch, n]`, its argmax prediction of j."""
+
+    read: torch.Tensor
+    pred: torch.Tensor
+
+
 @torch.no_grad()
-def gold_prefix_errors(model, src, tgt, src_mask, tgt_mask) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_forced(model, src, tgt, src_mask, tgt_mask) -> Decoded:
+    """Every symbol predicted from the true prefix (teacher forcing)."""
+    n = tgt.shape[1] - 2
+    return Decoded(tgt[:, :n], model(src, tgt, src_mask, tgt_mask).argmax(-1)[:, :n])
+
+
+@torch.no_grad()
+def free_running(model, src, tgt, src_mask, tgt_mask=None) -> Decoded:
+    """Greedy decoding from BOS, the decoder reading its own predictions (`greedy_from`)."""
+    n = tgt.shape[1] - 2
+    out = greedy_from(model, src, src_mask, tgt[:, :1], n + 1)
+    return Decoded(out[:, :n], out[:, 1:])
+
+
+def errors(decoded: Decoded, src, tgt, task=None) -> torch.Tensor:
+    """`[batch, n]` bool: the prediction of symbol j is wrong against the true target (`task=None`) or against the
+    prefix-consistent target of `task` (`Task.consistent_targets` for what `decoded` read; where the rule admits any
+    symbol, every symbol is right). Not masked: combine with `symbols_of(tgt)[1]`."""
+    gold, _ = symbols_of(tgt)
+    if task is None:
+        return decoded.pred != gold
+    want = task.consistent_targets(src, decoded.read, gold)
+    return ~((decoded.pred == want) | ((want == ANY_SYMBOL) & (decoded.pred >= FIRST_SYMBOL)))
+
+
+def gold_prefix_errors(model, src, tgt, src_mask, tgt_mask, task=None) -> tuple[torch.Tensor, torch.Tensor]:
     """`(errors, valid)`, bool `[batch, n]`: the prediction of symbol j from the true prefix is wrong (teacher
-    forcing)."""
-    gold, valid = symbols_of(tgt)
-    pred = model(src, tgt, src_mask, tgt_mask).argmax(-1)[:, : gold.shape[1]]
-    return (pred != gold) & valid, valid
+    forcing), against the true target or, with `task`, the prefix-consistent one (the same, but for symbols the rule
+    leaves free)."""
+    valid = symbols_of(tgt)[1]
+    return errors(teacher_forced(model, src, tgt, src_mask, tgt_mask), src, tgt, task) & valid, valid
 
 
-@torch.no_grad()
-def free_running_errors(model, src, tgt, src_mask, tgt_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(errors, valid)`, bool `[batch, n]`: symbol j of greedy decoding from BOS differs from the true one."""
-    gold, valid = symbols_of(tgt)
-    out = greedy_from(model, src, src_mask, tgt[:, :1], gold.shape[1] + 1)
-    return (out[:, 1:] != gold) & valid, valid
+def free_running_errors(model, src, tgt, src_mask, tgt_mask=None, task=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(errors, valid)`, bool `[batch, n]`: symbol j of greedy decoding from BOS is wrong against the true target or,
+    with `task`, against the prefix-consistent target of what it read."""
+    valid = symbols_of(tgt)[1]
+    return errors(free_running(model, src, tgt, src_mask), src, tgt, task) & valid, valid
 
 
 def wrong_tokens(gold: torch.Tensor, n_symbols: int, generator: torch.Generator) -> torch.Tensor:
@@ -83,22 +125,31 @@ def wrong_tokens(gold: torch.Tensor, n_symbols: int, generator: torch.Generator)
 
 
 @torch.no_grad()
-def injected_errors(model, src, tgt, src_mask, tgt_mask, k: int, n_symbols: int, generator: torch.Generator,
-                    free: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`(errors, base, valid)`, bool `[batch, n]`, at positions j > k of rows that have a symbol k + 1: `errors`
-    after symbol k of the decoder's input is replaced by a wrong one (`wrong_tokens`), `base` without. The inputs
-    after k are the true symbols (`free=False`, teacher forcing) or the model's own greedy continuation
-    (`free=True`, from the prefix through position k)."""
+def injected(model, src, tgt, src_mask, tgt_mask, k: int, n_symbols: int, generator: torch.Generator,
+             free: bool = False) -> tuple[Decoded, Decoded, torch.Tensor]:
+    """`(with the injection, without it, valid)`: symbol k of the decoder's input replaced by a wrong one
+    (`wrong_tokens`) or left true; the inputs after k are the true symbols (`free=False`, teacher forcing) or the
+    model's own greedy continuation (`free=True`, from the prefix through position k). `valid [batch, n]`: positions
+    j > k of rows that have a symbol k + 1."""
     gold, valid = symbols_of(tgt)
     n = gold.shape[1]
     valid = valid & (torch.arange(n, device=tgt.device) > k) & valid[:, k + 1 : k + 2]
-    injected = tgt.clone()
-    injected[:, 1 + k] = wrong_tokens(gold[:, k], n_symbols, generator)
+    wrong = tgt.clone()
+    wrong[:, 1 + k] = wrong_tokens(gold[:, k], n_symbols, generator)
     if free:
-        runs = [greedy_from(model, src, src_mask, t[:, : 2 + k], n + 1)[:, 1:] for t in (injected, tgt)]
-    else:
-        runs = [model(src, t, src_mask, tgt_mask).argmax(-1)[:, :n] for t in (injected, tgt)]
-    return (runs[0] != gold) & valid, (runs[1] != gold) & valid, valid
+        runs = [greedy_from(model, src, src_mask, t[:, : 2 + k], n + 1) for t in (wrong, tgt)]
+        return Decoded(runs[0][:, :n], runs[0][:, 1:]), Decoded(runs[1][:, :n], runs[1][:, 1:]), valid
+    runs = [Decoded(t[:, :n], model(src, t, src_mask, tgt_mask).argmax(-1)[:, :n]) for t in (wrong, tgt)]
+    return runs[0], runs[1], valid
+
+
+def injected_errors(model, src, tgt, src_mask, tgt_mask, k: int, n_symbols: int, generator: torch.Generator,
+                    free: bool = False, task=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(errors, base, valid)`, bool `[batch, n]`, at positions j > k of rows that have a symbol k + 1 (`injected`):
+    errors after the wrong symbol and without it, against the true target or, with `task`, the prefix-consistent
+    one."""
+    wrong, base, valid = injected(model, src, tgt, src_mask, tgt_mask, k, n_symbols, generator, free)
+    return errors(wrong, src, tgt, task) & valid, errors(base, src, tgt, task) & valid, valid
 
 
 def rate(errors: torch.Tensor, valid: torch.Tensor, dim: int | None = 0) -> torch.Tensor:
@@ -126,6 +177,30 @@ def mean_interval(values, confidence: float = 0.95) -> tuple[float, float, float
     return a["mean"], math.nan if a["low"] is None else a["low"], math.nan if a["high"] is None else a["high"]
 
 
+def prediction_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
+    """`(mean, low, high)`: where one more independent draw falls with probability `confidence`, mean ± t_{(1+c)/2,
+    n−1} · s · √(1 + 1/n) (the normal-theory prediction interval; e.g. Hahn & Meeker 1991, "Statistical Intervals",
+    §4.5). Wider than the mean's interval by √(n + 1): a new seed's value outside the mean's interval is expected."""
+    m, v, n = _mean_var(values)
+    if n < 2:
+        return m, math.nan, math.nan
+    half = t_quantile((1 + confidence) / 2, n - 1) * math.sqrt(v * (1 + 1 / n))
+    return m, m - half, m + half
+
+
+def outside_mean_interval_chance(n: int, confidence: float = 0.95) -> float:
+    """The probability that one more independent normal draw falls outside the `confidence` t-interval of the mean of
+    n draws: P(|T_{n−1}| > t_{(1+c)/2, n−1} / √(n + 1)), since (x_new − mean) / (s √(1 + 1/n)) is Student's t with
+    n − 1 degrees of freedom (Hahn & Meeker 1991, §4.5). About 0.32 for n = 5. The tail is found by bisection on
+    `t_quantile`."""
+    x = t_quantile((1 + confidence) / 2, n - 1) / math.sqrt(n + 1)
+    lo, hi = 0.5, 1.0  # the p with t_quantile(p) = x
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_quantile(mid, n - 1) < x else (lo, mid)
+    return 2 * (1 - (lo + hi) / 2)
+
+
 def _welch(a, b) -> tuple[float, float, float]:
     """`(mean(a) − mean(b), its standard error, Welch–Satterthwaite degrees of freedom)` (Welch 1947)."""
     ma, va, na = _mean_var(a)
@@ -151,27 +226,29 @@ def detectable_difference(a, b, alpha: float = 0.05, power: float = 0.8) -> floa
     return (t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) * se
 
 
-def teacher_forced_accuracy(model, src, tgt, src_mask, tgt_mask) -> float:
-    """Per-symbol accuracy under teacher forcing (1 − `gold_prefix_errors`' rate over every position)."""
+def teacher_forced_accuracy(model, src, tgt, src_mask, tgt_mask, task=None) -> float:
+    """Per-symbol accuracy under teacher forcing (1 − `gold_prefix_errors`' rate over every position), against the
+    true target or, with `task`, the prefix-consistent one (the same from true prefixes, but for free symbols)."""
     was = model.training
     model.eval()
-    errors, valid = gold_prefix_errors(model, src, tgt, src_mask, tgt_mask)
+    wrong, valid = gold_prefix_errors(model, src, tgt, src_mask, tgt_mask, task)
     model.train(was)
-    return 1.0 - float(rate(errors, valid, None))
+    return 1.0 - float(rate(wrong, valid, None))
 
 
-def train_to_accuracy(model_cfg, train_cfg, stop_split, threshold: float):
+def train_to_accuracy(model_cfg, train_cfg, stop_split, threshold: float, task=None):
     """Train (`models.training.loop.train`, no output folder) and stop after the first step at which the
-    teacher-forced per-symbol accuracy on `stop_split = (src, tgt, src_mask, tgt_mask)` reaches `threshold`, or at
-    `train_cfg.steps`. The accuracy is measured after every step (a checkpoint every step, no files). Returns
-    `(model in eval mode, steps trained, accuracies after steps 1, 2, ...)`."""
+    teacher-forced per-symbol accuracy (`teacher_forced_accuracy`, with `task`) on `stop_split = (src, tgt, src_mask,
+    tgt_mask)` reaches `threshold`, or at `train_cfg.steps`. The accuracy is measured after every step (a checkpoint
+    every step, no files). Returns `(model in eval mode, steps trained, accuracies after steps 1, 2, ...)`; the last
+    accuracy's excess over `threshold` is the rule's overshoot."""
     history, kept = [], {}
 
     class Reached(Exception):  # noqa: N818  (ends the run: train() has no early stop of its own)
         pass
 
     def check(model):
-        history.append(teacher_forced_accuracy(model, *stop_split))
+        history.append(teacher_forced_accuracy(model, *stop_split, task=task))
         kept["model"] = model
         if history[-1] >= threshold:
             raise Reached

@@ -2,7 +2,8 @@
 
 Tasks (`TASKS`): `copy`, `reverse` and `sort` strings of `n_symbols` letters of a length drawn from
 `[min_len, max_len]`; `cumsum`, their running sum mod `n_symbols` (each target token depends on the one before it);
-and `date`, a character-level date-format translation ("nov 23, 2023" → "2023-11-23") whose
+`walk`, the same running sum from a random start that the source does not hold (so only the target's own earlier
+symbols tell it); and `date`, a character-level date-format translation ("nov 23, 2023" → "2023-11-23") whose
 source and target vocabularies differ. Every vocabulary starts with the specials PAD = 0, BOS = 1, EOS = 2 (the
 defaults of `models.EncoderDecoderConfig`).
 
@@ -10,6 +11,12 @@ Held-out split: a pair belongs to the held-out split when the CRC-32 of its sour
 (`is_held_out`), so training never sees a held-out source, on any machine. A batch row is `[source padded to n_src |
 BOS target EOS padded to n_tgt]` (int64, `Seq2SeqBatches`); the batch of step s is a pure function of (seed, s), as
 for text (`models.data.batches`).
+
+Prefix-consistent targets (`Task.consistent_targets`): the symbol the task's rule gives at each target position for
+the prefix a decoder actually reads, which may hold its own (or an injected) wrong symbols; where the rule does not
+read earlier target symbols this is the true target. It is defined here, one method per task, beside the rule it
+restates, so that a task and its rule cannot drift apart and a new task states both in one place; the exposure-bias
+measures (`analyses.exposure_bias`) score predictions against it as well as against the true target.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from .tokenizer import CharVocab, Seq2SeqTokenizer  # noqa: F401  (re-exported)
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 HELD_OUT_MOD = 10
+NO_TARGET = -1  # consistent_targets: the prefix read is not one the rule continues (a non-symbol after BOS)
+ANY_SYMBOL = -2  # consistent_targets: the rule admits every symbol here (a free choice, as walk's first symbol)
 
 
 def is_held_out(src_ids) -> bool:
@@ -69,6 +78,14 @@ class Task:
     def sample(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         src = self.source(rng)
         return src, self.target(src)
+
+    def consistent_targets(self, src: torch.Tensor, read: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+        """`[batch, n]` ids: the symbol the task's rule gives at target position j = 0 .. n − 1 when the decoder has
+        read `read [batch, n]` (BOS at position 0, then the symbols it was fed: true, its own or injected), for
+        sources `src [batch, n_src]`; `gold [batch, n]` is the true target. `NO_TARGET` where the prefix is not one
+        the rule continues, `ANY_SYMBOL` where the rule admits every symbol. This task's target does not read earlier
+        target symbols, so the consistent target is the true one whatever the prefix."""
+        return gold.clone()
 
 
 class Copy(Task):
@@ -118,6 +135,50 @@ class CumSum(Task):
         first = len(SPECIALS)
         return (np.cumsum(np.asarray(src, dtype=np.int64) - first) % self.n_symbols) + first
 
+    def consistent_targets(self, src, read, gold):
+        """y_j = (the symbol read at j + x_j) mod k, the symbol read at position 0 being BOS (value 0): the rule
+        applied to the decoder's own prefix (which equals `gold` when the prefix is the true one)."""
+        return _running_sum_next(src, read, self.n_symbols)
+
+
+def _running_sum_next(src: torch.Tensor, read: torch.Tensor, k: int) -> torch.Tensor:
+    """(value of the symbol read at j, BOS read as 0) + x_j mod k, as an id; `NO_TARGET` where the symbol read is not
+    a symbol (after BOS) or the source has no symbol j."""
+    first = len(SPECIALS)
+    n = read.shape[1]
+    x = torch.full_like(read, PAD)
+    width = min(n, src.shape[1])
+    x[:, :width] = src[:, :width]
+    j = torch.arange(n, device=read.device)
+    prev = torch.where((j == 0) & (read == BOS), 0, read - first)
+    ok = (((j == 0) & (read == BOS)) | ((j > 0) & (read >= first))) & (x >= first)
+    return torch.where(ok, (prev + x - first) % k + first, NO_TARGET)
+
+
+class Walk(Task):
+    """The running sum mod k from a random start: y_j = (s + x_0 + … + x_j) mod k with s uniform in 0 .. k − 1, drawn
+    with the source but not in it. The first symbol is uniform whatever the source, and y_j = (y_{j−1} + x_j) mod k
+    after it, so a decoder can know the later symbols only from the target symbols before them: it must rely on its
+    own earlier outputs. Not a rearrangement of the source (no alignment)."""
+
+    name = "walk"
+
+    def target(self, src, start: int = 0):
+        """The target of `src` from start value `start` (0 gives cumsum's target)."""
+        first = len(SPECIALS)
+        return ((start + np.cumsum(np.asarray(src, dtype=np.int64) - first)) % self.n_symbols) + first
+
+    def sample(self, rng):
+        src = self.source(rng)
+        return src, self.target(src, int(rng.integers(0, self.n_symbols)))
+
+    def consistent_targets(self, src, read, gold):
+        """Any symbol at position 0 (`ANY_SYMBOL`: every start is the rule's), then y_j = (the symbol read at j +
+        x_j) mod k."""
+        out = _running_sum_next(src, read, self.n_symbols)
+        out[:, 0] = torch.where(read[:, 0] == BOS, ANY_SYMBOL, NO_TARGET)
+        return out
+
 
 class Date(Task):
     """Date-format translation: "mon d, yyyy" (e.g. "nov 3, 2023") → ISO 8601 "yyyy-mm-dd", dates 1950–2049."""
@@ -142,7 +203,7 @@ class Date(Task):
                 np.asarray(self.tokenizer.target.encode(tgt), dtype=np.int64))
 
 
-TASKS: dict[str, type[Task]] = {t.name: t for t in (Copy, Reverse, Sort, CumSum, Date)}
+TASKS: dict[str, type[Task]] = {t.name: t for t in (Copy, Reverse, Sort, CumSum, Walk, Date)}
 
 
 def make_task(spec: str, n_symbols: int = 10, min_len: int = 1, max_len: int = 8) -> Task:
