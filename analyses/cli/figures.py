@@ -18,8 +18,15 @@ def plot_ranked_bars(names: list[str], values: list[float], xlabel: str, title: 
     ax.invert_yaxis()
     ax.axvline(0, color="0.5", lw=0.8)
     ax.set_xlabel(xlabel, fontsize=9)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(_wrap(title, fig), fontsize=10)
     return fig
+
+
+def _wrap(text: str, fig) -> str:
+    """`text` broken into lines that fit the figure's width at 10 pt (a model named by a long path included)."""
+    import textwrap
+
+    return textwrap.fill(text, max(30, int(10 * fig.get_figwidth())))
 
 
 def plot_term_importance(losses: list[float], n_terms: list[int], model_loss: float, top: list[tuple[str, float]],
@@ -46,5 +53,5 @@ def plot_term_importance(losses: list[float], n_terms: list[int], model_loss: fl
     b.invert_yaxis()
     b.set_xlabel("loss increase when removed (nats)", fontsize=9)
     b.set_title("largest single terms", fontsize=10)
-    fig.suptitle(f"Term importance, attention patterns frozen ({figure_text(about)})", fontsize=9)
+    fig.suptitle(_wrap(f"Term importance, attention patterns frozen ({figure_text(about)})", fig), fontsize=9)
     return fig

@@ -50,7 +50,7 @@ def sae_lens():
             f"SAELens 6.x needs transformer-lens<4, this environment has {TL_VERSION}" \
             if version_tuple(TL_VERSION) >= (4, 0) else f"importing it failed: {e}"
         raise MissingDependencyError(f"sparse autoencoders need SAELens: pip install sae-lens=={SAE_LENS_VERSION} "
-                                     f"(or pip install 'toy-circuits[sae]'; {why})") from None
+                                     f"(from a source checkout: pip install -e '.[sae]'; {why})") from None
     return sae_lens
 
 
