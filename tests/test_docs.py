@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN = {"python": "python", "bash": "shell", "shell": "shell", "sh": "shell"}
 MARKER = re.compile(r"<!--\s*docs-test:\s*(skip|slow|ecosystem)\s*\((.+?)\)\s*-->")
+#: a block's limit: generous, as the slow and ecosystem blocks train (minutes on a quiet CPU, more on a loaded one)
+TIMEOUT = 3600
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 
 
@@ -129,19 +131,19 @@ def run_block(b: Block, tmp: Path) -> None:
         script = tmp / "block.py"
         script.write_text(b.code)
         r = subprocess.run([sys.executable, str(script)], cwd=tmp, env=env, capture_output=True, text=True,
-                           timeout=900)
+                           timeout=TIMEOUT)
         assert r.returncode == 0, f"{b.id} failed (exit {r.returncode}):\n{r.stderr[-3000:]}"
         want = expected_prints(b.code)
         if want is not None:
             assert [ln.rstrip() for ln in r.stdout.splitlines()] == want, f"{b.id} prints:\n{r.stdout}"
     elif b.lang == "shell":
         r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", b.code], cwd=tmp, env=env, capture_output=True,
-                           text=True, timeout=900)
+                           text=True, timeout=TIMEOUT)
         assert r.returncode == 0, f"{b.id} failed (exit {r.returncode}):\n{r.stderr[-3000:]}"
     else:
         for command, want in console_steps(b.code):
             r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", command], cwd=tmp, env=env,
-                               capture_output=True, text=True, timeout=900)
+                               capture_output=True, text=True, timeout=TIMEOUT)
             assert r.returncode == 0, f"{b.id}: `{command}` failed (exit {r.returncode}):\n{r.stderr[-3000:]}"
             got = [ln.rstrip() for ln in r.stdout.splitlines()]
             while want and not want[-1]:

@@ -1,6 +1,7 @@
-"""Shared pieces of the `circuits` command line (`analyses.cli`): the `Command` record, `UsageError`, output, and
-the options every analysis subcommand takes (MODEL, `--config`, `--tokenizer`, `--json`, `--device`, `--seed`,
-`--threads`, `--no-progress`), model loading, head parsing and progress bars.
+"""Shared pieces of the `circuits` command line (`analyses.cli`): the `Command` record, `UsageError`, output
+(`emit`: text, `--json`, `--csv`, `--figure`), and the options of the grammar in docs/cli.md (MODEL, `--config`,
+`--tokenizer`; `--json`, `--device`, `--seed`, `--no-progress` on every command, `--threads`, `--figure`, `--csv`),
+model loading, head parsing and progress bars.
 
 Nothing here imports torch at module level: `circuits --help` must answer at once. Heavy imports happen inside
 the functions that need them.
