@@ -77,7 +77,7 @@ def test_lens(tmp_path):
 def test_help(command):
     r = run_subprocess(command, "--help")
     assert r.returncode == 0 and f"usage: circuits {command}" in r.stdout
-    for opt in ("--json", "--device", "--seed", "--out"):
+    for opt in ("--json", "--device", "--seed", "--figure", "--csv"):
         assert opt in r.stdout
 
 
