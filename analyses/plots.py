@@ -208,9 +208,10 @@ def plot_eigenvalues(model):
             ax.set_yticks([])
             ax.set_title(f"{head_label(l, h)}: {score:+.2f}", fontsize=9)
     handles = [Line2D([], [], ls="", marker="o", color=c, label=lab) for c, lab in EIGEN_COLOURS]
-    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
-    fig.suptitle("Full OV circuit eigenvalues λ / max|λ| in the complex plane (title: copying score Σλ/Σ|λ|)",
-                 fontsize=10)
+    wide = fig.get_figwidth() >= 7  # a model of few heads: a narrow figure, so the legend stacks, the title wraps
+    fig.legend(handles=handles, loc="outside lower center", ncol=3 if wide else 1, fontsize=8, frameon=False)
+    fig.suptitle(textwrap.fill("Full OV circuit eigenvalues λ / max|λ| in the complex plane (title: copying score "
+                               "Σλ/Σ|λ|)", max(30, int(10 * fig.get_figwidth()))), fontsize=10)
     return fig
 
 

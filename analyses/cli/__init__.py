@@ -7,9 +7,12 @@ command is one `Command` entry in the module of its group (a new group: one modu
 the one place a model is loaded for a command and a kind it does not serve refused; `_outcome` below the one error
 boundary. Command modules import torch and the analyses inside `run`, so `circuits --help` stays fast.
 
+The grammar every command keeps (docs/cli.md, held by tests/cli/test_grammar.py): `--json`, `--device`, `--seed`,
+`--no-progress` everywhere; `--out` always a folder; `--figure PATH.png` and `--csv` through `common.emit`.
+
 - `common`: `Command`, `UsageError`, the options every command shares, model loading (zoo name, folder, or a
   TransformerLens state dict with `--config`), head parsing, output and progress bars;
-- `train_commands`: `zoo`, `train`; `model_commands`: `info`, `report`, `attention`, `generate`;
+- `train_commands`: `zoo`, `train`, `sweep`; `model_commands`: `info`, `report`, `attention`, `generate`;
   `circuit_commands`: `heads`, `eigen`, `compose`, `paths`, `trigrams`; `patch_commands`: `patch`, `lens`;
   `sae_commands`: `sae train`, `sae report` (SAELens, optional).
 
@@ -89,7 +92,9 @@ EPILOG = """examples:
   circuits compose attn-only-2l --kind k         K-composition scores minus the random baseline
   circuits info old.pth --config config.json     a legacy TransformerLens state dict
 
-MODEL is a zoo name, a saved model folder, or a .pth/.safetensors state dict with --config.
+MODEL is a zoo name, a saved model folder, or a .pth/.safetensors state dict with --config. Every command takes
+--json, --device, --seed and --no-progress; --out is always a folder; analyses draw --figure PATH.png and print
+tables as --csv (docs/cli.md).
 Exit codes: 0 ok; 2 bad usage or input (one line); 1 a full disk or I/O error (one line) or an internal failure
 (a traceback); 130 Ctrl-C, 143 SIGTERM; 141 stdout closed early. `circuits COMMAND --help` for each command."""
 

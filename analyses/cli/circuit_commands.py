@@ -33,7 +33,7 @@ def _heads_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
     p.add_argument("--threshold", type=float, default=0.4, help="score threshold of the verdicts (ARENA: 0.4)")
     _text_arg(p, "the previous-token score")
-    add_common(p)
+    add_common(p, figure=True, csv=True)
 
 
 def _heads_check(args) -> None:
@@ -94,6 +94,20 @@ def run_heads(args, loaded) -> int:
                                     "pattern.diagonal(1 - |R|) of [BOS] + R + R (two first-copy queries included), "
                                     "|R| = 50, batch 10, R from all non-special ids")
     crit = "; ".join(f"{k} ≥ {v}" for k, v in obj["thresholds"].items())
+    headers = ["head", "induction", "ind. ARENA", "prefix-match", "prev-token", "copy behav.", "OV copying", "OV top-1",
+               "OV top-5", "verdict"]
+
+    def figure():
+        import torch
+
+        from ..plots import plot_score_panels
+
+        grid = lambda key: torch.tensor([r[key] for r in heads], dtype=torch.float32).reshape(
+            model.cfg.n_layers, model.cfg.n_heads)
+        return plot_score_panels({"induction score": grid("induction"), "prefix-matching score":
+                                  grid("prefix_matching"), "previous-token score": grid("previous_token"),
+                                  "OV top-1 diagonal accuracy": grid("ov_top1")}, threshold=args.threshold)
+
     notes = [("induction", "attention from each token of the second copy of [BOS] + R + R (|R| = 50, 10 sequences) "
               f"to the token after its first occurrence; R from {pool}"),
              ("ind. ARENA", "ARENA 1.2's induction_attn_detector: the mean of the whole stripe, which adds two "
@@ -107,8 +121,7 @@ def run_heads(args, loaded) -> int:
               "(ARENA's diagonal accuracy); verdict 'copying' needs OV copying and top-1 over their thresholds, "
               "'OV-positive' means the eigenvalues pass but top-1 does not")]
     text_out = "\n".join([
-        table(["head", "induction", "ind. ARENA", "prefix-match", "prev-token", "copy behav.", "OV copying",
-               "OV top-1", "OV top-5", "verdict"], rows), "",
+        table(headers, rows), "",
         f"induction heads: {', '.join(obj['induction_heads']) or 'none'}; previous-token heads: "
         f"{', '.join(obj['previous_token_heads']) or 'none'}", ""]
         + [textwrap.fill(f"{k:<13} {v}", 110, subsequent_indent=" " * 14) for k, v in notes]
@@ -118,7 +131,7 @@ def run_heads(args, loaded) -> int:
 
         obj["corpus_warning"] = corpus_warning(training_corpus(model, loaded.folder), loaded.folder) or None
         text_out += f"\n\n{obj['corpus_warning']}" if obj["corpus_warning"] else ""
-    emit(args, obj, text_out)
+    emit(args, obj, text_out, table=(headers, rows), figure=figure)
     return 0
 
 
@@ -127,7 +140,7 @@ def _eigen_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
     p.add_argument("--eigenvalues", type=int, default=0, metavar="K",
                    help="also list each head's K largest full-OV eigenvalues (default 0)")
-    add_common(p)
+    add_common(p, figure=True, csv=True)
 
 
 def _eigen_check(args) -> None:
@@ -182,7 +195,8 @@ def run_eigen(args, loaded) -> int:
             rows.append([rec["head"], rec["ov_copying"], rec["ov_positive_fraction"], rec["qk_copying"],
                          rec["qk_positive_fraction"], rec["k_partner"], rec["k_same_matching"]])
     obj = {"model": loaded.name, "heads": heads}
-    lines = [table(["head", "OV copying", "OV λ>0", "QK copying", "QK λ>0", "K-comp partner", "K-comp QK same"], rows),
+    headers = ["head", "OV copying", "OV λ>0", "QK copying", "QK λ>0", "K-comp partner", "K-comp QK same"]
+    lines = [table(headers, rows),
              "", "OV copying = Σλ/Σ|λ| of the full OV circuit W_E W_V W_O W_U (+1: copies its source token; ≈ 0 for "
              "random). QK copying = Σλ/Σ|λ| of the direct-path QK circuit W_E W_Q W_Kᵀ W_Eᵀ (+1: attends to copies "
              "of the current token). K-comp QK same = Σλ/Σ|λ| of W_E W_QK (W_OV^partner)ᵀ W_Eᵀ with the earlier head "
@@ -193,7 +207,9 @@ def run_eigen(args, loaded) -> int:
         for r in heads:
             vals = ", ".join(f"{re:+.3g}{im:+.3g}j" for re, im in r["ov_eigenvalues"])
             lines.append(f"{r['head']}: {vals}")
-    emit(args, obj, "\n".join(lines))
+    from ..plots import plot_eigenvalues
+
+    emit(args, obj, "\n".join(lines), table=(headers, rows), figure=lambda: plot_eigenvalues(loaded.model))
     return 0
 
 
@@ -202,7 +218,7 @@ def _compose_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
     p.add_argument("--kind", choices=("q", "k", "v"), default="k", help="Q-, K- or V-composition (default k)")
     p.add_argument("--top", type=positive_int, default=10, help="list the N strongest pairs (default 10)")
-    add_common(p)
+    add_common(p, figure=True, csv=True)
 
 
 def run_compose(args, loaded) -> int:
@@ -237,7 +253,16 @@ def run_compose(args, loaded) -> int:
              "", f"strongest {len(obj['top'])} pairs:",
              table(["earlier", "later", "score", "score − baseline"],
                    [[t["earlier"], t["later"], t["score"], t["excess"]] for t in obj["top"]])]
-    emit(args, obj, "\n".join(lines))
+
+    def figure():
+        from ..plots import plot_composition
+        from ..two_layer import composition_study
+
+        return plot_composition(composition_study(loaded.model))
+
+    emit(args, obj, "\n".join(lines), figure=figure,
+         table=(["earlier", "later", "score", "score − baseline"],
+                [[head_label(*a), head_label(*b), s, s - base] for s, a, b in pairs]))
     return 0
 
 
@@ -249,7 +274,7 @@ def _paths_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", help="encoder-decoder models: a source text (with --target; default: held-out pairs)")
     p.add_argument("--target", help="encoder-decoder models: the target text whose tokens are scored")
     _text_arg(p, "the losses")
-    add_common(p)
+    add_common(p, figure=True, csv=True)
 
 
 def run_paths(args, loaded) -> int:
@@ -283,12 +308,19 @@ def run_paths(args, loaded) -> int:
            "top_terms": [{"term": n, "loss_increase": v} for n, v in top], "per_term": imp.per_term}
     rows = [["0 (direct path)" if k == 0 else f"≤ {k}", imp.n_terms[k], loss, imp.gains[k - 1] if k else None]
             for k, loss in enumerate(imp.losses)]
+    virtual = next((n for n in imp.per_term if "∘" in n), None)  # a two-head path, when the model has one
+    note = "" if virtual is None else (f"; {virtual} = virtual head: {virtual.split('∘')[-1]}'s output read by "
+                                       f"{virtual.split('∘')[-2]}")
     lines = [f"Term importance (attention patterns frozen) on {about}", "",
              table(["orders kept", "terms", "loss (nats)", "reduction"], rows),
              f"model loss {imp.model_loss:.4f} nats", "",
-             "largest single terms (loss increase when removed from the full expansion; L1H3∘L0H2 = virtual head):",
+             f"largest single terms (loss increase when removed from the full expansion{note}):",
              table(["term", "loss increase"], [[n, v] for n, v in top])]
-    emit(args, obj, "\n".join(lines))
+    from .figures import plot_term_importance
+
+    emit(args, obj, "\n".join(lines),
+         table=(["term", "loss increase"], sorted(([n, v] for n, v in imp.per_term.items()), key=lambda r: -r[1])),
+         figure=lambda: plot_term_importance(list(imp.losses), list(imp.n_terms), imp.model_loss, top, about))
     return 0
 
 
@@ -298,7 +330,7 @@ def _trigram_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", required=True, help="LAYER.HEAD (e.g. 0.3) or L0H3")
     p.add_argument("--top", type=positive_int, default=20, help="number of skip-trigrams (default 20)")
     p.add_argument("--bugs", action="store_true", help="also list the skip-trigram 'bugs' the factorisation implies")
-    add_common(p)
+    add_common(p, figure=True, csv=True)
 
 
 def run_trigrams(args, loaded) -> int:
@@ -316,19 +348,25 @@ def run_trigrams(args, loaded) -> int:
              "also": [o for o, _ in r.outs[1:]], "qk": r.qk, "ov": r.ov, "strength": r.strength, "ids": list(r.ids)}
             for r in t.rows]
     obj = {"model": loaded.name, "head": head_label(layer, head), "skip_trigrams": rows}
+    headers = ["skip-trigram", "also raised", "QK", "OV", "strength"]
+    cells = [[f"[{r['source']}] … [{r['destination']}] → [{r['out']}]", ", ".join(r["also"]), r["qk"], r["ov"],
+              r["strength"]] for r in rows]
     lines = [f"Skip-trigrams [source] … [destination] → [out] of {head_label(layer, head)} (from the full QK and OV "
              "circuits; QK: centred attention score of the destination for the source; OV: centred logit raise of the "
              "out)", "",
-             table(["skip-trigram", "also raised", "QK", "OV", "strength"],
-                   [[f"[{r['source']}] … [{r['destination']}] → [{r['out']}]", ", ".join(r["also"]), r["qk"], r["ov"],
-                     r["strength"]] for r in rows])]
+             table(headers, cells)]
     if args.bugs:
         bugs = skip_trigram_bugs(t)
         obj["bugs"] = [{"kind": b.kind, "source": b.source, "destination": b.destination, "outs": b.outs,
                         "crossed": b.crossed} for b in bugs]
         lines += ["", "skip-trigram bugs (crossed predictions the factorisation forces):"]
         lines += [f"  {b.kind}: " + "; ".join(b.crossed[:6]) for b in bugs] or ["  none among these trigrams"]
-    emit(args, obj, "\n".join(lines))
+    from .figures import plot_ranked_bars
+
+    emit(args, obj, "\n".join(lines), table=(headers, cells),
+         figure=lambda: plot_ranked_bars([c[0] for c in cells], [r["strength"] for r in rows],
+                                         "strength = relu(centred QK) · relu(centred OV)",
+                                         f"strongest skip-trigrams of {head_label(layer, head)} ({loaded.name})"))
     return 0
 
 

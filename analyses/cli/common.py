@@ -1,6 +1,7 @@
-"""Shared pieces of the `circuits` command line (`analyses.cli`): the `Command` record, `UsageError`, output, and
-the options every analysis subcommand takes (MODEL, `--config`, `--tokenizer`, `--json`, `--device`, `--seed`,
-`--threads`, `--no-progress`), model loading, head parsing and progress bars.
+"""Shared pieces of the `circuits` command line (`analyses.cli`): the `Command` record, `UsageError`, output
+(`emit`: text, `--json`, `--csv`, `--figure`), and the options of the grammar in docs/cli.md (MODEL, `--config`,
+`--tokenizer`; `--json`, `--device`, `--seed`, `--no-progress` on every command, `--threads`, `--figure`, `--csv`),
+model loading, head parsing and progress bars.
 
 Nothing here imports torch at module level: `circuits --help` must answer at once. Heavy imports happen inside
 the functions that need them.
@@ -46,6 +47,7 @@ class Command:
 
 def run_command(command: Command, args) -> int:
     """Run `command` on `args`: the one place a model is loaded for a command and a kind it does not serve refused."""
+    settle_figure(args, f"circuits {_command_name(args)}")
     if command.check is not None:
         code = command.check(args)
         if code is not None:
@@ -98,27 +100,102 @@ def warn(line: str) -> None:
         print(line, file=sys.stderr)
 
 
-def emit(args, obj: dict, text: str) -> None:
-    """Print `obj` as JSON with `--json`, else `text` (rank 0 only under `torchrun`)."""
+def emit(args, obj: dict, text: str, table: tuple[list[str], list[list]] | None = None,
+         figure: Callable[[], object] | None = None) -> None:
+    """A command's result: `--figure PATH` draws `figure()` (a matplotlib Figure of the main result) into PATH and
+    names it in the output; then `obj` is printed as JSON with `--json`, `table` (headers, rows) as CSV with `--csv`,
+    else `text` (rank 0 only under `torchrun`). A command given `--figure` / `--csv` without a figure / table to
+    show refuses in one line (a model kind it draws nothing for)."""
+    if getattr(args, "deprecated", None):
+        warn(args.deprecated)
+    path = getattr(args, "figure", None)
+    if path is not None:
+        if figure is None:
+            raise UsageError(f"--figure: `circuits {_command_name(args)}` draws no figure for this model")
+        if rank() == 0:
+            import matplotlib
+
+            matplotlib.use("Agg")  # figures go to files
+            save_figure(figure(), Path(path))
+        obj = dict(obj, figure=str(path))
+        text += f"\n\nwrote {path}"
+    if getattr(args, "csv", False) and table is None:
+        raise UsageError(f"--csv: `circuits {_command_name(args)}` prints no table for this model; use --json")
     if rank() != 0:
         return
     if getattr(args, "json", False):
         print(json.dumps(clean_json(obj), indent=2, default=_json_default))
+    elif getattr(args, "csv", False):
+        print(csv_text(*table), end="")
     else:
         print(text)
 
 
+def csv_text(headers: list[str], rows: list[list]) -> str:
+    """`rows` under `headers` as CSV (RFC 4180; numbers in full precision, None and NaN as empty cells)."""
+    import csv
+    import io
+
+    def cell(x):
+        if x is None or (isinstance(x, float) and not math.isfinite(x)):
+            return "" if x is None or math.isnan(x) else str(x)
+        return x
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(headers)
+    w.writerows([[cell(x) for x in r] for r in rows])
+    return buf.getvalue()
+
+
+def _command_name(args) -> str:
+    command = getattr(args, "_command", None)
+    sub = getattr(args, "sae_command", None)
+    return " ".join(x for x in (getattr(command, "name", None) or getattr(args, "command", "?"), sub) if x)
+
+
 # --- options ------------------------------------------------------------------------------------------
-def add_common(p: argparse.ArgumentParser, progress: bool = True) -> None:
-    """`--json`, `--device`, `--seed` (every subcommand), `--threads` and `--no-progress`."""
+def add_common(p: argparse.ArgumentParser, progress: bool = True, figure: bool = False, csv: bool = False,
+               legacy_png_out: bool = False) -> None:
+    """The options of the command-line grammar (docs/cli.md): `--json` (and `--csv` where the output is a table,
+    `figure`: `--figure PATH` where the command has a figure of its main result), `--device`, `--seed` and
+    `--no-progress` on every command; `--threads` where work runs (`progress`). `legacy_png_out`: the command took
+    `--out FIG.png` before `--figure` (kept for one release, with a deprecation line: `settle_figure`)."""
     g = p.add_argument_group("common options")
-    g.add_argument("--json", action="store_true", help="machine-readable output (JSON on stdout)")
+    fmt = g.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="machine-readable output (JSON on stdout)")
+    if csv:
+        fmt.add_argument("--csv", action="store_true", help="the main table as CSV on stdout")
+    if figure:
+        g.add_argument("--figure", metavar="PATH.png", help="also draw the main result into this PNG file")
+    if legacy_png_out:
+        g.add_argument("--out", dest="legacy_out", metavar="FIG.png", help=argparse.SUPPRESS)
     g.add_argument("--device", default="auto", help="auto (default: cuda, then mps, then cpu), cpu, cuda[:N], mps")
     g.add_argument("--seed", type=seed_int, default=0, help="seed of random probe tokens and sampling (default 0)")
     if progress:
         g.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default 1: these models are small and threads contend)")
-        g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def settle_figure(args, where: str) -> None:
+    """Before anything runs: `--figure PATH` checked (a .png in an existing folder). `--out FIG.png` where a command
+    took it before `--figure` (attention, patch, lens) is still read as `--figure FIG.png` for this release, with a
+    deprecation line on stderr when the command succeeds; `--out` that is no .png there is refused: `--out` names a
+    folder in every command."""
+    legacy = getattr(args, "legacy_out", None)
+    if legacy is not None:
+        if Path(legacy).suffix.lower() != ".png":
+            raise UsageError(f"--out {legacy}: `--out` names a folder, and `{where}` writes none; give --figure "
+                             "FIG.png for its figure")
+        if getattr(args, "figure", None) is not None:
+            raise UsageError("--out FIG.png is the deprecated spelling of --figure; give only --figure")
+        # said when the command succeeds (`emit`), so that bad input still gets its one line
+        args.deprecated = f"{where}: --out FIG.png is deprecated and will be refused in the next release; use " \
+                          f"--figure {legacy}"
+        args.figure, args.legacy_out = legacy, None
+    if getattr(args, "figure", None) is not None:
+        check_png_out(args.figure, "--figure")
 
 
 def add_model(p: argparse.ArgumentParser) -> None:
@@ -399,17 +476,17 @@ def table(headers: list[str], rows: list[list], digits: int = 3) -> str:
     return "\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells])
 
 
-def check_png_out(out: str | None) -> Path | None:
-    """`--out FIG.png` as a path whose folder exists (None when not given); a `UsageError` otherwise."""
+def check_png_out(out: str | None, option: str = "--figure") -> Path | None:
+    """`option FIG.png` as a path whose folder exists (None when not given); a `UsageError` otherwise."""
     if out is None:
         return None
     path = Path(out)
     if path.suffix.lower() != ".png":
-        raise UsageError(f"--out {out}: expected a .png file name")
+        raise UsageError(f"{option} {out}: expected a .png file name")
     if path.is_dir():
-        raise UsageError(f"--out {out} is a folder; give a .png file name")
+        raise UsageError(f"{option} {out} is a folder; give a .png file name")
     if not path.parent.is_dir():
-        raise UsageError(f"--out {out}: folder {path.parent} does not exist")
+        raise UsageError(f"{option} {out}: folder {path.parent} does not exist")
     return path
 
 

@@ -4,7 +4,7 @@ them with the loaded model). torch and the analyses are imported inside, as in t
 
 from __future__ import annotations
 
-from .common import UsageError, check_png_out, emit, parameter_counts, progress, save_figure, table
+from .common import UsageError, emit, parameter_counts, progress, table
 
 
 def refuse_decoder_option(args, option: str, instead: str) -> None:
@@ -89,7 +89,6 @@ def encdec_attention(args, loaded) -> int:
 
     from ..encdec_plots import plot_cross_patterns
 
-    out = check_png_out(args.out)
     refuse_decoder_option(args, "--text", "--source")
     model, cfg = loaded.model, loaded.model.cfg
     src = _source(model, args.source)
@@ -109,20 +108,22 @@ def encdec_attention(args, loaded) -> int:
     if heads:
         (layer, head), = heads
         pats = pats[layer : layer + 1, head : head + 1]
-    fig = plot_cross_patterns(pats, None, src_lab, tgt_lab, ylabel="decoder input (BOS first)")
-    if heads:
-        fig.axes[0].set_title(f"C{layer}H{head}", fontsize=9)
-    save_figure(fig, out)
+    def figure():
+        fig = plot_cross_patterns(pats, None, src_lab, tgt_lab, ylabel="decoder input (BOS first)")
+        if heads:
+            fig.axes[0].set_title(f"C{layer}H{head}", fontsize=9)
+        return fig
+
     chosen = heads or [(l, h) for l in range(cfg.n_decoder_layers) for h in range(cfg.n_heads)]
     full = torch.stack([cache[f"decoder.{layer}.cross_attn.hook_pattern"][0] for layer in range(cfg.n_decoder_layers)])
-    obj = {"out": str(out), "source": model.to_string_src(src[0]), "target_input": model.to_string_tgt(tgt[0]),
+    obj = {"source": model.to_string_src(src[0]), "target_input": model.to_string_tgt(tgt[0]),
            "heads": {f"C{l}H{h}": {"pattern": [[round(float(x), 5) for x in row] for row in full[l, h]],
                                    "argmax_source": full[l, h].argmax(-1).tolist()} for l, h in chosen}}
-    lines = [f"wrote {out} ({len(chosen)} cross-attention head(s), {src.shape[1]} source x {tgt.shape[1]} target "
-             "positions; rows: decoder inputs, BOS first)"]
+    lines = [f"cross-attention of {len(chosen)} head(s), {src.shape[1]} source x {tgt.shape[1]} target "
+             "positions (rows: decoder inputs, BOS first)"]
     for name, rec in obj["heads"].items():
         lines.append(f"  {name}: most-attended source position per decoder position {rec['argmax_source']}")
-    emit(args, obj, "\n".join(lines))
+    emit(args, obj, "\n".join(lines), figure=figure)
     return 0
 
 
@@ -208,8 +209,19 @@ def encdec_heads(args, loaded) -> int:
              "W_E_src W_V W_O W_U raises most / among the 5 most (ARENA's diagonal accuracy)",
              f"verdicts: alignment score ≥ {args.threshold}; 'copying' needs OV copying ≥ {args.threshold} and OV "
              f"top-1 ≥ {DIAGONAL_THRESHOLD}, 'OV-positive' the eigenvalues only"]
-    emit(args, obj, "\n".join([table(["head", "alignment", "OV copying", "OV top-1", "OV top-5", "verdict"], rows),
-                               ""] + notes))
+    headers = ["head", "alignment", "OV copying", "OV top-1", "OV top-5", "verdict"]
+
+    def figure():
+        import torch
+
+        from ..plots import plot_score_panels
+
+        grid = lambda key: torch.tensor([float("nan") if r[key] is None else r[key] for r in recs]).reshape(
+            cfg.n_decoder_layers, cfg.n_heads)
+        return plot_score_panels({"alignment score": grid("alignment"), "OV copying score": grid("ov_copying"),
+                                  "OV top-1 diagonal accuracy": grid("ov_top1")}, threshold=args.threshold)
+
+    emit(args, obj, "\n".join([table(headers, rows), ""] + notes), table=(headers, rows), figure=figure)
     return 0
 
 
@@ -235,10 +247,22 @@ def encdec_eigen(args, loaded) -> int:
                 recs.append(rec)
                 rows.append([rec["head"], rec["ov_copying"], rec["positive_fraction"]])
     obj = {"model": loaded.name, "model_type": "encoder_decoder", "heads": recs}
-    text = "\n".join([table(["head", "OV copying", "positive |λ| share"], rows), "",
+    headers = ["head", "OV copying", "positive |λ| share"]
+    text = "\n".join([table(headers, rows), "",
                       "C = cross-attention (W_E_src W_OV W_U), D = decoder self-attention (W_E_tgt W_OV W_U); "
                       "OV copying Σλ/Σ|λ|; positive |λ| share Σ_{Re λ>0}|λ| / Σ|λ|"])
-    emit(args, obj, text)
+
+    def figure():
+        import torch
+
+        from ..plots import plot_score_panels
+
+        L, H = model.cfg.n_decoder_layers, model.cfg.n_heads
+        grid = lambda tag: torch.tensor([r["positive_fraction"] for r in recs if r["head"][0] == tag]).reshape(L, H)
+        return plot_score_panels({"cross-attention: positive |λ| share": grid("C"),
+                                  "decoder self-attention: positive |λ| share": grid("D")}, threshold=None)
+
+    emit(args, obj, text, table=(headers, rows), figure=figure)
     return 0
 
 
@@ -275,5 +299,11 @@ def encdec_paths(args, loaded) -> int:
              "largest terms by their mean contribution to the correct next token's logit (centred over the target "
              "vocabulary); C0H1∘E0H0[src] = source tokens through encoder head E0H0, then cross-attention head C0H1:",
              table(["term", "heads", "correct logit"], [[n, exp.orders[n], v] for n, v in top])]
-    emit(args, obj, "\n".join(lines))
+    from .figures import plot_ranked_bars
+
+    emit(args, obj, "\n".join(lines),
+         table=(["term", "heads", "correct logit"], [[n, exp.orders[n], v] for n, v in contrib.items()]),
+         figure=lambda: plot_ranked_bars([n for n, _ in top], [v for _, v in top],
+                                         "mean contribution to the correct token's logit (centred)",
+                                         f"largest path terms of {loaded.name} on {about}"))
     return 0

@@ -16,7 +16,6 @@ from .common import (
     UsageError,
     add_common,
     add_model,
-    check_png_out,
     emit,
     parameter_counts,
     parse_head,
@@ -24,7 +23,6 @@ from .common import (
     progress,
     read_text_tokens,
     refuse_options,
-    save_figure,
     table,
     warn,
 )
@@ -33,7 +31,7 @@ from .common import (
 # --- info ---------------------------------------------------------------------------------------------
 def _info_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
-    add_common(p, progress=False)
+    add_common(p, progress=False, csv=True)
 
 
 def run_info(args, loaded) -> int:
@@ -72,7 +70,7 @@ def run_info(args, loaded) -> int:
     lines += ["", table(["component", "parameters"], [[k, v] for k, v in counts.items()])]
     lines += ["", f"{len(hooks)} hook points:"]
     lines += ["  " + h for h in hooks]
-    emit(args, obj, "\n".join(lines))
+    emit(args, obj, "\n".join(lines), table=(["component", "parameters"], [[k, v] for k, v in counts.items()]))
     return 0
 
 
@@ -180,18 +178,12 @@ def _attention_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", help="encoder-decoder models: the source text (cross-attention patterns are drawn)")
     p.add_argument("--target", help="encoder-decoder models: the target text (default: the greedy decoding)")
     p.add_argument("--head", help="LAYER.HEAD (e.g. 1.4) or L1H4 (C0H1: a cross-attention head); default: every head")
-    p.add_argument("--out", required=True, metavar="FILE.png", help="where to write the figure")
-    add_common(p)
-
-
-def _attention_check(args) -> None:
-    check_png_out(args.out)
+    add_common(p, figure=True, legacy_png_out=True)
 
 
 def run_attention(args, loaded) -> int:
     import torch
 
-    out = check_png_out(args.out)
     refuse_options(args, loaded, ("--source", "--target"), "--text")
     model, cfg = loaded.model, loaded.model.cfg
     heads = [parse_head(args.head, cfg)] if args.head is not None else None  # --head "" is an error too
@@ -218,10 +210,12 @@ def run_attention(args, loaded) -> int:
 
     from ..plots import plot_token_patterns
 
-    fig = plot_token_patterns([pat[l, h].numpy() for l, h in heads], labels, [head_label(l, h) for l, h in heads])
-    save_figure(fig, out)
-    lines = [f"wrote {out} ({len(heads)} head(s), {len(labels)} tokens)"]
-    obj = {"out": str(out), "tokens": list(model.to_str_tokens(tokens[0])), "text_tokens": n_text,
+    def figure():
+        return plot_token_patterns([pat[l, h].numpy() for l, h in heads], labels,
+                                   [head_label(l, h) for l, h in heads])
+
+    lines = [f"attention patterns of {len(heads)} head(s) on {len(labels)} tokens"]
+    obj = {"tokens": list(model.to_str_tokens(tokens[0])), "text_tokens": n_text,
            "dropped_tokens": n_text - tokens.shape[1], "heads": {}}
     for l, h in heads:
         p = pat[l, h]
@@ -232,7 +226,7 @@ def run_attention(args, loaded) -> int:
             lines.append("query token -> most-attended key token (weight)")
             lines += [f"  {q:>3} {labels[q]!r:<16} -> {k:>3} {labels[k]!r} ({float(p[q, k]):.2f})"
                       for q, k in enumerate(top)]
-    emit(args, obj, "\n".join(lines))
+    emit(args, obj, "\n".join(lines), figure=figure)
     return 0
 
 
@@ -302,8 +296,7 @@ COMMANDS = [
     Command("report", "full circuits report (markdown + PNG figures) of a model", _report_args,
             {DECODER: run_report, ENCODER: run_report, ENCODER_DECODER: run_report}, check=_report_check),
     Command("attention", "plot attention patterns on a text", _attention_args,
-            {DECODER: run_attention, ENCODER: run_attention, ENCODER_DECODER: encdec_cli.encdec_attention},
-            check=_attention_check),
+            {DECODER: run_attention, ENCODER: run_attention, ENCODER_DECODER: encdec_cli.encdec_attention}),
     Command("generate", "sample a continuation of a prompt", _generate_args,
             {DECODER: run_generate, ENCODER_DECODER: encdec_cli.encdec_generate}, check=_generate_check,
             why={ENCODER: "a masked-language model fills masked positions; it does not continue a prompt"}),

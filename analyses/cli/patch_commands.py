@@ -12,20 +12,14 @@ from .common import (
     UsageError,
     add_common,
     add_model,
-    check_png_out,
     emit,
     need_layers,
     progress,
-    save_figure,
     table,
 )
 
 WHAT = ("resid", "heads", "paths")
 METRIC_NAMES = {"logit-diff": "logit_diff", "loss": "loss", "prob": "prob"}
-
-
-def _out_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", metavar="FIG.png", help="also write the figure to this PNG file")
 
 
 #: why an encoder–decoder is refused
@@ -62,8 +56,7 @@ def _patch_args(p: argparse.ArgumentParser) -> None:
                         "noising: the reverse (default for paths, as in Wang et al. 2022)")
     p.add_argument("--pos", type=int, default=-1, help="position whose next-token prediction is read (default -1)")
     p.add_argument("--top", type=int, default=12, help="cells to list (default 12)")
-    _out_arg(p)
-    add_common(p)
+    add_common(p, figure=True, csv=True, legacy_png_out=True)
 
 
 def _ids(text: str) -> int | str:
@@ -71,7 +64,6 @@ def _ids(text: str) -> int | str:
 
 
 def _patch_check(args) -> None:
-    check_png_out(args.out)
     if args.top < 1:
         raise UsageError(f"--top must be >= 1, got {args.top}")
 
@@ -82,7 +74,6 @@ def run_patch(args, loaded) -> int:
     from ..patching import activation_patching, answers, metric, path_patching_matrix, plot_patching
     from ..patching.inputs import prompt_tokens, token_pair
 
-    out = check_png_out(args.out)
     loaded = _text_model(args, loaded)
     model = loaded.model
     clean, corrupt = token_pair(model, prompt_tokens(model, args.clean, "--clean"), prompt_tokens(model, args.corrupt,
@@ -120,15 +111,13 @@ def run_patch(args, loaded) -> int:
         L, H = shares["z"].shape
         rows = [[f"L{l}H{h}"] + [float(shares[k][l, h]) for k in kinds] for l in range(L) for h in range(H)]
         rows.sort(key=lambda r: -max(abs(v) for v in r[1:]))
-        lines.append(table(["head", "output (z)", "query", "key", "value", "pattern"], rows[: args.top]))
+        headers = ["head", "output (z)", "query", "key", "value", "pattern"]
     else:
-        lines.append(table(["patched", f"{name} (patched)", "share"], [list(t) for t in first.top(args.top)]))
-    if out is not None:
-        figure = results[0] if args.what != "heads" else _stack_heads(results)
-        save_figure(plot_patching(figure), out)
-        obj["out"] = str(out)
-        lines += ["", f"wrote {out}"]
-    emit(args, obj, "\n".join(lines))
+        headers = ["patched", f"{name} (patched)", "share"]
+        rows = [list(t) for t in first.top(first.share().numel())]
+    lines.append(table(headers, rows[: args.top]))
+    shown = results[0] if args.what != "heads" else _stack_heads(results)
+    emit(args, obj, "\n".join(lines), table=(headers, rows), figure=lambda: plot_patching(shown))
     return 0
 
 
@@ -149,12 +138,10 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
     p.add_argument("--text", required=True, help="the text to read (tokenized with the model's tokenizer)")
     p.add_argument("--top", type=int, default=3, help="top predictions kept per layer and position (default 3)")
-    _out_arg(p)
-    add_common(p)
+    add_common(p, figure=True, csv=True, legacy_png_out=True)
 
 
 def _lens_check(args) -> None:
-    check_png_out(args.out)
     if args.top < 1:
         raise UsageError(f"--top must be >= 1, got {args.top}")
     if not args.text:
@@ -165,7 +152,6 @@ def run_lens(args, loaded) -> int:
     from ..patching import logit_lens, plot_logit_lens
     from ..util import token_str
 
-    out = check_png_out(args.out)
     loaded = _text_model(args, loaded)
     bar = progress(args, 1, f"lens {loaded.name}")
     lens = logit_lens(loaded.model, args.text, top_k=min(args.top, loaded.model.cfg.d_vocab))
@@ -183,11 +169,11 @@ def run_lens(args, loaded) -> int:
              "the unembedding. Each cell: top prediction, its probability | probability of the actual next token.",
              "", table(["pos", "token", "next"] + lens.labels, rows)]
     obj = {"model": loaded.name, **lens.to_dict()}
-    if out is not None:
-        save_figure(plot_logit_lens(lens), out)
-        obj["out"] = str(out)
-        lines += ["", f"wrote {out}"]
-    emit(args, obj, "\n".join(lines))
+    long = [[p, show(lens.tokens[p]), show(lens.tokens[p + 1]), label, show(lens.top_ids[e, p, 0]),
+             float(lens.top_probs[e, p, 0]), float(lens.next_prob[e, p])]
+            for p in range(len(lens.tokens) - 1) for e, label in enumerate(lens.labels)]
+    emit(args, obj, "\n".join(lines), figure=lambda: plot_logit_lens(lens),
+         table=(["pos", "token", "next", "layer", "top prediction", "top probability", "next-token probability"], long))
     return 0
 
 

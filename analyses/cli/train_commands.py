@@ -14,6 +14,7 @@ from .common import (
     read_json_object,
     resolve_device,
     seed_int,
+    table,
 )
 
 
@@ -26,7 +27,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                      "models")
     p.add_argument("--train-config", help="training settings JSON over the preset's (models.training.loop.TrainConfig "
                    "fields); a file, or inline text starting with {")
-    p.add_argument("--out", required=True, help="output folder: model, metrics.jsonl, checkpoints/, card. Must be new, "
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output folder: model, metrics.jsonl, checkpoints/, card. Must be new, "
                    "empty or an earlier run of the same kind (a folder of other files, or a seed sweep's member, is "
                    "refused, exit 2; files you add to a run folder are kept); locked while training (a second run on "
                    "it exits 2); a link trains into its target")
@@ -173,17 +175,19 @@ def _run_sweep(args, model_cfg, cfg, eval_fn, tok, command, name, about, corpus,
 
 # --- zoo ----------------------------------------------------------------------------------------------
 def _zoo_args(p: argparse.ArgumentParser) -> None:
-    add_common(p, progress=False)  # --json, and --device/--seed, accepted everywhere (no effect here)
+    add_common(p, progress=False, csv=True)  # --device/--seed/--no-progress accepted everywhere (no effect here)
 
 
 def run_zoo(args) -> int:
     from models.io.checkpoint import zoo_cards
 
     cards = zoo_cards()
-    lines = [f"{c['name']:<14} {c['n_layers']}L x {c['n_heads']}H d_model={c['d_model']} "
-             f"{'attn-only' if c['attn_only'] else 'mlp'} {c['positions']}  val loss "
-             f"{c['val_loss'] if c['val_loss'] is None else round(c['val_loss'], 3)}  {c['about']}" for c in cards]
-    emit(args, {"models": cards}, "\n".join(lines) or "(no zoo models)")
+    headers = ["name", "layers", "heads", "d_model", "kind", "positions", "val loss", "about"]
+    rows = [[c["name"], str(c["n_layers"]), c["n_heads"], c["d_model"], "attn-only" if c["attn_only"] else "mlp",
+             c["positions"], c["val_loss"], c["about"]] for c in cards]
+    # validation losses to 4 significant digits: the encoder-decoders' 8.35e-06 is no 0.000
+    shown = [r[:6] + [None if r[6] is None else f"{r[6]:.4g}"] + r[7:] for r in rows]
+    emit(args, {"models": cards}, table(headers, shown) if cards else "(no zoo models)", table=(headers, rows))
     return 0
 
 
@@ -194,19 +198,25 @@ SWEEP_OUTPUTS = ("sweep.json", "sweep.md", "sweep.png")
 def _sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", help="a seed-sweep folder (`circuits train --seeds ... --out OUT`); an unfinished or "
                    "running sweep is read up to its newest checkpoint")
-    p.add_argument("--out", help="also write sweep.json (the sweep's record with this analysis under 'analysis'), "
+    p.add_argument("--out", metavar="DIR",
+                   help="also write sweep.json (the sweep's record with this analysis under 'analysis'), "
                    "sweep.md (the report section) and sweep.png (the figure) into this folder; it must be new or hold "
                    "only those files")
     p.add_argument("--no-copying", action="store_true", help="skip the OV copying scores (which load each seed's "
                    "weights)")
-    p.add_argument("--json", action="store_true", help="print the analysis as JSON")
+    add_common(p, progress=False, figure=True, csv=True)  # --device/--seed: no effect (nothing random, on the CPU)
 
 
 def run_sweep(args) -> int:
     from pathlib import Path
 
+    from ..sweep import SUMMARISED, plot_sweep
+
     s, text = write_sweep(Path(args.sweep), None if args.out is None else Path(args.out), copying=not args.no_copying)
-    emit(args, s, text + (f"\nwrote {', '.join(SWEEP_OUTPUTS)} → {args.out}" if args.out else ""))
+    headers = ["seed", "status", *SUMMARISED]
+    rows = [[r.get(k) for k in headers] for r in s["seeds"]]
+    emit(args, s, text + (f"\nwrote {', '.join(SWEEP_OUTPUTS)} → {args.out}" if args.out else ""),
+         table=(headers, rows), figure=lambda: plot_sweep(s))
     return 0
 
 

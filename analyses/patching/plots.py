@@ -168,6 +168,7 @@ def plot_logit_lens(lens, title: str | None = None, max_pos: int = 48):
     fig.colorbar(im, ax=ax, label="probability of the actual next token")
     through = (f"the final norm ({lens.final_norm}) and W_U" if lens.final_norm else
                "W_U (this model has no final norm)")
-    ax.set_title(title or f"Logit lens: each row reads the residual stream there through {through}", fontsize=10)
+    title = title or f"Logit lens: each row reads the residual stream there through {through}"
+    ax.set_title(textwrap.fill(title, max(40, int(10 * fig.get_figwidth()))), fontsize=10)  # within the figure
     return fig
 

@@ -72,7 +72,7 @@ MODEL_COMMANDS = (
     ("compose", "{root}/model"),
     ("paths", "{root}/model"),
     ("trigrams", "{root}/model", "--head", "0.0"),
-    ("attention", "{root}/model", "--text", "hello", "--out", "{out}.png"),
+    ("attention", "{root}/model", "--text", "hello", "--figure", "{out}.png"),
     ("generate", "{root}/model", "--prompt", "hello", "--max-new-tokens", "2"),
     ("report", "{root}/model", "--out", "{out}", "--sections", "overview"),
     ("patch", "{root}/model", "--clean", "the fox", "--corrupt", "the dog", "--answer", " world"),

@@ -112,13 +112,17 @@ def train_sae(model, hook_name: str, tokens: torch.Tensor, steps: int = 1000, ex
                                    train_batch_size_samples=int(batch_size), lr=float(lr), lr_end=float(lr) / 10,
                                    lr_warm_up_steps=0,
                                    lr_decay_steps=max(int(steps) // 5, 1), lr_scheduler_name="constant",
-                                   device=str(model.W_E.device), n_batches_for_norm_estimate=8,
+                                   device=str(model.W_E.device), n_batches_for_norm_estimate=NORM_BATCHES,
                                    dead_feature_window=max(int(steps) // 2, 1),
                                    feature_sampling_window=max(int(steps), 1),
                                    logger=LoggingConfig(log_to_wandb=False))
     t0 = time.perf_counter()
-    with _quiet_progress(progress):
-        trained = SAETrainer(trainer_cfg, sae, source).fit()
+    bar = _batch_bar(int(steps) + NORM_BATCHES, progress)
+    try:
+        with _quiet_progress(False):  # SAELens' bars off: ours counts the batches
+            trained = SAETrainer(trainer_cfg, sae, _Counted(source, bar)).fit()
+    finally:
+        bar.close()
     seconds = time.perf_counter() - t0
     with tempfile_dir() as tmp:  # SAELens' own inference conversion: save as inference, load as SAE
         trained.save_inference_model(tmp)
@@ -137,6 +141,38 @@ def tempfile_dir():
 
     with tempfile.TemporaryDirectory(prefix="toy-circuits-sae-") as d:
         yield Path(d)
+
+
+#: Batches SAELens draws to estimate the activations' mean norm before training (`n_batches_for_norm_estimate`).
+NORM_BATCHES = 8
+
+
+def _batch_bar(total: int, show: bool):
+    """The progress bar of `train_sae` on stderr: one tick per batch of activations (hidden when `show` is False,
+    and for runs shorter than half a second)."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="sae train", unit="batch", file=sys.stderr, delay=0.5, leave=False,
+                disable=not show)
+
+
+class _Counted:
+    """The activation source, ticking `bar` for each batch SAELens draws from it. SAELens' own bar moves once every
+    100 steps (a short run shows 0 % throughout), and beside its nested norm-estimate bar it writes cursor-up
+    escapes (`ESC[A`) into a log; so its bars stay off and this one counts."""
+
+    def __init__(self, source: ActivationSource, bar):
+        self.source, self.bar = source, bar
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        out = next(self.source)
+        self.bar.update()
+        return out
 
 
 @contextlib.contextmanager

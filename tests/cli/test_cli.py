@@ -195,7 +195,7 @@ def test_trigrams(models_dir):
 
 def test_attention(models_dir, tmp_path):
     png = tmp_path / "all.png"
-    out = ok_json("attention", models_dir / "tiny", "--text", "abcabc", "--out", png)
+    out = ok_json("attention", models_dir / "tiny", "--text", "abcabc", "--figure", png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out["tokens"][0] == "<|bos|>" and len(out["tokens"]) == 7
     assert set(out["heads"]) == {"L0H0", "L0H1", "L1H0", "L1H1"}
@@ -229,7 +229,7 @@ TEXT_RUNS = {
     "compose": (["{tiny}", "--kind", "v"], "V-composition"),
     "paths": (["{tiny}", "--windows", "2", "--text-file", str(TEXT)], "L1H1∘L0H0"),
     "trigrams": (["{tiny}", "--head", "L0H1", "--top", "5", "--bugs"], "skip-trigram bugs"),
-    "attention": (["{tiny}", "--text", "abcabc", "--head", "1.0", "--out", "{tmp}/p.png"], "most-attended"),
+    "attention": (["{tiny}", "--text", "abcabc", "--head", "1.0", "--figure", "{tmp}/p.png"], "most-attended"),
     "generate": (["{tiny}", "--prompt", "def ", "--max-new-tokens", "4", "--temperature", "0"], "def "),
     "report": (["{tiny}", "--out", "{tmp}/r", "--sections", "overview", "--text-file", str(TEXT)], "wrote "),
 }
@@ -275,9 +275,9 @@ def test_argparse_errors_are_one_line():
     (["paths", "{dir}/mlp"], "attention-only"),
     (["compose", "{dir}/mlp"], "at least 2 attention layer"),
     (["heads", "{tiny}", "--text-file", "{tmp}/none.txt"], "cannot read --text-file"),
-    (["attention", "{tiny}", "--text", "ab", "--head", "one", "--out", "{tmp}/x.png"], "expected LAYER.HEAD"),
-    (["attention", "{tiny}", "--text", "ab", "--out", "{tmp}/no/x.png"], "does not exist"),
-    (["attention", "{tiny}.pth", "--config", "{tiny}_config.json", "--text", "ab", "--out", "{tmp}/x.png"],
+    (["attention", "{tiny}", "--text", "ab", "--head", "one", "--figure", "{tmp}/x.png"], "expected LAYER.HEAD"),
+    (["attention", "{tiny}", "--text", "ab", "--figure", "{tmp}/no/x.png"], "does not exist"),
+    (["attention", "{tiny}.pth", "--config", "{tiny}_config.json", "--text", "ab", "--figure", "{tmp}/x.png"],
      "no tokenizer"),
     (["report", "{tiny}", "--out", "{tmp}/r", "--sections", "bogus"], "unknown section(s) bogus"),
     (["generate", "{tiny}", "--prompt", "x", "--top-p", "2"], "--top-p must be in (0, 1]"),

@@ -94,7 +94,7 @@ def test_generate_long_prompt_continues_from_its_end(tiny, capsys):
 
 
 def test_attention_long_text_shows_its_end(tiny, tmp_path, capsys):
-    r = main("attention", tiny, "--text", LONG, "--head", "1.0", "--out", tmp_path / "a.png", "--json",
+    r = main("attention", tiny, "--text", LONG, "--head", "1.0", "--figure", tmp_path / "a.png", "--json",
              "--no-progress", capsys=capsys)
     one_line(r, 0, "showing its last 64")
     out = json.loads(r.stdout)
@@ -132,7 +132,7 @@ def test_train_accepts_device_in_capitals(tmp_path, capsys):
 def test_invalid_utf8_prompt_and_text(tiny, tmp_path, capsys):
     one_line(circuits("generate", tiny, "--prompt", b"ab\xff"), 2, "--prompt is not valid UTF-8 (byte 0xff")
     # argv bytes that are not UTF-8 reach Python surrogate-escaped: "\udcc3" is the byte 0xc3
-    one_line(main("attention", tiny, "--text", "\udcc3(", "--out", tmp_path / "a.png", capsys=capsys), 2,
+    one_line(main("attention", tiny, "--text", "\udcc3(", "--figure", tmp_path / "a.png", capsys=capsys), 2,
              "--text is not valid UTF-8 (byte 0xc3")
     one_line(main("patch", tiny, "--clean", "ab", "--corrupt", "a\udcff", "--answer", "c", capsys=capsys), 2,
              "--corrupt is not valid UTF-8 (byte 0xff at character 1)")

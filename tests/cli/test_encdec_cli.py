@@ -57,7 +57,7 @@ def test_eigen_attention_report_beam_and_more_refusals(tmp_path):
     assert all(len(h["eigenvalues"]) == 3 for h in eig["heads"])
     beam = json.loads(ok("generate", M, "--source", "abcdefgh", "--beams", "3", "--json"))
     assert beam["method"] == "beam" and beam["samples"][0]["text"] == "hgfedcba"
-    att = json.loads(ok("attention", M, "--source", "abcdefgh", "--head", "C0H1", "--out", tmp_path / "a.png",
+    att = json.loads(ok("attention", M, "--source", "abcdefgh", "--head", "C0H1", "--figure", tmp_path / "a.png",
                         "--json"))
     assert att["heads"]["C0H1"]["argmax_source"][:8] == [7, 6, 5, 4, 3, 2, 1, 0]
     assert (tmp_path / "a.png").stat().st_size > 1000
@@ -65,8 +65,8 @@ def test_eigen_attention_report_beam_and_more_refusals(tmp_path):
     assert rep["sections"] == ["alignment", "cross_copying"] and rep["failed"] == {}
     refused("trigrams", M, "--head", "0.0", words=("`circuits trigrams` serves",))
     refused("lens", M, "--text", "ab", words=("`circuits lens` serves",))
-    refused("attention", M, "--text", "ab", "--out", tmp_path / "b.png", words=("--source",))
-    refused("attention", M, "--source", "abcdefghij", "--out", tmp_path / "b.png", words=("n_ctx_src=8",))
+    refused("attention", M, "--text", "ab", "--figure", tmp_path / "b.png", words=("--source",))
+    refused("attention", M, "--source", "abcdefghij", "--figure", tmp_path / "b.png", words=("n_ctx_src=8",))
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ def _model_commands():
 #: the arguments each command needs besides MODEL to get past argparse (its refusal must come before their use)
 EXTRA = {"trigrams": ["--head", "0.0"], "patch": ["--clean", "a", "--corrupt", "b", "--answer", "a"],
          "lens": ["--text", "ab"], "generate": ["--prompt", "ab"], "report": ["--out", "{tmp}/r"],
-         "attention": ["--text", "ab", "--out", "{tmp}/a.png"], "sae": None}
+         "attention": ["--text", "ab", "--figure", "{tmp}/a.png"], "sae": None}
 
 
 def test_every_command_declares_the_kinds_it_serves():

@@ -46,7 +46,7 @@ def test_patch_heads_json_matches_the_library(tmp_path):
 
     out = tmp_path / "heads.png"
     obj = run_json("patch", "attn-only-2l", "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", " b", "--wrong", " c",
-                   "--out", out)
+                   "--figure", out)
     assert obj["metric"] == "logit_diff" and obj["direction"] == "denoising" and obj["clean"] > obj["corrupt"]
     assert set(obj["results"]) == {"z", "q", "k", "v", "pattern"}
     assert out.stat().st_size > 10_000 and not list(tmp_path.glob(".heads-*"))  # written, no temp file left
@@ -68,7 +68,7 @@ def test_patch_resid_and_paths(what):
 
 def test_lens(tmp_path):
     out = tmp_path / "lens.png"
-    obj = run_json("lens", "attn-only-2l", "--text", "def f(x):\n    return x\n", "--top", "2", "--out", out)
+    obj = run_json("lens", "attn-only-2l", "--text", "def f(x):\n    return x\n", "--top", "2", "--figure", out)
     assert obj["labels"] == ["0_pre", "1_pre", "final_post"] and out.is_file()
     assert len(obj["next_token_prob"][0]) == len(obj["tokens"]) - 1 and len(obj["top_ids"][0][0]) == 2
 
@@ -77,7 +77,7 @@ def test_lens(tmp_path):
 def test_help(command):
     r = run_subprocess(command, "--help")
     assert r.returncode == 0 and f"usage: circuits {command}" in r.stdout
-    for opt in ("--json", "--device", "--seed", "--out"):
+    for opt in ("--json", "--device", "--seed", "--figure", "--csv"):
         assert opt in r.stdout
 
 
@@ -87,7 +87,7 @@ BAD = [
     (["patch", "attn-only-2l", "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", " b", "--metric", "logit-diff"],
      "needs a wrong answer"),
     (["patch", "attn-only-2l", "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", " b", "--pos", "99"], "--pos 99"),
-    (["patch", "attn-only-2l", "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", " b", "--out", "fig.jpg"], ".png"),
+    (["patch", "attn-only-2l", "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", " b", "--figure", "f.jpg"], ".png"),
     (["patch", "attn-only-1l", "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", " b", "--what", "paths"],
      "at least 2 attention layer"),
     (["patch", "attn-only-2l", "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", "9999"], "out of range"),

@@ -21,7 +21,7 @@ from models.data.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 ANALYSIS = ["info", "report", "heads", "eigen", "compose", "paths", "trigrams", "attention", "generate"]
-REQUIRED = {"report": ["--out", "{d}/r"], "trigrams": ["--head", "0.0"], "attention": ["--text", "ab", "--out",
+REQUIRED = {"report": ["--out", "{d}/r"], "trigrams": ["--head", "0.0"], "attention": ["--text", "ab", "--figure",
             "{d}/x.png"], "generate": ["--prompt", "ab", "--max-new-tokens", "2"]}
 
 
@@ -98,7 +98,7 @@ def test_bad_models(d, command, model, extra, match):
                                         ("1.5.2", "expected LAYER.HEAD"), ("-1.0", "out of range"),
                                         ("L9H0", "out of range"), ("", "expected LAYER.HEAD")])
 def test_bad_heads(d, command, head, match):
-    argv = [command, "{d}/tiny", "--head", head] + (["--text", "ab", "--out", "{d}/x.png"] if command == "attention"
+    argv = [command, "{d}/tiny", "--head", head] + (["--text", "ab", "--figure", "{d}/x.png"] if command == "attention"
                                                    else [])
     assert_usage_error(fill(argv, d), match)
 
@@ -116,9 +116,9 @@ def test_bad_heads(d, command, head, match):
     (["eigen", "{d}/tiny", "--eigenvalues", "-3"], "--eigenvalues must be >= 0"),
     (["heads", "{d}/tiny", "--threshold", "nan"], "--threshold must be a finite number"),
     (["heads", "{d}/tiny", "--threshold", "x"], "--threshold"),
-    (["attention", "{d}/tiny", "--text", "", "--out", "{d}/x.png"], "--text is empty"),
-    (["attention", "{d}/tiny", "--text", "ab", "--out", "{d}/x.jpg"], "expected a .png"),
-    (["attention", "{d}/tiny", "--text", "ab", "--out", "{d}/no/x.png"], "does not exist"),
+    (["attention", "{d}/tiny", "--text", "", "--figure", "{d}/x.png"], "--text is empty"),
+    (["attention", "{d}/tiny", "--text", "ab", "--figure", "{d}/x.jpg"], "expected a .png"),
+    (["attention", "{d}/tiny", "--text", "ab", "--figure", "{d}/no/x.png"], "does not exist"),
     (["generate", "{d}/tiny", "--prompt", ""], "--prompt is empty"),
     (["generate", "{d}/tiny", "--prompt", "a", "--temperature", "nan"], "--temperature must be a number >= 0"),
     (["generate", "{d}/tiny", "--prompt", "a", "--temperature", "-1"], "--temperature must be a number >= 0"),
@@ -149,7 +149,7 @@ def test_bad_options(d, argv, match):
 def test_nothing_written_by_failed_commands(d):
     before = sorted(p.name for p in d.iterdir())
     run_cli(fill(["report", "no-such-model", "--out", "{d}/never"], d))
-    run_cli(fill(["attention", "{d}/tiny", "--text", "", "--out", "{d}/never.png"], d))
+    run_cli(fill(["attention", "{d}/tiny", "--text", "", "--figure", "{d}/never.png"], d))
     assert sorted(p.name for p in d.iterdir()) == before
 
 

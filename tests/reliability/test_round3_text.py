@@ -90,7 +90,7 @@ def _last_window_ids(path) -> list[int]:
 def test_every_command_reads_long_text_from_its_end_or_refuses(case, tiny, tmp_path, capsys):
     model_spec, argv, code = CLI_CASES[case]
     model_arg = tiny if model_spec == "tiny" else model_spec
-    extra = ["--out", tmp_path / "a.png"] if case[0] == "attention" else []
+    extra = ["--figure", tmp_path / "a.png"] if case[0] == "attention" else []
     r = _main(capsys, case[0], model_arg, *argv, *extra, "--no-progress")
     lines = _lines(r)
     assert r.returncode == code, r.stderr

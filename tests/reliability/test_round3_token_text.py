@@ -125,7 +125,7 @@ def test_report_html_has_only_its_own_tags_and_escaped_script_data(report):
 @pytest.mark.parametrize("argv", [
     ["trigrams", "--head", "0.0", "--bugs"],
     pytest.param(["lens", "--text", SEP.join(HOSTILE)], marks=pytest.mark.tl4),  # TransformerLens' lens: 4.x
-    ["attention", "--text", SEP.join(HOSTILE), "--head", "0.0", "--out", "{tmp}/a.png"],
+    ["attention", "--text", SEP.join(HOSTILE), "--head", "0.0", "--figure", "{tmp}/a.png"],
 ], ids=["trigrams", "lens", "attention"])
 def test_the_terminal_gets_no_control_bytes(hostile, tmp_path, argv, capsys):
     from analyses import cli
