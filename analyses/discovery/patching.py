@@ -69,7 +69,8 @@ class EdgePatcher:
     """Edge patching of one model on clean/corrupted prompt pairs (see the module docstring).
 
     `run(removed)` takes a bool `[n_sets, n_edges]` (True: the edge is removed) and returns the logits
-    `[n_sets, batch, pos, d_vocab]`; `forwards` counts the model calls and `rows` the prompt rows they ran."""
+    `[n_sets, batch, pos, d_vocab]`; `forwards` / `backwards` count the model's forward and backward passes (the
+    methods add theirs) and `rows` the prompt rows the forward passes ran."""
 
     def __init__(self, model, clean, corrupt, ablation: str = "corrupt", graph: EdgeGraph | None = None):
         _check_model(model)
@@ -80,7 +81,7 @@ class EdgePatcher:
         self.graph = edge_graph(model) if graph is None else graph
         cfg = model.cfg
         self.query_key_positions = bool(cfg.positions.table) and cfg.positions.adds_to == "query_key"
-        self.forwards = self.rows = 0
+        self.forwards = self.backwards = self.rows = 0
         self._layout()
         with torch.no_grad():
             ablated = self.sender_outputs(self.corrupt if ablation == "corrupt" else self.clean)
