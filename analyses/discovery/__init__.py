@@ -14,7 +14,7 @@ pins an older torch; the edge patching is its mask-on-the-batch-axis idea in pla
 
 from .acdc import ACDC_METRICS, acdc, kl_divergence, task_damage
 from .attribution import eap_score, edge_scores, integrated_gradient_points
-from .faithfulness import faithfulness_curve, normalized_recovery, subgraph_faithfulness
+from .faithfulness import faithfulness_curve, normalized_recovery, single_edge_effects, subgraph_faithfulness
 from .methods import DEFAULT_TARGET, DEFAULT_TAU, METHODS, discover
 from .patching import ABLATIONS, EdgePatcher, patch_edges, run_subgraph
 from .result import DiscoveryResult
@@ -22,7 +22,8 @@ from .tasks import TASKS, DiscoveryTask, discovery_task, induction_task, user_ta
 
 __all__ = [
     "ACDC_METRICS", "acdc", "kl_divergence", "task_damage", "eap_score", "edge_scores", "integrated_gradient_points",
-    "faithfulness_curve", "normalized_recovery", "subgraph_faithfulness", "DEFAULT_TARGET", "DEFAULT_TAU", "METHODS",
+    "faithfulness_curve", "normalized_recovery", "single_edge_effects", "subgraph_faithfulness",
+    "DEFAULT_TARGET", "DEFAULT_TAU", "METHODS",
     "discover", "ABLATIONS", "EdgePatcher", "patch_edges", "run_subgraph", "DiscoveryResult", "TASKS",
     "DiscoveryTask", "discovery_task", "induction_task", "user_task",
 ]

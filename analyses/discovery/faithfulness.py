@@ -65,11 +65,20 @@ def faithfulness_curve(patcher, task, order: list[int], ks: list[int] | None = N
             "full": full, "empty": empty}
 
 
+def single_edge_effects(patcher, task) -> torch.Tensor:
+    """m(G ∖ e) − m(G) for every edge e alone, by exact edge patching (the quantity EAP estimates to first order),
+    `[n_edges]` float64: one batched run of n_edges + 1 edge sets."""
+    n = len(patcher.graph)
+    v = set_values(patcher, task, torch.cat([torch.zeros(1, n, dtype=torch.bool), torch.eye(n, dtype=torch.bool)]))
+    return v[1:] - v[0]
+
+
 def subgraph_faithfulness(patcher, task, kept: torch.Tensor, full: float, empty: float) -> tuple[float, float]:
     """`(F(C), F(G ∖ C))` of the subgraph `kept` (bool `[n_edges]`)."""
     v = set_values(patcher, task, torch.stack([~kept, kept]))
     return normalized_recovery(float(v[0]), full, empty), normalized_recovery(float(v[1]), full, empty)
 
 
-__all__ = ["curve_ks", "faithfulness_curve", "normalized_recovery", "set_values", "subgraph_faithfulness",
+__all__ = ["curve_ks", "faithfulness_curve", "normalized_recovery", "set_values", "single_edge_effects",
+           "subgraph_faithfulness",
            "top_k_masks"]
