@@ -78,7 +78,7 @@ def edge_scores(patcher: EdgePatcher, task, steps: int | None = None) -> torch.T
             continue
         names = [patcher.sender_names[s] for s in senders]
         diff = torch.stack([patcher.ablated[s] - clean[s] for s in names], 2).repeat(n, 1, 1, 1)
-        s = eap_score(diff.double(), grads[hook].double())  # [S, width]
+        s = eap_score(diff.double(), grads[hook].double()).cpu()  # [S, width]
         ok = index >= 0
         scores[index[ok]] = s[ok]
     return scores

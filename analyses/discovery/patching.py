@@ -170,7 +170,7 @@ class EdgePatcher:
             senders, index = self.hooks[hook.name]
             if not senders:
                 return x
-            c = coef[:, index].to(x.dtype)  # [E, S, width]; index −1 → the appended zero column
+            c = coef[:, index].to(device=x.device, dtype=x.dtype)  # [E, S, width]; index −1 → the appended zero column
             diff = torch.stack([ablated[self.sender_names[s]] - current[self.sender_names[s]] for s in senders], 2)
             diff = diff.reshape(E, N, P, len(senders), -1)
             if x.ndim == 4:  # per-head inputs [rows, pos, head, d_model]
