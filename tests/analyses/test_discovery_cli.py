@@ -19,6 +19,7 @@ def _run(capsys, *argv):
 
 def test_a_run_writes_its_folder_and_agrees_with_the_library(capsys, tmp_path):
     import matplotlib.image
+
     import models
     from analyses.discovery import discover, discovery_task
 
