@@ -14,7 +14,7 @@ TransformerLens 2.x's per-head hook points `hook_q_input` / `hook_k_input` / `ho
 edge into a normalised input happens before the norm), `hook_mlp_in` (before ln2) and, for the logits, the last
 block's `hook_resid_post` (before the final norm); senders are `hook_embed`, `hook_pos_embed`, `attn.hook_result`
 and `hook_mlp_out`. Edge sets are stacked along the batch axis: rows `e·N … e·N + N − 1` run the N prompts with the
-e-th edge set removed, and each receiver's correction is one einsum over (edge set, sender).
+e-th edge set removed, and each receiver's correction is one batched product over (edge set, sender).
 
 Shortformer positions (added after the norm to queries and keys only) are identical in clean and corrupted prompts
 of the same length, and their mean is themselves, so removing a `pos_embed` edge changes nothing: those edges are
@@ -164,18 +164,19 @@ class EdgePatcher:
         E, (N, P) = removed.shape[0], tokens.shape
         coef = torch.cat([removed, torch.zeros(E, 1, dtype=torch.bool)], 1)  # column −1: "no such edge"
         current = {}
-        ablated = {k: v.repeat(E, 1, 1) for k, v in self.ablated.items()}
 
         def correct(x, hook):
             senders, index = self.hooks[hook.name]
             if not senders:
                 return x
             c = coef[:, index].to(device=x.device, dtype=x.dtype)  # [E, S, width]; index −1 → the appended zero column
-            diff = torch.stack([ablated[self.sender_names[s]] - current[self.sender_names[s]] for s in senders], 2)
-            diff = diff.reshape(E, N, P, len(senders), -1)
+            names = [self.sender_names[s] for s in senders]
+            diff = torch.stack([self.ablated[n].to(x.dtype) - current[n].reshape(E, N, P, -1) for n in names], 1)
+            # Σ_s c[e, s, h] · diff[e, s]: one batched product, [E, width, N·P·d_model]
+            delta = torch.bmm(c.transpose(1, 2), diff.reshape(E, len(names), -1)).reshape(E, c.shape[2], N, P, -1)
             if x.ndim == 4:  # per-head inputs [rows, pos, head, d_model]
-                return x + torch.einsum("enpsd,esh->enphd", diff, c).reshape(x.shape)
-            return x + torch.einsum("enpsd,es->enpd", diff, c[..., 0]).reshape(x.shape)
+                return x + delta.permute(0, 2, 3, 1, 4).reshape(x.shape)
+            return x + delta[:, 0].reshape(x.shape)
 
         hooks = self._sender_hooks(current) + [(name, correct) for name in self.hooks]
         with split_inputs(self.model):
