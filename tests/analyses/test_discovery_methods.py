@@ -195,3 +195,18 @@ def test_user_task_and_bad_input(aol2):
         discover(aol2, t, "sp")
     with pytest.raises(PatchingError, match="decoder-only"):
         discover(models.load("enc-dec-reverse"), t)
+
+
+def test_the_readme_number_removing_the_k_edges_on_the_reports_probe(aol2):
+    """README (notebook 08's row): removing L0H1 → L1H1.k and L0H1 → L1H2.k on the report's path-patching probe
+    loses 0.889 of the loss increase, the report's path-patching share."""
+    from analyses.patching.report_section import induction_probe
+    from models.data.corpora import build_token_corpus
+
+    seen = torch.from_numpy(build_token_corpus("stdlib", aol2.tokenizer).seen_ids())
+    clean, corrupt, loss, _ = induction_probe(aol2, seen, 0)
+    p = EdgePatcher(aol2, clean, corrupt)
+    v = [float(loss(x).mean()) for x in p.run(torch.stack([p.mask([]), p.mask([("L0H1", "L1H1.k"),
+                                                                                ("L0H1", "L1H2.k")]),
+                                                          ~p.mask([])]))]
+    assert round((v[1] - v[0]) / (v[2] - v[0]), 3) == 0.889
