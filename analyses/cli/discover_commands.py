@@ -37,6 +37,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=positive_int, default=20, help="|R| of the induction tasks (default 20)")
     p.add_argument("--corrupt", choices=("first", "second", "both"), default="first",
                    help="induction: which copy of R is resampled (default first, the report's probe)")
+    p.add_argument("--vocab", choices=("all", "seen"), default="all",
+                   help="ids a shipped task draws from: every non-special id (default) or those seen in the pinned "
+                        "training text (a text model's own tokens; needs the model's tokenizer)")
     p.add_argument("--batch", type=positive_int, default=32, help="ACDC: removals tried per pass (default 32)")
     p.add_argument("--top", type=positive_int, default=15, help="edges listed (default 15)")
     p.add_argument("--out", metavar="DIR", help="write result.json, circuit.json, circuit.png, faithfulness.png here")
@@ -74,6 +77,14 @@ def _task(args, model):
     spec = args.task_spec
     if spec is None:
         kw = {"seq_len": args.seq_len}
+        if args.vocab == "seen":
+            import torch
+
+            from models.data.corpora import build_token_corpus
+
+            if model.tokenizer is None:
+                raise UsageError("--vocab seen needs the model's tokenizer; this model has none")
+            kw["tokens_from"] = torch.from_numpy(build_token_corpus("stdlib", model.tokenizer).seen_ids())
         if args.task == "induction":
             kw["corrupt"] = args.corrupt
         return discovery_task(model, args.task, n_prompts=args.n_prompts, seed=args.seed, **kw)

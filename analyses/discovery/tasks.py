@@ -69,8 +69,9 @@ def _check_count(n, name):
 
 
 def induction_task(model, n_prompts: int = 20, seed: int = 0, seq_len: int = 20, corrupt: str = "first",
-                   name: str = "induction") -> DiscoveryTask:
-    """The induction task (module docstring). `corrupt` ∈ {"first", "second", "both"}."""
+                   name: str = "induction", tokens_from=None) -> DiscoveryTask:
+    """The induction task (module docstring). `corrupt` ∈ {"first", "second", "both"}; `tokens_from`: the ids R is
+    drawn from (default every non-special id; a text model's ids seen in training give it text-like tokens)."""
     from ..sequences import random_tokens, repeated_tokens
 
     _check_count(n_prompts, "n_prompts")
@@ -80,9 +81,9 @@ def induction_task(model, n_prompts: int = 20, seed: int = 0, seq_len: int = 20,
     if 1 + 2 * seq_len > model.cfg.n_ctx:
         raise PatchingError(f"seq_len {seq_len}: [BOS] + R + R has {1 + 2 * seq_len} tokens, more than the model's "
                             f"n_ctx {model.cfg.n_ctx}")
-    clean = repeated_tokens(model, seq_len, 2, n_prompts, seed)
+    clean = repeated_tokens(model, seq_len, 2, n_prompts, seed, tokens_from=tokens_from)
     bad = clean.clone()
-    fresh = random_tokens(model, 2 * seq_len, n_prompts, seed + 1)
+    fresh = random_tokens(model, 2 * seq_len, n_prompts, seed + 1, tokens_from=tokens_from)
     if corrupt in ("first", "both"):
         bad[:, 1:seq_len + 1] = fresh[:, :seq_len]
     if corrupt in ("second", "both"):
@@ -95,23 +96,25 @@ def induction_task(model, n_prompts: int = 20, seed: int = 0, seq_len: int = 20,
     return DiscoveryTask(name, clean, bad, next_token_answers(clean, range(seq_len + 1, 2 * seq_len)), "loss")
 
 
-def previous_token_task(model, n_prompts: int = 20, seed: int = 0, seq_len: int = 20) -> DiscoveryTask:
+def previous_token_task(model, n_prompts: int = 20, seed: int = 0, seq_len: int = 20,
+                        tokens_from=None) -> DiscoveryTask:
     """The previous-token task (module docstring): the first copy's tokens permuted."""
-    return induction_task(model, n_prompts, seed, seq_len, name="previous-token")
+    return induction_task(model, n_prompts, seed, seq_len, name="previous-token", tokens_from=tokens_from)
 
 
 @torch.no_grad()
-def skip_trigram_task(model, n_prompts: int = 20, seed: int = 0, seq_len: int = 20) -> DiscoveryTask:
+def skip_trigram_task(model, n_prompts: int = 20, seed: int = 0, seq_len: int = 20,
+                      tokens_from=None) -> DiscoveryTask:
     """The skip-trigram task (module docstring); prompts whose two top tokens coincide are dropped."""
     from ..sequences import bos_token_id, random_tokens
 
     _check_count(n_prompts, "n_prompts")
     _check_count(seq_len, "seq_len")
     n = 4 * n_prompts  # drawn, then those where clean and corrupted agree on the top token are dropped
-    last = random_tokens(model, 1, n, seed)
+    last = random_tokens(model, 1, n, seed, tokens_from=tokens_from)
     bos = torch.full((n, 1), bos_token_id(model), dtype=torch.long)
-    clean = torch.cat([bos, random_tokens(model, seq_len, n, seed + 1), last], 1)
-    bad = torch.cat([bos, random_tokens(model, seq_len, n, seed + 2), last], 1)
+    clean = torch.cat([bos, random_tokens(model, seq_len, n, seed + 1, tokens_from=tokens_from), last], 1)
+    bad = torch.cat([bos, random_tokens(model, seq_len, n, seed + 2, tokens_from=tokens_from), last], 1)
     top_c, top_x = model(clean)[:, -1].argmax(-1), model(bad)[:, -1].argmax(-1)
     keep = (top_c != top_x).nonzero().reshape(-1)[:n_prompts]
     if keep.numel() == 0:
@@ -141,8 +144,8 @@ def user_task(model, clean, corrupt, answer, wrong=None, metric: str | None = No
 
 
 def discovery_task(model, name: str, n_prompts: int = 20, seed: int = 0, **kw) -> DiscoveryTask:
-    """The shipped task `name` (`TASKS`) on `model`: `induction` (kw `seq_len`, `corrupt`), `previous-token`
-    (`seq_len`), `skip-trigram` (`seq_len`)."""
+    """The shipped task `name` (`TASKS`) on `model`: `induction` (kw `seq_len`, `corrupt`, `tokens_from`),
+    `previous-token` and `skip-trigram` (`seq_len`, `tokens_from`)."""
     makers = {"induction": induction_task, "previous-token": previous_token_task, "skip-trigram": skip_trigram_task}
     if name not in makers:
         raise PatchingError(f"unknown task {name!r}; tasks: {', '.join(TASKS)} (or a JSON file of prompt pairs)")

@@ -210,3 +210,27 @@ def test_the_readme_number_removing_the_k_edges_on_the_reports_probe(aol2):
                                                                                 ("L0H1", "L1H2.k")]),
                                                           ~p.mask([])]))]
     assert round((v[1] - v[0]) / (v[2] - v[0]), 3) == 0.889
+
+
+def test_shipped_tasks_hold_what_their_docstrings_say(aol2):
+    ind = discovery_task(aol2, "induction", n_prompts=5, seq_len=7)
+    assert torch.equal(ind.clean[:, 1:8], ind.clean[:, 8:]) and torch.equal(ind.corrupt[:, 8:], ind.clean[:, 8:])
+    assert not torch.equal(ind.corrupt[:, 1:8], ind.clean[:, 1:8])
+    assert torch.equal(ind.answers.correct, ind.clean[:, 9:15])  # the token after each second-copy position
+    second = discovery_task(aol2, "induction", n_prompts=5, seq_len=7, corrupt="second")
+    assert torch.equal(second.corrupt[:, :8], second.clean[:, :8])
+    assert (second.corrupt[:, 8:] != second.clean[:, 8:]).any()
+    prev = discovery_task(aol2, "previous-token", n_prompts=5, seq_len=7)
+    assert torch.equal(prev.corrupt[:, 1:8].sort(1).values, prev.clean[:, 1:8].sort(1).values)  # same tokens
+    assert torch.equal(prev.corrupt[:, 8:], prev.clean[:, 8:])
+    one = models.load("attn-only-1l").eval()
+    tri = discovery_task(one, "skip-trigram", n_prompts=5, seq_len=6)
+    assert torch.equal(tri.clean[:, -1], tri.corrupt[:, -1]) and tri.metric == "logit_diff"
+    with torch.no_grad():
+        assert torch.equal(one(tri.clean)[:, -1].argmax(-1), tri.answers.correct[:, 0])
+        assert torch.equal(one(tri.corrupt)[:, -1].argmax(-1), tri.answers.wrong[:, 0])
+    with pytest.raises(PatchingError, match="n_ctx"):
+        discovery_task(aol2, "induction", seq_len=100)
+    pool = torch.arange(40, 80)
+    few = discovery_task(aol2, "induction", n_prompts=3, seq_len=7, tokens_from=pool)
+    assert torch.isin(torch.cat([few.clean[:, 1:], few.corrupt[:, 1:]]), pool).all()
