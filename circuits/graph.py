@@ -72,6 +72,10 @@ class EdgeGraph:
             raise GraphError(f"no edge {edge!r} in this model's graph (an edge is (sender, receiver), e.g. "
                                 f"{self.edges[0]!r})") from None
 
+    def has(self, edge: tuple[str, str]) -> bool:
+        """Whether `edge` (sender, receiver) is in the graph."""
+        return tuple(edge) in self._index
+
     def sender(self, name: str) -> Node:
         return self._senders[name]
 

@@ -26,8 +26,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=METHODS, default="eap", help="eap (default), eap-ig or acdc")
     p.add_argument("--threshold", type=float,
                    help="ACDC's τ (default 0.01), or EAP's smallest |score| kept (default: the fewest top edges "
-                        "recovering --target of the behaviour)")
-    p.add_argument("--target", type=float, default=0.9, help="faithfulness EAP's default circuit reaches (0.9)")
+                        "recovering --faithfulness of the behaviour)")
+    p.add_argument("--faithfulness", type=float, default=0.9,
+                   help="the faithfulness EAP's default circuit reaches (0.9)")
     p.add_argument("--steps", type=positive_int, default=5, help="EAP-IG interpolation points (default 5)")
     p.add_argument("--metric", choices=("kl", "task"), default="kl",
                    help="ACDC's distance: kl (from the clean model, default) or task (the task metric)")
@@ -35,7 +36,7 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help="what a removed edge carries: the corrupted prompt's output (default) or the mean output")
     p.add_argument("--n-prompts", type=positive_int, default=20, help="prompts of a shipped task (default 20)")
     p.add_argument("--seq-len", type=positive_int, default=20, help="|R| of the induction tasks (default 20)")
-    p.add_argument("--corrupt", choices=("first", "second", "both"), default="first",
+    p.add_argument("--corrupt-copy", choices=("first", "second", "both"), default="first",
                    help="induction: which copy of R is resampled (default first, the report's probe)")
     p.add_argument("--vocab", choices=("all", "seen"), default="all",
                    help="ids a shipped task draws from: every non-special id (default) or those seen in the pinned "
@@ -63,8 +64,8 @@ def _check(args) -> None:
         args.task_spec = None
     if args.threshold is not None and (not math.isfinite(args.threshold) or args.threshold < 0):
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
-    if not 0 < args.target <= 1:
-        raise UsageError(f"--target must lie in (0, 1], got {args.target}")
+    if not 0 < args.faithfulness <= 1:
+        raise UsageError(f"--faithfulness must lie in (0, 1], got {args.faithfulness}")
     if args.steps > 1000:
         raise UsageError(f"--steps must be at most 1000, got {args.steps}")
     if args.out is not None:
@@ -86,7 +87,7 @@ def _task(args, model):
                 raise UsageError("--vocab seen needs the model's tokenizer; this model has none")
             kw["tokens_from"] = torch.from_numpy(build_token_corpus("stdlib", model.tokenizer).seen_ids())
         if args.task == "induction":
-            kw["corrupt"] = args.corrupt
+            kw["corrupt"] = args.corrupt_copy
         return discovery_task(model, args.task, n_prompts=args.n_prompts, seed=args.seed, **kw)
     return user_task(model, spec["clean"], spec["corrupt"], spec["answer"], spec.get("wrong"), spec.get("metric"),
                      spec.get("name", "user"))
@@ -121,7 +122,7 @@ def run_discover(args, loaded) -> int:
     task = _task(args, model)
     bar = progress(args, 1, f"discover {loaded.name} ({args.method})")
     result = discover(model, task, args.method, args.threshold, steps=args.steps, metric=args.metric,
-                      ablation=args.ablation, batch=args.batch, target=args.target)
+                      ablation=args.ablation, batch=args.batch, target=args.faithfulness)
     bar.update()
     bar.close()
     obj = {"model": loaded.name, **result.to_json()}

@@ -113,8 +113,8 @@ class EdgePatcher:
             for j, si in enumerate(senders):
                 for h, rname in names.items():
                     key = (self.sender_names[si], rname)
-                    if key in g._index:
-                        index[j, h] = g._index[key]
+                    if g.has(key):
+                        index[j, h] = g.index(key)
             self.hooks[hook] = (senders, index)
 
     def _sender_hooks(self, store: dict):
