@@ -8,6 +8,7 @@ Works on any model exposing the weight properties and `cfg` (see `circuits.inter
 - spectra: `eigenvalues`, `copying_score`, `positive_eigenvalue_fraction`, `copying_scores`, `diagonal_rank_stats`
 - composition: `composition_score`, `composition_scores`, `composition_baseline`
 - tensor products and paths: `TensorProduct`, `path_expansion`, `attention_score_decomposition`, `term_importance`
+- the edge graph (nodes and edges for circuit discovery): `edge_graph`, `EdgeGraph`, `Node`
 - encoder–decoder models: `cross_qk_circuit`, `cross_ov_circuit`, `full_cross_qk_circuit`, `full_cross_ov_circuit`,
   `cross_copying_scores`, `cross_attention_map` (`A_cross ⊗ W_OV`), `stack_view`, `encdec_path_expansion`
 - argument checks shared with `analyses`: `circuits.checks`; hand-built test model: `circuits.testing`
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     )
     from .fold import fold_layer_norm
     from .frozen import FrozenForward, frozen_forward
+    from .graph import EdgeGraph, GraphError, Node, edge_graph
     from .importance import TermImportance, term_importance
     from .paths import PathExpansion, path_expansion, term_name
     from .score_decomposition import ScoreDecomposition, attention_score_decomposition

@@ -35,7 +35,8 @@ SOURCES = build.sources()
 def test_every_source_has_a_notebook():
     assert [s.stem for s in SOURCES] == ["01_zero_and_one_layer", "02_two_layer_induction",
                                          "03_training_and_phase_change", "04_bring_your_own_model",
-                                         "05_encoder_decoder", "06_causal_interventions", "07_sparse_autoencoders"]
+                                         "05_encoder_decoder", "06_causal_interventions", "07_sparse_autoencoders",
+                                         "08_circuit_discovery"]
 
 
 @pytest.mark.parametrize("src", SOURCES, ids=lambda s: s.stem)

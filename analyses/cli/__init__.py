@@ -14,6 +14,7 @@ The grammar every command keeps (docs/cli.md, held by tests/cli/test_grammar.py)
   TransformerLens state dict with `--config`), head parsing, output and progress bars;
 - `train_commands`: `zoo`, `train`, `sweep`; `model_commands`: `info`, `report`, `attention`, `generate`;
   `circuit_commands`: `heads`, `eigen`, `compose`, `paths`, `trigrams`; `patch_commands`: `patch`, `lens`;
+  `discover_commands`: `discover`;
   `sae_commands`: `sae train`, `sae report` (SAELens, optional).
 
 Exit codes: 0 ok; 2 bad usage or bad input (a one-line message on stderr, no traceback): every
@@ -35,7 +36,7 @@ import sys
 
 from models.deferred_import import TRANSFORMER_LENS, defer_package_inits
 
-from . import circuit_commands, model_commands, patch_commands, sae_commands, train_commands
+from . import circuit_commands, discover_commands, model_commands, patch_commands, sae_commands, train_commands
 from .common import Command, UsageError, run_command, warn
 from .common import rank as _rank
 
@@ -46,7 +47,7 @@ defer_package_inits(TRANSFORMER_LENS)
 
 __all__ = ["COMMANDS", "Command", "UsageError", "build_parser", "main"]
 
-COMMAND_MODULES = (train_commands, model_commands, circuit_commands, patch_commands, sae_commands)
+COMMAND_MODULES = (train_commands, model_commands, circuit_commands, patch_commands, discover_commands, sae_commands)
 COMMANDS: list[Command] = [c for module in COMMAND_MODULES for c in module.COMMANDS]
 
 #: File-system errors that mean bad input rather than a bug.

@@ -137,3 +137,14 @@ def corpus_cache_example(root) -> Path:
             "n_train_files": 1, "n_val_files": 0}
     (folder / "meta.json").write_text(json.dumps(meta, indent=2))
     return folder / "meta.json"
+
+
+def discovery_task_example(root) -> Path:
+    """`root/task.json`, a circuit-discovery task of two prompt pairs in token ids for the example model (its
+    vocabulary holds ids 0 … 279), and `root/model`; returns the task's path."""
+    model_example(root)
+    path = Path(root) / "task.json"
+    task = {"name": "example", "clean": [[5, 6, 7, 5], [8, 9, 10, 8]], "corrupt": [[11, 12, 7, 5], [13, 14, 10, 8]],
+            "answer": [6, 9], "wrong": [12, 14], "metric": "logit_diff"}
+    path.write_text(json.dumps(task, indent=1))
+    return path

@@ -16,6 +16,7 @@ from . import examples as ex
 from .checkpoint import load
 from .readers import (
     CONFIG_FILE,
+    DISCOVERY_TASK_FILE,
     METRICS_FILE,
     METRICS_LIMIT,
     SAE_CFG_FILE,
@@ -30,6 +31,7 @@ from .readers import (
     WEIGHTS_FILE,
     WEIGHTS_LIMIT,
     read_config,
+    read_discovery_task,
     read_metrics,
     read_pth,
     read_sae_cfg,
@@ -77,6 +79,7 @@ MODEL_COMMANDS = (
     ("report", "{root}/model", "--out", "{out}", "--sections", "overview"),
     ("patch", "{root}/model", "--clean", "the fox", "--corrupt", "the dog", "--answer", " world"),
     ("lens", "{root}/model", "--text", "hello"),
+    ("discover", "{root}/model", "--task", "induction", "--seq-len", "3", "--n-prompts", "2", "--out", "{out}"),
     ("sae", "train", "{root}/model", "--hook", "blocks.0.hook_resid_post", "--out", "{out}"),
     ("sae", "report", "{root}/model", "{root}/sae", "--out", "{out}"),
 )
@@ -87,6 +90,7 @@ SWEEP_COMMANDS = (
 )
 SAE_COMMANDS = (("sae", "report", "{root}/model", "{root}/sae", "--out", "{out}"),
                 ("sae", "report", "{root}/model", "{root}/sae", "--out", "{out}", "--html", "--features", "0,3"))
+DISCOVERY_COMMANDS = (("discover", "{root}/model", "--task", "{root}/task.json", "--method", "acdc", "--out", "{out}"),)
 LEGACY_COMMANDS = (
     ("info", "{root}/old.pth", "--config", "{root}/cfg.json"),
     ("heads", "{root}/old.pth", "--config", "{root}/cfg.json"),
@@ -118,6 +122,8 @@ def _kinds() -> dict[str, FileKind]:
                                             finite=True, limit=WEIGHTS_LIMIT),
         "training.json (SAE)": FileKind(SAE_TRAINING_FILE, read_sae_training, lambda d: sae(d) / SAE_TRAINING_FILE,
                                         "json", SAE_COMMANDS),
+        "task.json (discovery)": FileKind(DISCOVERY_TASK_FILE, read_discovery_task, ex.discovery_task_example, "json",
+                                          DISCOVERY_COMMANDS, contained=False),
         "meta.json (corpus cache)": FileKind("meta.json", read_corpus_meta, ex.corpus_cache_example, "json"),
         "legacy .pth": FileKind("old.pth", read_pth, ex.legacy_example, "pth", LEGACY_COMMANDS, limit=WEIGHTS_LIMIT,
                                 contained=False),

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..arch.persist import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE  # noqa: F401  (re-exported: the file kinds)
 from ..data.tokenizer import load_tokenizer
-from ..errors import CheckpointError, ConfigError, SAEError, TrainConfigError
+from ..errors import CheckpointError, ConfigError, InputError, SAEError, TrainConfigError
 from ..files.safe_read import JSON_LIMIT, MiB, loads_strict, open_regular, read_bytes, read_json, read_text
 from .registry import config_from_json
 
@@ -255,6 +255,63 @@ def read_train_config(path, contained: bool = True) -> dict:
     field_of(d, "tokenizer", str, path, TrainConfigError, required=False)
     field_of(d, "seq_len", (int, type(None)), path, TrainConfigError, required=False, lo=1, hi=MAX_STEP)
     field_of(d, "lr", float, path, TrainConfigError, required=False, lo=0)
+    return d
+
+
+# --- circuit discovery -------------------------------------------------------------------------------------------
+DISCOVERY_TASK_FILE = "task.json"
+DISCOVERY_METRICS = ("loss", "logit_diff", "prob")
+MAX_PROMPTS = 100_000
+
+
+def _prompts(d: dict, key: str, path, required: bool = True) -> list | None:
+    """A list of prompts under `key`: each a non-empty string or a non-empty list of integer ids >= 0."""
+    v = field_of(d, key, list, path, InputError, required)
+    if v is None:
+        return None
+    if not v or len(v) > MAX_PROMPTS:
+        raise InputError(f"{path}: {key!r} must hold 1 to {MAX_PROMPTS} prompts, got {len(v)}")
+    for i, x in enumerate(v):
+        ok = (isinstance(x, str) and x) or (isinstance(x, list) and x and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in x))
+        if not ok:
+            raise InputError(f"{path}: {key}[{i}] must be non-empty text or a non-empty list of token ids >= 0")
+    return v
+
+
+def _answers(d: dict, key: str, n: int, path, required: bool = True):
+    """One answer (a string or an id) for every prompt, or a list of `n`, under `key`."""
+    v = field_of(d, key, (str, int, list), path, InputError, required)
+    if v is None:
+        return None
+    items = v if isinstance(v, list) else [v]
+    if isinstance(v, list) and len(v) != n:
+        raise InputError(f"{path}: {key!r} holds {len(v)} answers for {n} prompts; give one or one per prompt")
+    for x in items:
+        if not ((isinstance(x, str) and x) or (isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**31)):
+            raise InputError(f"{path}: {key!r} must hold non-empty one-token strings or token ids >= 0")
+    return v
+
+
+def read_discovery_task(path, contained: bool = False) -> dict:
+    """A user's circuit-discovery task (`circuits discover MODEL --task task.json`): a JSON object with `clean` and
+    `corrupt`, lists of as many prompts (text, or lists of token ids), `answer` (one token — text or id — for every
+    prompt, or one per prompt) read at each prompt's last position, and optionally `wrong` (likewise, for the logit
+    difference), `metric` ("loss", "logit_diff" or "prob") and `name`. `InputError` naming the file otherwise; that
+    the prompts tokenize to equal lengths is checked with the model."""
+    path = Path(path)
+    d = _json_object(path, InputError, "a discovery task", contained)
+    clean, corrupt = _prompts(d, "clean", path), _prompts(d, "corrupt", path)
+    if len(clean) != len(corrupt):
+        raise InputError(f"{path}: 'clean' has {len(clean)} prompts but 'corrupt' has {len(corrupt)}; give pairs")
+    _answers(d, "answer", len(clean), path)
+    _answers(d, "wrong", len(clean), path, required=False)
+    metric = field_of(d, "metric", str, path, InputError, required=False)
+    if metric is not None and metric not in DISCOVERY_METRICS:
+        raise InputError(f"{path}: 'metric' must be one of {', '.join(DISCOVERY_METRICS)}, got {metric!r}")
+    if metric == "logit_diff" and "wrong" not in d:
+        raise InputError(f"{path}: metric 'logit_diff' needs 'wrong' answers")
+    field_of(d, "name", str, path, InputError, required=False)
     return d
 
 

@@ -46,7 +46,7 @@ _MARK_LIMIT = 1 << 16
 KINDS = {"train": "a training run", "sweep": "a seed sweep", "sweep-member": "a member of a seed sweep",
          "sae": "a sparse-autoencoder folder", "sae-report": "an SAE report", "report": "a circuits report",
          "sweep-report": "a seed-sweep report",
-         "exposure-bias": "exposure-bias results"}
+         "exposure-bias": "exposure-bias results", "discovery": "a circuit-discovery result"}
 #: The kinds a folder of this kind may hold as its sub-folders (a sweep holds its members and reports on it).
 NESTED = {"sweep": ("sweep-member", "sweep-report", "report")}
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
