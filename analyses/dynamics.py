@@ -216,10 +216,9 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
     `FORMED` line. Shaded: the formation window; dotted: the loss bump (when there is one)."""
     import matplotlib.pyplot as plt
 
-    from .plots import fixed_layout, log_axis_labels
+    from .plots import fixed_layout, log_axis_labels, tick_label_inches
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.4), sharex=True)  # 1080 px at 90 dpi
-    fixed_layout(fig, left=0.75, right=0.15, bottom=0.55, top=0.65, wspace=0.85)
     ax = axes[0]
     for name, s, kw in ((dyn.loss_labels[0], dyn.train_loss, dict(lw=0.8, alpha=0.6)),
                         (dyn.loss_labels[1], dyn.val_loss, dict(lw=2, marker=".", ms=4))):
@@ -282,6 +281,8 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
     window = "shaded: induction heads forming" if dyn.formation_window else "no induction heads formed"
     window += f"; red dashed line: {FORMED}"
     fig.suptitle(f"Training dynamics ({window}; {bump})", fontsize=11, y=1 - 0.08 / 4.4, va="top")
+    ticks = [tick_label_inches(a.yaxis) for a in axes]  # y tick labels and the 10 pt axis label left of each panel
+    fixed_layout(fig, left=0.4 + ticks[0], right=0.15, bottom=0.55, top=0.65, wspace=0.5 + max(ticks[1:]))
     return fig
 
 

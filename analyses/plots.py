@@ -47,6 +47,15 @@ def text_inches(text: str, points: float) -> float:
     return len(text) * EM_PER_CHAR * points / 72
 
 
+def tick_label_inches(axis, points: float = 10) -> float:
+    """An upper estimate of the width in inches of `axis`'s widest major tick label at `points`, from the labels its
+    formatter gives for the ticks in view (no text is drawn or measured)."""
+    lo, hi = sorted(axis.get_view_interval())
+    ticks = [t for t in axis.get_majorticklocs() if lo <= t <= hi]
+    labels = axis.get_major_formatter().format_ticks(ticks) if ticks else []
+    return max((text_inches(x, points) for x in labels), default=0.0)
+
+
 def fixed_layout(fig, left: float, right: float, bottom: float, top: float, wspace: float = 0.0,
                  hspace: float = 0.0) -> None:
     """Lay the figure's subplot grid out with fixed margins and gaps between panels, all in inches (one
@@ -374,7 +383,6 @@ def plot_position_loss(model, tokens, marks: tuple[int, int] | None = None, loss
     mean = per.mean(0)
     se = per.std(0) / per.shape[0] ** 0.5 if per.shape[0] > 1 else torch.zeros_like(mean)
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    fixed_layout(fig, left=0.7, right=0.15, bottom=0.55, top=0.35)
     x = torch.arange(1, mean.numel() + 1).numpy()
     ax.fill_between(x, (mean - se).numpy(), (mean + se).numpy(), color="tab:blue", alpha=0.25, lw=0,
                     label="± 1 standard error")
@@ -390,6 +398,7 @@ def plot_position_loss(model, tokens, marks: tuple[int, int] | None = None, loss
     ax.set_ylabel("loss (nats)")
     ax.set_title("Loss by position: in-context learning lowers later tokens' loss", fontsize=10)
     ax.legend(fontsize=8)
+    fixed_layout(fig, left=0.4 + tick_label_inches(ax.yaxis), right=0.15, bottom=0.55, top=0.35)
     return fig
 
 
@@ -400,7 +409,6 @@ def plot_ablation(result):
     d = result.delta
     labels = [head_label(l, h) for l in range(d.shape[0]) for h in range(d.shape[1])]
     fig, ax = plt.subplots(figsize=(max(5.5, 0.45 * len(labels) + 1.5), 3.6))
-    fixed_layout(fig, left=0.8, right=0.15, bottom=0.3 + max(text_inches(x, 8) for x in labels), top=0.6)
     se = getattr(result, "se", None)
     ax.bar(range(len(labels)), d.reshape(-1).numpy(), color="tab:blue",
            yerr=None if se is None else se.reshape(-1).numpy(), capsize=3)
@@ -410,4 +418,6 @@ def plot_ablation(result):
     ax.set_title("Pattern-preserving ablation of each head\n"
                  f"clean loss {result.clean_loss:.3f} nats" + (f", {n} sequences, bars ± 1 s.e." if n else ""),
                  fontsize=10)
+    fixed_layout(fig, left=0.4 + tick_label_inches(ax.yaxis), right=0.15,
+                 bottom=0.3 + max(text_inches(x, 8) for x in labels), top=0.6)
     return fig
