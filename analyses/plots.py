@@ -101,11 +101,13 @@ def log_axis_labels(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _layer_head_grid(L: int, H: int, size: float, extra_w: float = 0.0, extra_h: float = 0.6, **kw):
+def _layer_head_grid(L: int, H: int, size: float, extra_w: float = 0.0, extra_h: float = 0.6,
+                     layout: str | None = "constrained", **kw):
     """A figure with one row per layer and one column per head, `size` inches a panel (at most 16 in of panels in a
-    row) plus `extra_w` / `extra_h` inches for margins: (fig, axes [L, H]); the caller lays it out."""
+    row) plus `extra_w` / `extra_h` inches: (fig, axes [L, H]), laid out by `layout` (None: the caller does, e.g.
+    with `fixed_layout`)."""
     size = min(size, 16.0 / max(H, 1))
-    return _plt().subplots(L, H, figsize=(size * H + extra_w, size * L + extra_h), squeeze=False, **kw)
+    return _plt().subplots(L, H, figsize=(size * H + extra_w, size * L + extra_h), squeeze=False, layout=layout, **kw)
 
 
 @torch.no_grad()
@@ -128,7 +130,7 @@ def plot_attention_patterns(model, seq_len: int = 50, seed: int = 0, tokens=None
     L, H = pat.shape[:2]
     what = f"[BOS] + R + R, |R| = {seq_len} (second copy from position {seq_len + 1})" if seq_len else "the tokens"
     fig, axes = _layer_head_grid(L, H, 2.3, extra_w=0.6 + 0.15 * (H - 1) + COLORBAR_ROOM, extra_h=0.95 + 0.3 * (L - 1),
-                                 sharex=True, sharey=True)
+                                 layout=None, sharex=True, sharey=True)
     width = fig.get_size_inches()[0]
     title = textwrap.fill(f"Attention patterns on {what}", max(30, int(width * 11)))
     fixed_layout(fig, left=0.6, right=COLORBAR_ROOM, bottom=0.45, top=0.3 + 0.2 * (title.count("\n") + 1),
@@ -261,7 +263,8 @@ def plot_eigenvalues(model):
     title = textwrap.fill("Full OV circuit eigenvalues λ / max|λ| in the complex plane (title: copying score "
                           "Σλ/Σ|λ|)", max(30, int(min(size, 16.0 / max(H, 1)) * H * 11)))
     top = 0.3 + 0.2 * (title.count("\n") + 1)
-    fig, axes = _layer_head_grid(L, H, size, extra_w=0.2 + 0.1 * (H - 1), extra_h=top + 0.45 + 0.3 * (L - 1))
+    fig, axes = _layer_head_grid(L, H, size, extra_w=0.2 + 0.1 * (H - 1), extra_h=top + 0.45 + 0.3 * (L - 1),
+                                 layout=None)
     fixed_layout(fig, left=0.1, right=0.1, bottom=0.45, top=top, wspace=0.1, hspace=0.3)
     t = torch.linspace(0, 2 * math.pi, 200)
     for l in range(L):

@@ -56,7 +56,6 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 def train_settings(args) -> tuple:
     """(model config, TrainConfig, description) from the command line."""
     import dataclasses
-    import sys
 
     from models.io.checkpoint import config_from_dict
     from models.training.config import shortened
@@ -86,9 +85,8 @@ def train_settings(args) -> tuple:
                               progress=not (args.no_progress or args.json))
     cfg.validate()
     # a run shorter than its preset's (or config file's) schedule: that schedule scaled to it (`shortened`)
-    cfg, notes = shortened(dataclasses.replace(cfg, steps=base_steps), cfg.steps, fixed=set(given) - {"steps"})
-    for note in notes:
-        print(f"circuits train: {note}", file=sys.stderr)
+    cfg, args.schedule_notes = shortened(dataclasses.replace(cfg, steps=base_steps), cfg.steps,
+                                         fixed=set(given) - {"steps"})
     cfg.validate()
     from models.files.size_checks import check_train_sizes
 
@@ -132,8 +130,11 @@ def run_train(args) -> int:
             eval_fn = make_eval_fn(tok, val, seen, periods=(50, 100))
         report_fn = make_report_fn(name, about, command, cfg, corpus, val, seen)
     if args.seeds is not None:
-        return _run_sweep(args, model_cfg, cfg, eval_fn, tok, command, name, about, corpus, val, seen)
+        code = _run_sweep(args, model_cfg, cfg, eval_fn, tok, command, name, about, corpus, val, seen)
+        _say_notes(args)
+        return code
     model, summary = train(model_cfg, cfg, eval_fn=eval_fn, report_fn=report_fn, resume=args.resume, tokenizer=tok)
+    _say_notes(args)
     em = f", held-out exact match {summary['final_exact_match']:.2%}" if "final_exact_match" in summary else ""
     emit(args, dict(summary, out=args.out),
          f"trained {args.preset or 'model'}: {summary['steps']} steps, {summary['tokens_seen']} tokens, "
@@ -155,6 +156,15 @@ def score_definitions() -> dict:
 def _first_line(fn) -> str:
     first = (fn.__doc__ or "").strip().split("\n\n")[0]  # the docstring's first paragraph
     return f"{fn.__module__}.{fn.__qualname__}: " + " ".join(first.split())
+
+
+def _say_notes(args) -> None:
+    """The schedule changes `train_settings` made (`shortened`), on stderr once the run has finished, so that an error
+    stays the only line when the run fails."""
+    import sys
+
+    for note in getattr(args, "schedule_notes", ()):
+        print(f"circuits train: note: {note}", file=sys.stderr)
 
 
 def _run_sweep(args, model_cfg, cfg, eval_fn, tok, command, name, about, corpus, val, seen) -> int:

@@ -15,8 +15,14 @@ from models.training.state import checkpoint_steps
 
 
 def settings(*argv):
+    """The run's settings; the notes `circuits train` prints when the run has finished go to stderr here."""
+    import sys
+
     args = build_parser().parse_args(["train", "--out", "unused", *argv])
-    return train_settings(args)[1]
+    cfg = train_settings(args)[1]
+    for note in args.schedule_notes:
+        print(note, file=sys.stderr)
+    return cfg
 
 
 def schedule(cfg: TrainConfig) -> list[int]:
