@@ -216,7 +216,9 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
     `FORMED` line. Shaded: the formation window; dotted: the loss bump (when there is one)."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4.4), sharex=True, layout="constrained")  # 1080 px at 90 dpi
+    from .plots import fixed_layout, log_axis_labels, tick_label_inches
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.4), sharex=True)  # 1080 px at 90 dpi
     ax = axes[0]
     for name, s, kw in ((dyn.loss_labels[0], dyn.train_loss, dict(lw=0.8, alpha=0.6)),
                         (dyn.loss_labels[1], dyn.val_loss, dict(lw=2, marker=".", ms=4))):
@@ -244,7 +246,7 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
     ax2.set_ylabel("ICL score: loss(late) − loss(early) (nats)")
     ax2.set_title("In-context learning score (more negative = more ICL)", fontsize=10)
     if ax2.get_legend_handles_labels()[0]:
-        ax2.legend(fontsize=8, loc="lower left")
+        ax2.legend(fontsize=7, loc="lower left")
     ax3 = axes[2]
     if dyn.induction:
         ts = [t for t, _ in dyn.induction]
@@ -266,6 +268,7 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
     xs = [t for s in (dyn.train_loss, dyn.val_loss, dyn.icl) for t, _ in s if t > 0]
     for a in axes:
         a.set_xscale("log")
+        log_axis_labels(a.xaxis)
         a.set_xlabel("tokens seen (log scale)")
         if xs:
             a.set_xlim(min(xs) / 1.2, max(xs) * 1.2)
@@ -277,7 +280,9 @@ def plot_training_dynamics(dyn: TrainingDynamics, checkpoints: CheckpointScores 
     bump = "dotted: the loss bump" if dyn.bump else "no loss bump"
     window = "shaded: induction heads forming" if dyn.formation_window else "no induction heads formed"
     window += f"; red dashed line: {FORMED}"
-    fig.suptitle(f"Training dynamics ({window}; {bump})", fontsize=11)
+    fig.suptitle(f"Training dynamics ({window}; {bump})", fontsize=11, y=1 - 0.08 / 4.4, va="top")
+    ticks = [tick_label_inches(a.yaxis) for a in axes]  # y tick labels and the 10 pt axis label left of each panel
+    fixed_layout(fig, left=0.4 + ticks[0], right=0.15, bottom=0.55, top=0.65, wspace=0.5 + max(ticks[1:]))
     return fig
 
 

@@ -37,11 +37,77 @@ def _plt():
     return plt
 
 
-def _layer_head_grid(L: int, H: int, size: float, extra_w: float = 0.0, extra_h: float = 0.6, **kw):
-    """A constrained-layout figure with one row per layer and one column per head: (fig, axes [L, H])."""
+#: Width of a character as a fraction of the font size (DejaVu Sans averages about 0.55 em; wide glyphs and
+#: capitals reach 0.7): fixed margins are sized from the longest label with this.
+EM_PER_CHAR = 0.65
+
+
+def text_inches(text: str, points: float) -> float:
+    """An upper estimate of the width in inches of one line of `text` at `points`."""
+    return len(text) * EM_PER_CHAR * points / 72
+
+
+def tick_label_inches(axis, points: float = 10) -> float:
+    """An upper estimate of the width in inches of `axis`'s widest major tick label at `points`, from the labels its
+    formatter gives for the ticks in view (no text is drawn or measured)."""
+    lo, hi = sorted(axis.get_view_interval())
+    ticks = [t for t in axis.get_majorticklocs() if lo <= t <= hi]
+    labels = axis.get_major_formatter().format_ticks(ticks) if ticks else []
+    return max((text_inches(x, points) for x in labels), default=0.0)
+
+
+def fixed_layout(fig, left: float, right: float, bottom: float, top: float, wspace: float = 0.0,
+                 hspace: float = 0.0) -> None:
+    """Lay the figure's subplot grid out with fixed margins and gaps between panels, all in inches (one
+    `subplots_adjust`), sized by the caller from its labels. Used instead of the constrained-layout solver, which
+    measures every text twice before the figure is drawn and costs about as much again as drawing it
+    (benchmarks/README.md, "circuits report"); `analyses.figure_checks` tests that nothing is cut off or overlaps."""
+    W, H = fig.get_size_inches()
+    nr, nc = fig.axes[0].get_subplotspec().get_gridspec().get_geometry()
+    aw = (W - left - right - wspace * (nc - 1)) / nc
+    ah = (H - top - bottom - hspace * (nr - 1)) / nr
+    fig.subplots_adjust(left=left / W, right=1 - right / W, bottom=bottom / H, top=1 - top / H,
+                        wspace=wspace / aw, hspace=hspace / ah)
+
+
+def side_colorbar(fig, im, label: str, pad: float = 0.2, width: float = 0.15, shrink: float = 0.8):
+    """A colour bar `width` inches wide, `pad` inches right of the subplot grid (`fixed_layout` leaves the room),
+    over `shrink` of the grid's height, labelled `label`."""
+    W, _ = fig.get_size_inches()
+    sp = fig.subplotpars
+    h = (sp.top - sp.bottom) * shrink
+    cax = fig.add_axes((sp.right + pad / W, sp.bottom + (sp.top - sp.bottom - h) / 2, width / W, h))
+    return fig.colorbar(im, cax=cax, label=label)
+
+
+#: Room in inches right of the grid for `side_colorbar` with 10 pt tick labels ("0.25") and its 10 pt label.
+COLORBAR_ROOM = 1.15
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def log_axis_labels(axis) -> None:
+    """Label a log-scaled `axis` (`ax.xaxis`) at its powers of ten as 10¹, 10², … in plain text (minor ticks
+    unlabelled), as matplotlib's default labels read, without mathtext: its parser costs 0.2–0.4 s of CPU to build
+    in each process that draws one. Call after `set_xscale("log")`, which resets the formatters."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    def label(v, _pos) -> str:
+        e = round(math.log10(v)) if v > 0 else None
+        return f"10{str(e).translate(_SUPERSCRIPT)}" if e is not None and math.isclose(v, 10.0**e) else ""
+
+    axis.set_major_formatter(FuncFormatter(label))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _layer_head_grid(L: int, H: int, size: float, extra_w: float = 0.0, extra_h: float = 0.6,
+                     layout: str | None = "constrained", **kw):
+    """A figure with one row per layer and one column per head, `size` inches a panel (at most 16 in of panels in a
+    row) plus `extra_w` / `extra_h` inches: (fig, axes [L, H]), laid out by `layout` (None: the caller does, e.g.
+    with `fixed_layout`)."""
     size = min(size, 16.0 / max(H, 1))
-    return _plt().subplots(L, H, figsize=(size * H + extra_w, size * L + extra_h), squeeze=False,
-                           layout="constrained", **kw)
+    return _plt().subplots(L, H, figsize=(size * H + extra_w, size * L + extra_h), squeeze=False, layout=layout, **kw)
 
 
 @torch.no_grad()
@@ -62,7 +128,13 @@ def plot_attention_patterns(model, seq_len: int = 50, seed: int = 0, tokens=None
         t, seq_len = torch.as_tensor(tokens).reshape(1, -1), None
     pat = attention_patterns(model, t)[:, 0]  # [layer, head, q, k]
     L, H = pat.shape[:2]
-    fig, axes = _layer_head_grid(L, H, 2.3, extra_w=0.9, sharex=True, sharey=True)
+    what = f"[BOS] + R + R, |R| = {seq_len} (second copy from position {seq_len + 1})" if seq_len else "the tokens"
+    fig, axes = _layer_head_grid(L, H, 2.3, extra_w=0.6 + 0.15 * (H - 1) + COLORBAR_ROOM, extra_h=0.95 + 0.3 * (L - 1),
+                                 layout=None, sharex=True, sharey=True)
+    width = fig.get_size_inches()[0]
+    title = textwrap.fill(f"Attention patterns on {what}", max(30, int(width * 11)))
+    fixed_layout(fig, left=0.6, right=COLORBAR_ROOM, bottom=0.45, top=0.3 + 0.2 * (title.count("\n") + 1),
+                 wspace=0.15, hspace=0.3)
     for l in range(L):
         for h in range(H):
             ax = axes[l, h]
@@ -77,10 +149,8 @@ def plot_attention_patterns(model, seq_len: int = 50, seed: int = 0, tokens=None
         axes[l, 0].set_ylabel(f"layer {l}\nquery position", fontsize=8)
     for ax in axes[-1]:
         ax.set_xlabel("key position", fontsize=8)
-    fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")
-    what = f"[BOS] + R + R, |R| = {seq_len} (second copy from position {seq_len + 1})" if seq_len else "the tokens"
-    width = fig.get_size_inches()[0]
-    fig.suptitle(textwrap.fill(f"Attention patterns on {what}", max(30, int(width * 11))), fontsize=10)
+    side_colorbar(fig, im, "attention weight")
+    fig.suptitle(title, fontsize=10, y=1 - 0.08 / fig.get_size_inches()[1], va="top")
     return fig
 
 
@@ -163,15 +233,16 @@ def plot_score_panels(panels: dict[str, torch.Tensor], threshold: float | None =
     L, H = next(iter(panels.values())).shape
     cols = min(n, 3)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(max(3.0, 0.55 * H + 1.2) * cols + 0.8,
-                                                  max(2.2, 0.55 * L + 1.4) * rows), squeeze=False, layout="constrained")
+    ylab = 0.45 + text_inches(str(L - 1), 10)  # "layer" and the layer numbers left of each panel
+    fig, axes = plt.subplots(rows, cols, figsize=(max(3.0, 0.55 * H + 1.2) * cols + COLORBAR_ROOM,
+                                                  max(2.2, 0.55 * L + 1.4) * rows), squeeze=False)
+    fixed_layout(fig, left=ylab, right=COLORBAR_ROOM, bottom=0.55, top=0.3, wspace=ylab + 0.1, hspace=0.85)
     for ax in axes.flat[n:]:
         ax.axis("off")
     for ax, (title, s) in zip(axes.flat, panels.items()):
         im = _annotated_heatmap(ax, torch.as_tensor(s, dtype=torch.float32), threshold)
         ax.set_title(title, fontsize=10)
-    fig.colorbar(im, ax=axes[:, :].ravel().tolist(), shrink=0.9, label="score" + (
-        f" (boxed: ≥ {threshold})" if threshold is not None else ""))
+    side_colorbar(fig, im, "score" + (f" (boxed: ≥ {threshold})" if threshold is not None else ""), shrink=0.9)
     return fig
 
 
@@ -188,7 +259,13 @@ def plot_eigenvalues(model):
 
     m = weight_view(model)
     L, H = m.cfg.n_layers, m.cfg.n_heads
-    fig, axes = _layer_head_grid(L, H, 2.1 if H <= 5 else 1.5, extra_h=1.0)  # 8 heads: about 12 in
+    size = 2.1 if H <= 5 else 1.5  # 8 heads: about 12 in
+    title = textwrap.fill("Full OV circuit eigenvalues λ / max|λ| in the complex plane (title: copying score "
+                          "Σλ/Σ|λ|)", max(30, int(min(size, 16.0 / max(H, 1)) * H * 11)))
+    top = 0.3 + 0.2 * (title.count("\n") + 1)
+    fig, axes = _layer_head_grid(L, H, size, extra_w=0.2 + 0.1 * (H - 1), extra_h=top + 0.45 + 0.3 * (L - 1),
+                                 layout=None)
+    fixed_layout(fig, left=0.1, right=0.1, bottom=0.45, top=top, wspace=0.1, hspace=0.3)
     t = torch.linspace(0, 2 * math.pi, 200)
     for l in range(L):
         lam_all = eigenvalues(full_ov_circuit(m, l)).cpu()  # [head, d_head]
@@ -208,10 +285,9 @@ def plot_eigenvalues(model):
             ax.set_yticks([])
             ax.set_title(f"{head_label(l, h)}: {score:+.2f}", fontsize=9)
     handles = [Line2D([], [], ls="", marker="o", color=c, label=lab) for c, lab in EIGEN_COLOURS]
-    wide = fig.get_figwidth() >= 7  # a model of few heads: a narrow figure, so the legend stacks, the title wraps
-    fig.legend(handles=handles, loc="outside lower center", ncol=3 if wide else 1, fontsize=8, frameon=False)
-    fig.suptitle(textwrap.fill("Full OV circuit eigenvalues λ / max|λ| in the complex plane (title: copying score "
-                               "Σλ/Σ|λ|)", max(30, int(10 * fig.get_figwidth()))), fontsize=10)
+    fig.legend(handles=handles, loc="lower center", ncol=3 if H >= 3 else 1, fontsize=8, frameon=False,
+               borderaxespad=0.1)
+    fig.suptitle(title, fontsize=10, y=1 - 0.08 / fig.get_size_inches()[1], va="top")
     return fig
 
 
@@ -225,7 +301,10 @@ def plot_composition(study):
     L, H = study.scores["k"].shape[:2]
     n = (L - 1) * H
     side = max(3.2, 0.5 * n + 1.4)
-    fig, axes = plt.subplots(1, 3, figsize=(3 * side + 1.0, side + 0.4), layout="constrained")
+    labels = 0.35 + text_inches(head_label(L - 1, H - 1), 7)  # tick labels (7 pt) and the axis label (10 pt)
+    fig, axes = plt.subplots(1, 3, figsize=(3 * side + 1.0, side + 0.4))
+    # the colour bar's ticks read like "−0.075": 0.2 in more than COLORBAR_ROOM
+    fixed_layout(fig, left=labels, right=COLORBAR_ROOM + 0.2, bottom=labels, top=0.35, wspace=labels + 0.1)
     ex = {k: study.excess(k) for k in kinds}
     vmax = 1.2 * (max(float(e.abs().max()) for e in ex.values()) or 1.0)
     l1 = torch.arange(L - 1).repeat_interleave(H)
@@ -248,7 +327,7 @@ def plot_composition(study):
         ax.set_ylabel("earlier head (writes)")
         ax.set_xlabel("later head (reads)")
         ax.set_title(f"{k.upper()}-composition − baseline {study.baselines[k]:.3f}", fontsize=10)
-    fig.colorbar(im, ax=axes.tolist(), shrink=0.8, label="score − random baseline")
+    side_colorbar(fig, im, "score − random baseline")
     return fig
 
 
@@ -272,7 +351,8 @@ def plot_positivity(circuit):
     from matplotlib.lines import Line2D
 
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.2, 5.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(5.2, 5.2))
+    fixed_layout(fig, left=0.85, right=0.15, bottom=0.55, top=0.35)
     induction = set(circuit.induction.heads)
     for (l, h), (qk, ov) in circuit.positivity.items():
         ax.scatter([qk], [ov], c="tab:red" if (l, h) in induction else "tab:gray", s=40, zorder=3)
@@ -305,7 +385,7 @@ def plot_position_loss(model, tokens, marks: tuple[int, int] | None = None, loss
     per = (position_losses(model, tokens) if losses is None else losses).double()  # [batch, pos - 1]
     mean = per.mean(0)
     se = per.std(0) / per.shape[0] ** 0.5 if per.shape[0] > 1 else torch.zeros_like(mean)
-    fig, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
+    fig, ax = plt.subplots(figsize=(7, 3.8))
     x = torch.arange(1, mean.numel() + 1).numpy()
     ax.fill_between(x, (mean - se).numpy(), (mean + se).numpy(), color="tab:blue", alpha=0.25, lw=0,
                     label="± 1 standard error")
@@ -316,10 +396,12 @@ def plot_position_loss(model, tokens, marks: tuple[int, int] | None = None, loss
         ax.axvline(early, color="tab:orange", ls="--", lw=1, label=f"token {early}")
         ax.axvline(late, color="tab:red", ls="--", lw=1, label=f"token {late} (ICL score: loss at {late} − at {early})")
     ax.set_xscale("log")
+    log_axis_labels(ax.xaxis)
     ax.set_xlabel("token position in context (log scale)")
     ax.set_ylabel("loss (nats)")
     ax.set_title("Loss by position: in-context learning lowers later tokens' loss", fontsize=10)
     ax.legend(fontsize=8)
+    fixed_layout(fig, left=0.4 + tick_label_inches(ax.yaxis), right=0.15, bottom=0.55, top=0.35)
     return fig
 
 
@@ -329,7 +411,7 @@ def plot_ablation(result):
     plt = _plt()
     d = result.delta
     labels = [head_label(l, h) for l in range(d.shape[0]) for h in range(d.shape[1])]
-    fig, ax = plt.subplots(figsize=(max(5.5, 0.45 * len(labels) + 1.5), 3.6), layout="constrained")
+    fig, ax = plt.subplots(figsize=(max(5.5, 0.45 * len(labels) + 1.5), 3.6))
     se = getattr(result, "se", None)
     ax.bar(range(len(labels)), d.reshape(-1).numpy(), color="tab:blue",
            yerr=None if se is None else se.reshape(-1).numpy(), capsize=3)
@@ -339,4 +421,6 @@ def plot_ablation(result):
     ax.set_title("Pattern-preserving ablation of each head\n"
                  f"clean loss {result.clean_loss:.3f} nats" + (f", {n} sequences, bars ± 1 s.e." if n else ""),
                  fontsize=10)
+    fixed_layout(fig, left=0.4 + tick_label_inches(ax.yaxis), right=0.15,
+                 bottom=0.3 + max(text_inches(x, 8) for x in labels), top=0.6)
     return fig

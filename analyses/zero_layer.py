@@ -66,13 +66,24 @@ class BigramTable:
         return best, prob
 
 
+#: Vocabularies with at most this many pair keys (d_vocab²; 2048² = 4M, 32 MiB of counts) count bigrams in one dense
+#: `np.bincount`; larger ones sort chunks of keys (memory O(observed pairs)).
+DENSE_BIGRAMS = 1 << 22
+
+
 def bigram_table(tokens, d_vocab: int, chunk: int = 1 << 22) -> BigramTable:
-    """Count the bigrams (t[i], t[i+1]) of a 1-D token array (numpy memmap, tensor, list), streamed in chunks."""
+    """Count the bigrams (t[i], t[i+1]) of a 1-D token array (numpy memmap, tensor, list): a dense count of the
+    pair keys `t[i] · d_vocab + t[i+1]` for small vocabularies (`DENSE_BIGRAMS`), else sorted in chunks."""
     flat = as_1d_tokens(tokens).numpy()
     if flat.size < 2:
         raise ValueError("a bigram table needs at least 2 tokens")
     if flat.min() < 0 or flat.max() >= d_vocab:
         raise ValueError(f"token ids must lie in 0..{d_vocab - 1}")
+    if d_vocab * d_vocab <= DENSE_BIGRAMS:  # one O(n) count over every pair key; the same table as the sort below
+        n = np.bincount(flat[:-1] * d_vocab + flat[1:], minlength=d_vocab * d_vocab)
+        k = np.flatnonzero(n)
+        return BigramTable(torch.from_numpy(k // d_vocab), torch.from_numpy(k % d_vocab),
+                           torch.from_numpy(n[k].astype(np.float64)), d_vocab)
     keys, counts = [], []
     for i in range(0, flat.size - 1, chunk):
         c = flat[i : i + chunk + 1]
@@ -197,17 +208,24 @@ def plot_bigrams(model, tokens, n: int = 24, ax=None, table: BigramTable | None 
 
     table = table if table is not None else bigram_table(tokens, model.cfg.d_vocab)
     ids = torch.argsort(table.row_totals(), descending=True)[:n]
+    pos = torch.full((table.d_vocab,), -1, dtype=torch.long)
+    pos[ids] = torch.arange(len(ids))
+    i, j = pos[table.src], pos[table.dst]
+    shown = (i >= 0) & (j >= 0)  # pairs are distinct, so each cell gets one count: no sum, no order
     P = torch.zeros(len(ids), len(ids), dtype=torch.float64)
-    pos = {int(t): i for i, t in enumerate(ids)}
-    for a, b, c in zip(table.src.tolist(), table.dst.tolist(), table.count.tolist()):
-        if a in pos and b in pos:
-            P[pos[a], pos[b]] += c
+    P[i[shown], j[shown]] = table.count[shown]
     P = P / P.sum(-1, keepdim=True).clamp_min(1e-12)
     Q = direct_path_logits(model, ids)[:, ids].softmax(-1)
+    from .plots import COLORBAR_ROOM, fixed_layout, side_colorbar, text_inches
+
     side = max(4.5, 0.19 * len(ids) + 2.0)
-    fig, axes = (plt.subplots(1, 2, figsize=(2 * side + 1.2, side + 0.3), layout="constrained") if ax is None
-                 else (ax[0].figure, ax))
     labels = [figure_text(x) for x in token_labels(model, ids.tolist(), max_len=10)]
+    room = 0.35 + max(text_inches(x, 9) for x in labels)  # the token labels (9 pt) and the axis label
+    if ax is None:
+        fig, axes = plt.subplots(1, 2, figsize=(2 * side + 1.2, side + 0.3))
+        fixed_layout(fig, left=room, right=COLORBAR_ROOM, bottom=room, top=0.35, wspace=room + 0.1)
+    else:
+        fig, axes = ax[0].figure, ax
     vmax = float(max(P.max(), Q.max()))
     for a, M, title in ((axes[0], P, "corpus P(next | current)"), (axes[1], Q, "direct path softmax(W_E W_U)")):
         im = a.imshow(M.numpy(), cmap="Blues", vmin=0, vmax=vmax)
@@ -216,5 +234,9 @@ def plot_bigrams(model, tokens, n: int = 24, ax=None, table: BigramTable | None 
         a.set_yticks(range(len(ids)), labels, fontsize=9)
         a.set_xlabel("next token")
         a.set_ylabel("current token")
-    fig.colorbar(im, ax=list(axes), shrink=0.8, label="probability (rows renormalised over the shown tokens)")
+    label = "probability (rows renormalised over the shown tokens)"
+    if ax is None:
+        side_colorbar(fig, im, label)
+    else:
+        fig.colorbar(im, ax=list(axes), shrink=0.8, label=label)
     return fig

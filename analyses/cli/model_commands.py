@@ -114,7 +114,7 @@ def _report_check(args) -> int | None:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
-    from models.training.sweep import SWEEP_FILE
+    from models.io.readers import SWEEP_FILE  # not models.training.sweep: the report needs no training code
 
     if os.path.lexists(Path(args.model) / SWEEP_FILE):  # a sweep, even one whose sweep.json is not a file
         return _report_sweep(args, out)

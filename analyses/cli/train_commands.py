@@ -32,7 +32,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    "empty or an earlier run of the same kind (a folder of other files, or a seed sweep's member, is "
                    "refused, exit 2; files you add to a run folder are kept); locked while training (a second run on "
                    "it exits 2); a link trains into its target")
-    p.add_argument("--steps", type=int)
+    p.add_argument("--steps", type=int, help="training steps; fewer than the preset's (or config's) scale its "
+                   "log-spaced checkpoints, and a warm-up longer than the run, to the run "
+                   "(models.training.config.shortened)")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
     seed = p.add_mutually_exclusive_group()
@@ -60,6 +62,7 @@ def train_settings(args) -> tuple:
     import dataclasses
 
     from models.io.checkpoint import config_from_dict
+    from models.training.config import shortened
     from models.training.loop import TrainConfig
 
     if args.preset:
@@ -74,16 +77,20 @@ def train_settings(args) -> tuple:
         model_d, train_d = (d["model"], d.get("train", {})) if "model" in d else (d, {})
         model_cfg, about = config_from_dict(model_d), "custom model"
         cfg = TrainConfig.from_dict(train_d)
+    base_steps, given = cfg.steps, {}
     if args.train_config:
-        cfg = TrainConfig.from_dict(dict(cfg.to_dict(), **read_json_object(args.train_config, "training config")))
+        given = read_json_object(args.train_config, "training config")
+        cfg = TrainConfig.from_dict(dict(cfg.to_dict(), **given))
     over = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
             "data": args.data, "tokenizer": args.tokenizer, "repeat_fraction": args.repeat_fraction,
             "label_smoothing": args.label_smoothing, "device": args.device,
             "sampling_schedule": args.sampling_schedule}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in over.items() if v is not None}, out_dir=args.out,
                               progress=not (args.no_progress or args.json))
-    if args.steps is not None and cfg.keep_checkpoints is not None:
-        cfg.keep_checkpoints = sorted({s for s in cfg.keep_checkpoints if s <= cfg.steps} | {cfg.steps})
+    cfg.validate()
+    # a run shorter than its preset's (or config file's) schedule: that schedule scaled to it (`shortened`)
+    cfg, args.schedule_notes = shortened(dataclasses.replace(cfg, steps=base_steps), cfg.steps,
+                                         fixed=set(given) - {"steps"})
     cfg.validate()
     from models.files.size_checks import check_train_sizes
 
@@ -127,8 +134,11 @@ def run_train(args) -> int:
             eval_fn = make_eval_fn(tok, val, seen, periods=(50, 100))
         report_fn = make_report_fn(name, about, command, cfg, corpus, val, seen)
     if args.seeds is not None:
-        return _run_sweep(args, model_cfg, cfg, eval_fn, tok, command, name, about, corpus, val, seen)
+        code = _run_sweep(args, model_cfg, cfg, eval_fn, tok, command, name, about, corpus, val, seen)
+        _say_notes(args)
+        return code
     model, summary = train(model_cfg, cfg, eval_fn=eval_fn, report_fn=report_fn, resume=args.resume, tokenizer=tok)
+    _say_notes(args)
     em = f", held-out exact match {summary['final_exact_match']:.2%}" if "final_exact_match" in summary else ""
     emit(args, dict(summary, out=args.out),
          f"trained {args.preset or 'model'}: {summary['steps']} steps, {summary['tokens_seen']} tokens, "
@@ -150,6 +160,15 @@ def score_definitions() -> dict:
 def _first_line(fn) -> str:
     first = (fn.__doc__ or "").strip().split("\n\n")[0]  # the docstring's first paragraph
     return f"{fn.__module__}.{fn.__qualname__}: " + " ".join(first.split())
+
+
+def _say_notes(args) -> None:
+    """The schedule changes `train_settings` made (`shortened`), on stderr once the run has finished, so that an error
+    stays the only line when the run fails."""
+    import sys
+
+    for note in getattr(args, "schedule_notes", ()):
+        print(f"circuits train: note: {note}", file=sys.stderr)
 
 
 def _run_sweep(args, model_cfg, cfg, eval_fn, tok, command, name, about, corpus, val, seen) -> int:

@@ -17,7 +17,7 @@ from ..patching.report_section import induction_paths
 from . import sections as S
 from .context import Context
 from .encdec_sections import ENCDEC_SECTIONS
-from .run import Section, check_split
+from .run import Section, check_split, shared_memos
 
 #: The sections of decoder-only and encoder-only models, in report order (`Section`: key, title, fits(ctx), run(ctx),
 #: the `ctx.cache` keys it reads and writes); encoder–decoders get `ENCDEC_SECTIONS`.
@@ -25,18 +25,21 @@ SECTIONS = [
     Section("overview", "Overview", lambda c: True, S.overview, writes=frozenset({"val_loss"})),
     Section("direct_path", "Zero layers: the direct path as a bigram model", lambda c: True, S.direct_path,
             writes=frozenset({"bigrams"})),
-    Section("attention", "Attention patterns and head scores", lambda c: c.cfg.n_layers >= 1, S.attention),
-    Section("detection", "Previous-token and induction heads", lambda c: c.cfg.n_layers >= 1, S.detection),
+    Section("attention", "Attention patterns and head scores", lambda c: c.cfg.n_layers >= 1, S.attention,
+            memos=frozenset({"detect"})),
+    Section("detection", "Previous-token and induction heads", lambda c: c.cfg.n_layers >= 1, S.detection,
+            memos=frozenset({"detect"})),
     Section("copying", "Copying heads: OV circuit eigenvalues", lambda c: c.cfg.n_layers >= 1, S.copying,
             writes=frozenset({"copying"})),
     Section("skip_trigrams", "One layer: skip-trigrams", lambda c: c.cfg.n_layers >= 1, S.skip_trigram_section,
             reads=frozenset({"bigrams"})),
     Section("positional", "Positional vs content heads", lambda c: c.cfg.n_layers >= 1, S.positional),
-    Section("ablation", "Pattern-preserving head ablation", lambda c: c.cfg.n_layers >= 1, S.ablation),
+    Section("ablation", "Pattern-preserving head ablation", lambda c: c.cfg.n_layers >= 1, S.ablation,
+            memos=frozenset({"detect"})),
     Section("composition", "Two layers: composition and the induction circuit", lambda c: c.cfg.n_layers >= 2,
-            S.composition),
+            S.composition, memos=frozenset({"detect"})),
     Section("path_patching", "Path patching of the induction circuit", lambda c: c.cfg.n_layers >= 2,
-            induction_paths),
+            induction_paths, memos=frozenset({"detect"})),
     Section("term_importance", "Path expansion: term importance by order",
             lambda c: c.cfg.n_layers >= 1 and c.attn_only, S.term_importance_section),
     Section("icl", "In-context learning", lambda c: True, S.in_context, writes=frozenset({"icl"})),
@@ -258,8 +261,9 @@ def _write(i: _Inputs, stage: Path) -> Report:
     report = Report(out / "report.md", [], [s[0] for s in chosen])
     from .run import Progress, run_sections
 
+    memos = shared_memos(chosen, SECOND_PROCESS)
     outcomes = run_sections(ctx, [(s.key, s.run) for s in chosen], SECOND_PROCESS, _DISK_ERRORS, parallel,
-                            Progress(len(chosen), f"report {name}", progress))
+                            Progress(len(chosen), f"report {name}", progress), lambda: ctx.compute_memos(memos))
     for key, title, *_ in chosen:
         o = outcomes[key]
         md += [f"## {title}", "", o.text, ""]

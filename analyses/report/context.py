@@ -45,6 +45,11 @@ class Context:
         self.files.append(path)
         return f"![{caption}]({path.name})\n\n*{caption}*\n"
 
+    def compute_memos(self, keys) -> None:
+        """Compute the memos named in `keys` (of `memos`) that a method of this class computes."""
+        if "detect" in keys:
+            self.detection()
+
     def detection(self):
         if "detect" not in self.cache:
             from ..detect import detect_induction_heads, detect_previous_token_heads

@@ -32,8 +32,9 @@ class Section(NamedTuple):
     """One row of the report's section tables, in report order: its key, its title, `fits(ctx)` (whether it applies
     to this model), `run(ctx) -> markdown`, and the `ctx.cache` keys it `reads` (values other sections write) and
     `writes`. A value a `Context` method computes on first use from the model and the context alone
-    (`Context.memos`, e.g. the head detections) belongs to no section: any process may compute it, and it is not
-    listed. `check_split` reads these declarations."""
+    (`Context.memos`, e.g. the head detections) belongs to no section: any process may compute it; `memos` lists
+    those the section uses, so that one wanted on both sides of a split is computed once, before the fork.
+    `check_split` reads these declarations."""
 
     key: str
     title: str
@@ -41,6 +42,7 @@ class Section(NamedTuple):
     run: Callable
     reads: frozenset = frozenset()
     writes: frozenset = frozenset()
+    memos: frozenset = frozenset()
 
 
 def check_split(sections, second: set[str]) -> None:
@@ -122,15 +124,24 @@ class Progress:
 
 
 def run_sections(ctx, jobs: list[tuple[str, object]], second: set[str], disk_errors, parallel: bool,
-                 progress: Progress) -> dict[str, Outcome]:
-    """`{key: Outcome}` for `jobs` (`(key, function)` in report order); `progress(key)` as each finishes."""
+                 progress: Progress, shared: Callable | None = None) -> dict[str, Outcome]:
+    """`{key: Outcome}` for `jobs` (`(key, function)` in report order); `progress(key)` as each finishes.
+    `shared()`, when given, runs before a fork: what it computes into the context (memos both processes use) is
+    then computed once (an exception there is left for the section that needs the value to meet)."""
     try:
-        return _run_sections(ctx, jobs, second, disk_errors, parallel, progress)
+        return _run_sections(ctx, jobs, second, disk_errors, parallel, progress, shared)
     finally:
         progress.close()
 
 
-def _run_sections(ctx, jobs, second, disk_errors, parallel, tick) -> dict[str, Outcome]:
+def shared_memos(sections, second: set[str]) -> frozenset:
+    """The `Context.memos` that sections on both sides of the split use (`Section.memos`)."""
+    sections = [Section(*s) for s in sections]
+    side = lambda inside: frozenset().union(*(s.memos for s in sections if (s.key in second) == inside))
+    return side(True) & side(False)
+
+
+def _run_sections(ctx, jobs, second, disk_errors, parallel, tick, shared) -> dict[str, Outcome]:
     child_jobs = [(k, f) for k, f in jobs if k in second]
     own_jobs = [(k, f) for k, f in jobs if k not in second]
     if parallel and child_jobs and own_jobs:
@@ -139,6 +150,12 @@ def _run_sections(ctx, jobs, second, disk_errors, parallel, tick) -> dict[str, O
         tick.start()
         return {k: _run_ticked(ctx, k, f, disk_errors, tick) for k, f in jobs}
     _warm_up()
+    if shared is not None:
+        try:
+            with torch.no_grad():
+                shared()
+        except Exception:  # the sections that use the value raise it again, each in its own section
+            pass
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:

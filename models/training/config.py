@@ -159,7 +159,42 @@ SAMPLING_SCHEDULES = ("none", "linear", "exponential", "inverse_sigmoid")
 
 #: Settings that may differ between a run and its resumption (they do not change the trajectory).
 RESUME_FREE = ("steps", "device", "progress", "out_dir", "cache_dir", "num_threads", "keep_checkpoints", "extra",
-               "dense_checkpoints")
+               "dense_checkpoints", "log_checkpoints")
+
+
+def shortened(cfg: TrainConfig, steps: int, fixed=()) -> tuple[TrainConfig, list[str]]:
+    """`(settings, notes)`: `cfg`, whose schedule was written for `cfg.steps` steps (a preset's), for a run of `steps`
+    steps instead (`circuits train --steps`), so that a short run costs about its share of the full one. With
+    `steps == cfg.steps` nothing changes. Otherwise `keep_checkpoints` keeps the steps up to `steps`, and `steps`;
+    and for a shorter run, with f = steps / cfg.steps:
+
+    - `log_checkpoints`, the log-spaced early checkpoints (each evaluates head scores and the ICL score, which
+      together cost about as much as 25 training steps of `attn-only-2l`), becomes round(f · log_checkpoints); the
+      regular checkpoints (`checkpoint_every`), validations (`eval_every`) and the `dense_checkpoints` window lie at
+      fixed steps, so they thin out with the run by themselves; checkpoints 0 and `steps` stay;
+    - a warm-up as long as the run or longer (the learning rate would never reach its peak), from a schedule whose
+      warm-up was shorter than its run, becomes max(1, round(f · warmup_steps)): the same share of the run.
+
+    Names in `fixed` (settings the user gave explicitly) keep their values. `notes`: what to tell the user about a
+    shorter run (the scaled warm-up, or a warm-up left as long as the run or longer)."""
+    import dataclasses
+
+    new, notes = {"steps": steps}, []
+    if steps != cfg.steps and "keep_checkpoints" not in fixed and cfg.keep_checkpoints is not None:
+        new["keep_checkpoints"] = sorted({s for s in cfg.keep_checkpoints if s <= steps} | {steps})
+    if steps < cfg.steps:
+        f = steps / cfg.steps
+        if "log_checkpoints" not in fixed:
+            new["log_checkpoints"] = round(f * cfg.log_checkpoints)
+        if "warmup_steps" not in fixed and steps <= cfg.warmup_steps < cfg.steps:
+            new["warmup_steps"] = max(1, round(f * cfg.warmup_steps))
+            notes.append(f"a warm-up of {cfg.warmup_steps} steps is not shorter than the run's {steps}: scaled to "
+                         f"{new['warmup_steps']}, its share of the {cfg.steps}-step schedule")
+    out = dataclasses.replace(cfg, **new)
+    if steps < cfg.steps and out.warmup_steps >= out.steps:
+        notes.append(f"the warm-up ({out.warmup_steps} steps) is not shorter than the run ({out.steps} steps): the "
+                     "learning rate never reaches its peak (set warmup_steps below steps)")
+    return out, notes
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:

@@ -136,3 +136,29 @@ def test_no_fork_with_several_torch_threads(tmp_path, forks):
     finally:
         torch.set_num_threads(before)
     assert forks["forks"] == 0
+
+
+def test_a_memo_both_processes_use_is_computed_once_before_the_fork(tmp_path, forks, monkeypatch):
+    """attention (this process) and ablation (the child) both read the head detections: one detection, made before
+    the fork, serves both (each process made its own before), and the report is the sequential one."""
+    import analyses.detect as detect
+    from analyses.report.run import shared_memos
+
+    keys = ["attention", "ablation"]
+    assert shared_memos([s for s in SECTIONS if s[0] in keys], SECOND_PROCESS) == {"detect"}
+    calls = tmp_path / "calls"
+    real = detect.detect_induction_heads
+
+    def counted(*a, **k):
+        with open(calls, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(*a, **k)
+
+    monkeypatch.setattr(detect, "detect_induction_heads", counted)
+    kw = dict(sections=keys, n_windows=8, progress=False, folder=resolve("attn-only-2l"))
+    par = build_report(load("attn-only-2l"), tmp_path / "par", parallel=True, **kw)
+    assert forks["forks"] == 1 and par.failed == {}
+    assert calls.read_text().split() == [str(os.getpid())]
+    seq = build_report(load("attn-only-2l"), tmp_path / "seq", parallel=False, **kw)
+    for f in seq.files:
+        assert f.read_bytes() == (tmp_path / "par" / f.name).read_bytes(), f.name
