@@ -2,7 +2,8 @@
 the package index), on the same weights, the same prompts and the same metric.
 
     python benchmarks/discovery_vs_autocircuit.py [--python ACVENV/bin/python] [--json OUT.json]
-        [--model models/zoo/attn-only-2l] [--n-prompts 20] [--seed 0] [--steps 5] [--tau 0.01] [--threads 1]
+        [--model models/zoo/attn-only-2l] [--n-prompts 20] [--seed 0] [--corrupt first] [--steps 5] [--tau 0.01]
+        [--threads 1] [--side-json AUTOCIRCUIT_RESULT.json]
 
 AutoCircuit needs TransformerLens' `HookedTransformer`, which TransformerLens 4.x (this toolkit's) no longer has, so it
 runs in its own virtual environment (`benchmarks/make_autocircuit_venv.sh` builds it; `--python` or
@@ -16,10 +17,13 @@ prompts and the answers of that task, the induction loss); its tokens are sent t
 - the weights: AutoCircuit's TransformerLens 2.18 logits on the clean prompts against ours (max |Δ|);
 - edge scores: EAP, EAP-IG, exact edge patching (every edge patched alone) by both implementations; Spearman rank
   correlation over the edges both graphs have, top-k overlap |A ∩ B| / k for k in --ks, largest |Δ score|;
-- ACDC: the circuits both find at the same τ (KL distance), their overlap and faithfulness;
+- ACDC: the circuits both find at the same τ (KL distance), their overlap and faithfulness; AutoCircuit's ACDC twice,
+  in its own visiting order (within a layer a Python set's: a different one in every process) and in ours;
 - faithfulness of each top-k (the circuit alone, every other edge corrupted, normalised to 0 = corrupted run,
   1 = clean run), each edge set measured by both implementations (a check of the patching itself);
 - time: CPU seconds per method (ours in this process; AutoCircuit's in its own).
+
+`--side-json PATH` keeps AutoCircuit's result file (or reads it back when it exists, to redo the comparison alone).
 
 Not a test: no number here is asserted; it needs AutoCircuit's venv, which the project does not install.
 """
@@ -168,11 +172,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--model", default=str(ROOT / "models" / "zoo" / "attn-only-2l"))
     ap.add_argument("--n-prompts", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--corrupt", default="first", choices=("first", "second", "both"),
+                    help="which copy of R the corrupted prompts resample (the induction task's `corrupt`)")
     ap.add_argument("--steps", type=int, default=5, help="EAP-IG steps (ours) = integrated_grad_samples (theirs)")
     ap.add_argument("--tau", type=float, default=0.01, help="ACDC's τ (KL), both implementations")
     ap.add_argument("--ks", default="5,10,20")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="write the full comparison here")
+    ap.add_argument("--side-json", help="AutoCircuit's result file: read it if it exists (same settings assumed), "
+                                        "else run AutoCircuit and keep its result there")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     ks = [int(k) for k in a.ks.split(",")]
@@ -183,13 +191,18 @@ def main(argv=None) -> dict:
 
     model_dir = Path(a.model).resolve()
     model = models.load(model_dir)
-    task = discovery_task(model, "induction", n_prompts=a.n_prompts, seed=a.seed)
+    task = discovery_task(model, "induction", n_prompts=a.n_prompts, seed=a.seed, corrupt=a.corrupt)
     ours = run_ours(model, task, a.steps, a.tau)
     faith = ours.pop("faith")
     our_topk = {f"ours:{m}:top{k}": top(ours["scores"][m], k) for m in ("eap", "eap-ig", "exact") for k in ks}
     our_topk["ours:acdc:circuit"] = ours["circuit"]["acdc"]
-    theirs = run_autocircuit(a.python, model_dir, task, a.steps, a.tau, ks, our_topk, a.threads,
-                             acdc_visit_order(model))
+    if a.side_json and Path(a.side_json).exists():
+        theirs = json.loads(Path(a.side_json).read_text())
+    else:
+        theirs = run_autocircuit(a.python, model_dir, task, a.steps, a.tau, ks, our_topk, a.threads,
+                                 acdc_visit_order(model))
+        if a.side_json:
+            Path(a.side_json).write_text(json.dumps(theirs))
 
     with torch.no_grad():
         lg = model(task.clean[: len(theirs["clean_logits_head"])])
@@ -230,8 +243,13 @@ def main(argv=None) -> dict:
                       "only_ours": sorted(a_ours - a_theirs), "only_autocircuit": sorted(a_theirs - a_ours),
                       "faithfulness": {"ours": faith(sorted(a_theirs)),
                                        "autocircuit": theirs["faithfulness"][key]["circuit"]}}
+    pairs_measured = [v[side] for v in faithfulness.values() for side in ("ours_edges", "autocircuit_edges")]
+    pairs_measured += [acdc["ours_faithfulness"]]
+    pairs_measured += [acdc[n]["faithfulness"] for n in ("autocircuit_order", "our_order")]
+    faith_gap = max(abs(p["ours"] - p["autocircuit"]) for p in pairs_measured)
     result = {
-        "model": model_dir.name, "task": task.to_json(), "cpu": cpu_name(), "threads": a.threads,
+        "model": model_dir.name, "task": task.to_json() | {"corrupt": a.corrupt}, "cpu": cpu_name(),
+        "threads": a.threads,
         "versions": {"ours_torch": torch.__version__, **{f"autocircuit_venv_{k}": v
                                                           for k, v in theirs["versions"].items()}},
         "max_abs_logit_diff": logit_diff,
@@ -244,8 +262,10 @@ def main(argv=None) -> dict:
         "score_sums": {f"{side}:{m}": {"all": sum(v for v in sc.values() if v is not None),
                                         "into_logits": sum(v for e, v in sc.items() if e.endswith("->logits"))}
                        for side, d in (("ours", ours["scores"]), ("autocircuit", theirs["scores"]))
-                       for m, sc in d.items() if m != "acdc"},
+                       for m, sc in d.items() if not m.startswith("acdc")},
         "comparisons": comparisons, "faithfulness": faithfulness, "acdc": acdc,
+        # the same edge set's faithfulness by our EdgePatcher and by AutoCircuit's run_circuits, largest gap
+        "faithfulness_max_abs_diff_between_implementations": faith_gap,
         "seconds_cpu": {"ours": ours["seconds"], "autocircuit": {m: v["cpu"] for m, v in theirs["seconds"].items()}},
         "passes_ours": ours["passes"],
         "top5": {f"ours:{m}": top(ours["scores"][m], 5) for m in ("eap", "eap-ig", "exact")}
@@ -277,7 +297,8 @@ def report(r: dict, ks: list[int]) -> None:
           "(all edges / into logits):")
     for k, v in r["score_sums"].items():
         print(f"  {k:20s} {v['all']:8.4f} / {v['into_logits']:8.4f}")
-    print("\nfaithfulness (measured by ours / by AutoCircuit)")
+    print(f"\nfaithfulness (measured by ours / by AutoCircuit; largest gap between the two measurements of one edge "
+          f"set {r['faithfulness_max_abs_diff_between_implementations']:.1e})")
     for name, v in r["faithfulness"].items():
         print(f"  {name:13s} our edges {f(v['ours_edges']['ours'])} / {f(v['ours_edges']['autocircuit'])}   "
               f"AutoCircuit's edges {f(v['autocircuit_edges']['ours'])} / {f(v['autocircuit_edges']['autocircuit'])}")
