@@ -213,8 +213,9 @@ def main(argv=None) -> dict:
 
     comparisons = {}
     pairs = [("eap", "eap"), ("eap-ig", "eap-ig"), ("exact", "exact"), ("eap", "exact"), ("eap-ig", "exact")]
-    for mine, their in pairs:
-        s_o = {e: ours["scores"][mine][e] for e in shared}
+    for mine, their in pairs + [("autocircuit:eap-ig", "exact")]:
+        mine_scores = theirs["scores"]["eap-ig"] if mine.startswith("autocircuit:") else ours["scores"][mine]
+        s_o = {e: mine_scores[e] for e in shared}
         s_t = {e: theirs["scores"][their][e] for e in shared}
         row = {"spearman": spearman([s_o[e] for e in shared], [s_t[e] for e in shared]),
                "spearman_abs": spearman([abs(s_o[e]) for e in shared], [abs(s_t[e]) for e in shared]),
@@ -222,7 +223,7 @@ def main(argv=None) -> dict:
                "max_abs_score": max(abs(s_t[e]) for e in shared)}
         for k in ks:
             row[f"top{k}_overlap"] = len(set(top(s_o, k)) & set(top(s_t, k))) / k
-        comparisons[f"ours:{mine} vs autocircuit:{their}"] = row
+        comparisons[f"{mine if ':' in mine else 'ours:' + mine} vs autocircuit:{their}"] = row
 
     faithfulness = {}
     for m in ("eap", "eap-ig", "exact"):
