@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # AutoCircuit's own virtual environment for benchmarks/discovery_vs_autocircuit.py (outside the repository).
 #
-#   bash benchmarks/make_autocircuit_venv.sh [VENV]        # default /work/wt/acvenv; about 7 minutes
+#   bash benchmarks/make_autocircuit_venv.sh [VENV]        # default /work/wt/acvenv; 7-19 minutes (measured)
 #
 # auto-circuit 1.0.1 asks for transformer-lens >= 1.13 with no upper bound, so pip picks TransformerLens 4.x, which
 # no longer has the `HookedTransformer` AutoCircuit imports: the third step pins TransformerLens 2.18 (the project's
