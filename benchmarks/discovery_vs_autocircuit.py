@@ -185,9 +185,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(a.threads)
     ks = [int(k) for k in a.ks.split(",")]
 
-    from analyses.discovery import discovery_task
-
     import models
+    from analyses.discovery import discovery_task
 
     model_dir = Path(a.model).resolve()
     model = models.load(model_dir)

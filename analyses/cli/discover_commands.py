@@ -43,8 +43,8 @@ def _args(p: argparse.ArgumentParser) -> None:
                         "training text (a text model's own tokens; needs the model's tokenizer)")
     p.add_argument("--batch", type=positive_int, default=32, help="ACDC: removals tried per pass (default 32)")
     p.add_argument("--top", type=positive_int, default=15, help="edges listed (default 15)")
-    p.add_argument("--out", metavar="DIR", help="write result.json, circuit.json, circuit.png, faithfulness.png here")
-    add_common(p)
+    p.add_argument("--out", metavar="DIR", help="a folder: result.json, circuit.json, circuit.png, faithfulness.png")
+    add_common(p, figure=True, csv=True)
 
 
 def _task_file(spec: str) -> Path | None:
@@ -136,7 +136,15 @@ def run_discover(args, loaded) -> int:
         _write(args.out, result)
         obj["out"] = str(args.out)
         lines += ["", f"wrote {args.out}/ (result.json, circuit.json, circuit.png, faithfulness.png)"]
-    emit(args, obj, "\n".join(lines))
+    rows = [[s, r, result.scores[(s, r)], (s, r) in set(result.circuit)]
+            for s, r in sorted(result.scores, key=lambda e: -abs(result.scores[e]))]
+
+    def figure():
+        from ..discovery.plots import plot_circuit
+
+        return plot_circuit(result)
+
+    emit(args, obj, "\n".join(lines), table=(["sender", "receiver", "score", "in_circuit"], rows), figure=figure)
     return 0
 
 

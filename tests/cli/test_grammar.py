@@ -148,7 +148,8 @@ def test_the_help_pages_and_the_readme_name_the_grammar():
 EXTRA = {"heads": [], "eigen": [], "compose": ["--kind", "k"], "paths": ["--windows", "2"],
          "trigrams": ["--head", "1.0", "--top", "5"], "attention": ["--text", "abcabc"],
          "patch": ["--clean", "abab", "--corrupt", "abcd", "--answer", "a", "--what", "resid"],
-         "lens": ["--text", "abcab"], "sweep": None}
+         "lens": ["--text", "abcab"], "sweep": None,
+         "discover": ["--task", "induction", "--n-prompts", "4", "--seq-len", "6", "--method", "eap"]}
 
 
 @pytest.fixture(scope="module")
