@@ -128,13 +128,38 @@ def test_seed_sweep_section_quotes_its_record():
     assert f"{s['wall_time']:,.0f} s" in section
     assert f"**Every seed forms induction heads: {a['formed']['k']} of {a['formed']['n']}**" in section
     assert f"Wilson 95 %: {a['formed']['low']:.2f}–{a['formed']['high']:.2f}" in section
-    f, t = x["formation_step"], x["formation_tokens"]
-    assert f"step {f['mean']:,.0f} [{f['low']:,.0f}, {f['high']:,.0f}]" in section
-    assert f"{t['mean'] / 1e6:.2f} M tokens [{t['low'] / 1e6:.2f} M, {t['high'] / 1e6:.2f} M]" in section
-    assert sorted({r["formation_step"] for r in a["seeds"]}) == [1750, 1875]
+    # the first sweep's formation, re-read from its shipped curves by interpolation (its record predates `crossing`)
+    from analyses.stats import t_interval
+    from analyses.sweep import crossing
+
+    cross = [crossing(r["induction_curve"]) for r in a["seeds"]]
+    c = t_interval([k["step"] for k in cross])
+    assert f"step {c['mean']:,.0f}\n  [{c['low']:,.0f}, {c['high']:,.0f}]" in README[README.index("## Seed sweeps"):]
+    lo, hi = (sum(k["bracket"][i] for k in cross) / len(cross) for i in (0, 1))
+    assert f"bound the mean only to ({lo:,.0f}, {hi:,.0f}]" in section
+    assert min(k["bracket"][0] for k in cross) == 1500 and max(k["bracket"][1] for k in cross) == 1875
+    assert "between 1,500 and 1,875" in section
     for key in ("loss_bump_tokens", "rise_tokens"):
         v = x[key]
         assert f"{v['mean'] / 1e6:.2f} M tokens [{v['low'] / 1e6:.2f} M, {v['high'] / 1e6:.2f} M]" in section, key
+    # the dense re-run (issue 40.3): checkpoints every 25 steps from 1,500 to 2,200
+    d = json.loads((ROOT / "docs" / "sweep-attn-only-2l-dense" / "sweep.json").read_text())
+    da, dx = d["analysis"], d["analysis"]["across_seeds"]
+    assert d["train_config"]["dense_checkpoints"] == [1500, 2200, 25] and da["n_seeds"] == 8
+    assert f"stopped at step {da['steps_reached']:,} of {d['steps']:,}" in section
+    assert f"{da['formed']['k']} of {da['formed']['n']} seeds formed again" in section
+    brackets = [r["crossing_bracket"] for r in da["seeds"]]
+    assert f"between steps {min(b[0] for b in brackets):,} and {max(b[1] for b in brackets):,}" in section
+    assert {b[1] - b[0] for b in brackets} == {25} and "25-step bracket" in section
+    c, t = dx["crossing_step"], dx["crossing_tokens"]
+    assert f"mean step {c['mean']:,.0f} [{c['low']:,.0f}, {c['high']:,.0f}]" in section
+    lo, hi = da["formation_bound_steps"]
+    assert f"the checkpoints alone bound the mean to ({lo:,.0f}, {hi:,.0f}]" in section
+    assert f"{t['mean'] / 1e6:.2f} M tokens [{t['low'] / 1e6:.2f} M, {t['high'] / 1e6:.2f} M]" in section
+    b, r = dx["loss_bump_tokens"], dx["rise_tokens"]
+    assert f"{b['mean'] / 1e6:.2f} M [{b['low'] / 1e6:.2f} M, {b['high'] / 1e6:.2f} M] in the re-run" in section
+    assert f"{r['mean'] / 1e6:.2f} M tokens [{r['low'] / 1e6:.2f} M, {r['high'] / 1e6:.2f} M] of the\n" \
+           f"  re-run's {da['steps_reached']:,} steps" in README
     for key, digits in (("previous_token_score", 3), ("best_induction_score", 3), ("final_icl_score", 3),
                         ("final_val_loss", 3), ("copying_score_best_induction_head", 3)):
         v = x[key]
@@ -149,7 +174,7 @@ def test_seed_sweep_section_quotes_its_record():
     assert f"final validation loss {seed0['final_val_loss']:.4f}" in section
     shipped = [json.loads(x) for x in (ROOT / "models" / "zoo" / "attn-only-2l" / "metrics.jsonl").read_text()
                .splitlines()]
-    assert f"the shipped {next(r['val_loss'] for r in shipped if r['step'] == 6000):.4f}" in section
+    assert f"the shipped run's {next(r['val_loss'] for r in shipped if r['step'] == 6000):.4f}" in section
 
 
 def _minus(text: str) -> str:
