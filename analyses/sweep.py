@@ -241,7 +241,7 @@ def sweep_markdown(s: dict) -> str:
                      "assumes the score rises linearly within a bracket")
     for k in SUMMARISED:
         a = s["across_seeds"][k]
-        if a["n"]:
+        if a["n"] and k not in ("formation_step", "formation_tokens"):  # checkpoint steps: the bound above says it
             lines.append(f"- {k.replace('_', ' ')}: mean **{_fmt(a['mean'])}**, 95 % t interval "
                          f"[{_fmt(a['low'])}, {_fmt(a['high'])}] (n = {a['n']})")
     return "\n".join(head + [table, ""] + [x for x in lines if x] + [""])
