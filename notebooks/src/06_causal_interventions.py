@@ -259,7 +259,7 @@ for tool, call in (("activation patching (z)", lambda m: P.activation_patching(m
 # ## From the command line
 #
 # `circuits patch` runs activation patching (`--what resid|heads`) or path patching (`--what paths`) between two
-# prompts of the same length; `circuits lens` the logit lens. Both take `--json` and `--out FIG.png`.
+# prompts of the same length; `circuits lens` the logit lens. Both take `--json`, `--csv` and `--figure FIG.png`.
 
 # %%
 out = subprocess.run([sys.executable, "-m", "analyses.cli", "patch", "attn-only-2l", "--clean",
