@@ -263,9 +263,11 @@ def plot_eigenvalues(model):
     title = textwrap.fill("Full OV circuit eigenvalues λ / max|λ| in the complex plane (title: copying score "
                           "Σλ/Σ|λ|)", max(30, int(min(size, 16.0 / max(H, 1)) * H * 11)))
     top = 0.3 + 0.2 * (title.count("\n") + 1)
-    fig, axes = _layer_head_grid(L, H, size, extra_w=0.2 + 0.1 * (H - 1), extra_h=top + 0.45 + 0.3 * (L - 1),
+    ncol = 3 if H >= 3 else 1  # a narrow figure stacks the legend's three entries
+    bottom = 0.45 + 0.2 * (3 // ncol - 1)
+    fig, axes = _layer_head_grid(L, H, size, extra_w=0.2 + 0.1 * (H - 1), extra_h=top + bottom + 0.3 * (L - 1),
                                  layout=None)
-    fixed_layout(fig, left=0.1, right=0.1, bottom=0.45, top=top, wspace=0.1, hspace=0.3)
+    fixed_layout(fig, left=0.1, right=0.1, bottom=bottom, top=top, wspace=0.1, hspace=0.3)
     t = torch.linspace(0, 2 * math.pi, 200)
     for l in range(L):
         lam_all = eigenvalues(full_ov_circuit(m, l)).cpu()  # [head, d_head]
@@ -285,7 +287,7 @@ def plot_eigenvalues(model):
             ax.set_yticks([])
             ax.set_title(f"{head_label(l, h)}: {score:+.2f}", fontsize=9)
     handles = [Line2D([], [], ls="", marker="o", color=c, label=lab) for c, lab in EIGEN_COLOURS]
-    fig.legend(handles=handles, loc="lower center", ncol=3 if H >= 3 else 1, fontsize=8, frameon=False,
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False,
                borderaxespad=0.1)
     fig.suptitle(title, fontsize=10, y=1 - 0.08 / fig.get_size_inches()[1], va="top")
     return fig
@@ -331,12 +333,14 @@ def plot_composition(study):
     return fig
 
 
-def _cluster(points: dict, tol: float = 0.04) -> list[tuple[float, float, list]]:
-    """Points closer than `tol` (data units) merged into one labelled spot: [(x, y, [keys])]."""
+def _cluster(points: dict, tol: float = 0.04, tol_y: float | None = None) -> list[tuple[float, float, list]]:
+    """Points closer than `tol` across and `tol_y` (default `tol`) up (data units) merged into one labelled spot:
+    [(x, y, [keys])]."""
+    tol_y = tol if tol_y is None else tol_y
     groups: list[tuple[float, float, list]] = []
     for key, (x, y) in sorted(points.items()):
         for g in groups:
-            if abs(g[0] - x) < tol and abs(g[1] - y) < tol:
+            if abs(g[0] - x) < tol and abs(g[1] - y) < tol_y:
                 g[2].append(key)
                 break
         else:
@@ -347,7 +351,8 @@ def _cluster(points: dict, tol: float = 0.04) -> list[tuple[float, float, list]]
 def plot_positivity(circuit):
     """(QK positivity, OV positivity) of each layer ≥ 1 head — Σλ/Σ|λ| of its K-composition circuit with its
     previous-token partner and of its full OV circuit (Framework, induction-head figure); induction heads red.
-    Heads at the same spot (within 0.04) share one label, placed inside the axes."""
+    Heads whose labels would overlap (within 0.25 across, 0.08 up: a label's size at 8 pt on these axes) share one
+    label, placed inside the axes."""
     from matplotlib.lines import Line2D
 
     plt = _plt()
@@ -356,9 +361,9 @@ def plot_positivity(circuit):
     induction = set(circuit.induction.heads)
     for (l, h), (qk, ov) in circuit.positivity.items():
         ax.scatter([qk], [ov], c="tab:red" if (l, h) in induction else "tab:gray", s=40, zorder=3)
-    for x, y, keys in _cluster(circuit.positivity):
+    for x, y, keys in _cluster(circuit.positivity, 0.25, 0.08):
         label = ", ".join(head_label(*k) for k in keys)
-        dx = -6 if x > 0.4 else 6  # point the label towards the middle so it stays inside
+        dx = -6 if x > 0.6 else 6  # labels run right (so neighbours' labels don't meet), left only near the edge
         dy = -10 if y > 0.8 else 6
         ax.annotate(label, (x, y), fontsize=8, xytext=(dx, dy), textcoords="offset points",
                     ha="right" if dx < 0 else "left", va="top" if dy < 0 else "bottom")
