@@ -7,7 +7,7 @@ the package index), on the same weights, the same prompts and the same metric.
 
 AutoCircuit needs TransformerLens' `HookedTransformer`, which TransformerLens 4.x (this toolkit's) no longer has, so it
 runs in its own virtual environment (`benchmarks/make_autocircuit_venv.sh` builds it; `--python` or
-`$AUTOCIRCUIT_PYTHON` names its interpreter, default `/work/wt/acvenv/bin/python`) through
+`$AUTOCIRCUIT_PYTHON` names its interpreter, default `.venv-autocircuit/bin/python`) through
 `benchmarks/autocircuit_side.py`, which loads the zoo folder's config.json + model.safetensors into TransformerLens
 2.18 and exchanges JSON with this script (offline; no pickles).
 
@@ -47,7 +47,7 @@ SIDE = Path(__file__).resolve().parent / "autocircuit_side.py"
 # benchmarks/circuits.py would shadow the `circuits` package: drop the script's folder; the repository comes after
 # $PYTHONPATH, so a checkout named there wins
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != SIDE.parent] + [str(ROOT)]
-DEFAULT_PYTHON = os.environ.get("AUTOCIRCUIT_PYTHON", "/work/wt/acvenv/bin/python")
+DEFAULT_PYTHON = os.environ.get("AUTOCIRCUIT_PYTHON", ".venv-autocircuit/bin/python")
 
 
 def ranks(values: list[float]) -> list[float]:
