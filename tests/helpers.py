@@ -3,6 +3,7 @@ unambiguously once several folders have one)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 
@@ -128,3 +129,26 @@ def fail_fsync_of(monkeypatch, suffix: str, code: int = errno.ENOSPC) -> None:
         return real(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
+
+
+@contextlib.contextmanager
+def offline_page(chromium: str, flags: list, url: str):
+    """A headless Chromium page opened on `url` that may load only file: and data: URLs (any other request is
+    aborted and recorded): yields `(page, requests, errors, dialogs)`, page errors and dialogs recorded too (dialogs
+    dismissed); the browser is closed on exit."""
+    from playwright import sync_api
+
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=flags)
+        try:
+            ctx = browser.new_context(offline=True, viewport={"width": 1280, "height": 1000})
+            requests, errors, dialogs = [], [], []
+            ctx.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file:", "data:"))
+                      else (requests.append(route.request.url), route.abort()))
+            page = ctx.new_page()
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.goto(url)
+            yield page, requests, errors, dialogs
+        finally:
+            browser.close()

@@ -195,7 +195,7 @@ def test_hostile_model_sae_page_in_headless_chromium(tmp_path):
     that makes no request, opens no dialog, renders every feature page, and shows the tokens as text."""
     import shutil
 
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     chromium = os.environ.get("TOY_CIRCUITS_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
@@ -228,24 +228,15 @@ def test_hostile_model_sae_page_in_headless_chromium(tmp_path):
     n = len(json.loads(r.stdout)["features"])
     assert n == 5
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=flags)
-        try:
-            ctx = browser.new_context(offline=True, viewport={"width": 1280, "height": 1000})
-            requests, errors, dialogs = [], [], []
-            ctx.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file:", "data:"))
-                      else (requests.append(route.request.url), route.abort()))
-            page = ctx.new_page()
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-            page.goto((tmp_path / "rep" / "sae_report.html").as_uri())
-            page.wait_for_timeout(300)
-            sections = page.locator("section.sae-feature").count()
-            bars = page.locator("section.sae-feature svg rect").count()
-            injected = page.locator("b", has_text="PWN").count() + page.locator("img[src=x]").count()
-            shown = page.locator("section.sae-feature").all_inner_texts()
-        finally:
-            browser.close()
+    from helpers import offline_page
+
+    with offline_page(chromium, flags, (tmp_path / "rep" / "sae_report.html").as_uri()) as (page, requests, errors,
+                                                                                           dialogs):
+        page.wait_for_timeout(300)
+        sections = page.locator("section.sae-feature").count()
+        bars = page.locator("section.sae-feature svg rect").count()
+        injected = page.locator("b", has_text="PWN").count() + page.locator("img[src=x]").count()
+        shown = page.locator("section.sae-feature").all_inner_texts()
     assert requests == [] and dialogs == [] and errors == [], (requests, dialogs, errors)
     assert sections == n and bars > 0 and injected == 0
     assert re.search(r"<b>PWN</b>|<script>|<img src=x", "".join(shown))  # the tokens shown as text

@@ -165,26 +165,16 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 @pytest.mark.e2e
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
 def test_hostile_page_in_headless_chromium_makes_no_request_and_renders_everything(report):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     n_sections = len(re.findall(r"^## ", (report / "report.md").read_text(), flags=re.M))
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            ctx = browser.new_context(offline=True, viewport={"width": 1280, "height": 1000})
-            requests, errors, dialogs = [], [], []
-            ctx.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("file:", "data:"))
-                      else (requests.append(route.request.url), route.abort()))
-            page = ctx.new_page()
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-            page.goto((report / "report.html").as_uri())
-            page.get_by_text("Head Selector (hover to view, click to lock)").first.wait_for(timeout=30_000)
-            page.wait_for_timeout(500)
-            h2 = page.locator("body > h2").count()  # CircuitsVis draws headings of its own inside views
-            views = page.eval_on_selector_all(".circuitsvis-view", "els => els.map(e => e.childElementCount)")
-            bold = page.locator("b", has_text="PWN").count() + page.locator("img[src=x]").count()
-        finally:
-            browser.close()
+    from helpers import offline_page
+
+    with offline_page(CHROMIUM, FLAGS, (report / "report.html").as_uri()) as (page, requests, errors, dialogs):
+        page.get_by_text("Head Selector (hover to view, click to lock)").first.wait_for(timeout=30_000)
+        page.wait_for_timeout(500)
+        h2 = page.locator("body > h2").count()  # CircuitsVis draws headings of its own inside views
+        views = page.eval_on_selector_all(".circuitsvis-view", "els => els.map(e => e.childElementCount)")
+        bold = page.locator("b", has_text="PWN").count() + page.locator("img[src=x]").count()
     assert requests == [] and dialogs == [] and errors == [], (requests, dialogs, errors)
     assert h2 == n_sections  # every section, none swallowed into a script or comment
     assert len(views) == 3 and all(n > 0 for n in views), views  # every interactive view rendered
