@@ -7,9 +7,8 @@ busy machine than wall time) and wall time; medians and the ratio to `import tor
     python benchmarks/import_cost.py [--rounds 7] [--model attn-only-1l]
 
 - torch: `import torch`;
-- models: `import models`, load the zoo's `--model` (default attn-only-1l) and run it on a short text
-  (TransformerLens' package `__init__` deferred: `models.deferred_import`);
-- models, eager: the same with TOY_CIRCUITS_EAGER_IMPORTS=1 (TransformerLens' `__init__` run on import, as before).
+- models: `import models`, load the zoo's `--model` (default attn-only-1l) and run it on a short text (plain imports:
+  TransformerLens' package `__init__` runs, with the Hugging Face packages it imports).
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ USE = ("import models, sys; m = models.load({model!r}); m(m.to_tokens('def f(x):
 def configs(model: str) -> dict:
     use = USE.format(model=model)
     return {"torch": ("import torch, sys; print(len(sys.modules), [])", {}),
-            "models": (use, {}),
-            "models, eager": (use, {"TOY_CIRCUITS_EAGER_IMPORTS": "1"})}
+            "models": (use, {})}
 
 
 def run(code: str, env: dict) -> tuple[float, float, str]:

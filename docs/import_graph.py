@@ -23,7 +23,7 @@ PACKAGES = ("models", "circuits", "analyses")
 
 #: Bottom to top: a module of `models` may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("models.errors", "models.lazy", "models.deferred_import", "models.files")),
+    ("base", ("models.errors", "models.lazy", "models.files")),
     # the models and the decoding and persistence they offer as methods: `generation` needs no model class, so the
     # model classes' `generate` / `beam_search` call it directly
     ("arch", ("models.arch", "models.generation")),

@@ -9,13 +9,7 @@ TransformerLens 2.x's module paths are files of this package: `models.utils`, `m
 from typing import TYPE_CHECKING
 
 from .arch.persist import save  # bound now, not on first use: nnsight 0.8 gives every object a `save` method
-from .deferred_import import TRANSFORMER_LENS, defer_package_inits
 from .lazy import lazy_exports
-
-# TransformerLens' package `__init__` imports transformers, datasets, pandas and pyarrow, none of which we use: its
-# classes load without it, the `__init__` running only if something asks for a name it alone makes
-# (`models.deferred_import`; TOY_CIRCUITS_EAGER_IMPORTS=1 turns this off).
-defer_package_inits(TRANSFORMER_LENS)
 
 if TYPE_CHECKING:
     from .arch.config import HookedTransformerConfig

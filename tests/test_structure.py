@@ -172,11 +172,11 @@ def test_model_kind_is_asked_not_tested_by_attributes(package):
 
 
 def test_import_machinery_is_plain_python():
-    """Every module of ours and of TransformerLens is a plain module object (lazy exports and the deferred
-    TransformerLens `__init__`s are module `__getattr__`s, PEP 562), no private import-system flag is set and the
-    `models` package's search path is its folder (TransformerLens 2.x's paths are real files). Before:
-    models.lazy and models.deferred_import gave modules classes of their own, deferred_import set
-    `spec._initializing`, models/__init__.py appended models/tl_paths to `__path__`."""
+    """Every module of ours and of TransformerLens is a plain module object (lazy exports are module `__getattr__`s,
+    PEP 562), no import hook of ours is installed, no private import-system flag is set and the `models` package's
+    search path is its folder (TransformerLens 2.x's paths are real files). Before: models.lazy gave modules classes
+    of their own, a deferred-import module put a `sys.meta_path` finder and modules of TransformerLens' into the
+    import system, models/__init__.py appended models/tl_paths to `__path__`."""
     import sys
     import types
 
@@ -189,6 +189,11 @@ def test_import_machinery_is_plain_python():
            and type(m) is not types.ModuleType]
     assert odd == []
     assert [Path(p) for p in models.__path__] == [ROOT / "models"]
+    ours = [f for f in sys.meta_path if type(f).__module__.split(".")[0] in PACKAGES]
+    assert ours == []
+    machinery = [f"{p.relative_to(ROOT)}:{i}" for package in PACKAGES for p in _sources(package)
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if "sys.meta_path" in line]
+    assert machinery == []
     private = [f"{p.relative_to(ROOT)}:{i}" for package in PACKAGES for p in _sources(package)
                for i, line in enumerate(p.read_text().splitlines(), 1) if "._initializing" in line]
     assert private == []

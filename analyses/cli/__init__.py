@@ -34,16 +34,9 @@ import os
 import signal
 import sys
 
-from models.deferred_import import TRANSFORMER_LENS, defer_package_inits
-
 from . import circuit_commands, discover_commands, model_commands, patch_commands, sae_commands, train_commands
 from .common import Command, UsageError, run_command, warn
 from .common import rank as _rank
-
-# The command line is a process of ours: TransformerLens' classes without its heavy package __init__ (1.3 s of CPU).
-# Library users (`import models`) get the plain import: this changes sys.modules, so only the CLI opts in. (The
-# command modules import torch and TransformerLens inside `run`, after this.)
-defer_package_inits(TRANSFORMER_LENS)
 
 __all__ = ["COMMANDS", "Command", "UsageError", "build_parser", "main"]
 

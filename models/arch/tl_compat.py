@@ -21,7 +21,6 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 
-# as names of the package, which `models.deferred_import` serves before TransformerLens' package `__init__` has run
 from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule, hook_points
 
 from ..errors import UnsupportedByTransformerLens

@@ -38,11 +38,6 @@ TRAINING_FILE = SAE_TRAINING_FILE
 
 def sae_lens():
     """The `sae_lens` package, or `MissingDependencyError` naming the install."""
-    from ..deferred_import import complete_all
-
-    # SAELens imports TransformerLens' model classes, whose modules import the package's other parts: its package
-    # `__init__`s must have run (the command line defers them, `models.deferred_import`); a no-op otherwise.
-    complete_all()
     try:
         import sae_lens
     except ImportError as e:

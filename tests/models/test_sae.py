@@ -319,9 +319,7 @@ def test_cli_train_then_report_on_gelu_2l(tmp_path):
 @pytest.mark.ecosystem
 @needs_sae_lens
 def test_sae_lens_imports_after_models_in_one_program():
-    """`import models` defers TransformerLens' package `__init__` (models.deferred_import); SAELens imported after a
-    model has run must still import (it failed with a circular import under transformer-lens 3.9 when the deferral
-    served its `HookedTransformer` before the package `__init__`)."""
+    """SAELens imported after `import models` and a model run imports, and finds TransformerLens' one set of modules."""
     code = ("import models; m = models.load('attn-only-1l'); m(m.to_tokens('ab')); import sae_lens; "
             "from sae_lens import HookedSAETransformer; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -14,9 +14,9 @@ from models.errors import UnsupportedByTransformerLens
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where `transformer_lens` may be imported directly: the compatibility module; the legacy 2.18 tests (their own
-#: venv); the tests of the command line's deferred import and this one, which test TransformerLens' package itself;
+#: venv); this one, which tests TransformerLens' package itself;
 #: AutoCircuit's side of a benchmark, which runs in AutoCircuit's venv (TransformerLens 2.18) and never imports ours.
-ALLOWED = {"models/arch/tl_compat.py", "tests/models/test_deferred_import.py", "tests/models/test_tl_compat.py",
+ALLOWED = {"models/arch/tl_compat.py", "tests/models/test_tl_compat.py",
            "tests/models/test_migration.py",  # checks that models.utils & co. ARE TransformerLens' objects
            "benchmarks/autocircuit_side.py"}
 
