@@ -427,15 +427,11 @@ OUTPUTS = ("results.json", "results.md", *(f for pair in FIGURES.values() for f 
 def _read_runs(folder: Path) -> list[dict]:
     """Every run's record in `folder` (OUT/runs/), sorted by name; a file that is not one raises `FolderError`."""
     from models.errors import FolderError
-    from models.files.safe_read import JSON_LIMIT, read_text
+    from models.files.safe_read import JSON_LIMIT, read_json
 
     runs = []
     for f in sorted(folder.glob("*.json")):
-        try:
-            r = json.loads(read_text(f, JSON_LIMIT, FolderError, "a run's record"))
-        except json.JSONDecodeError as e:
-            raise FolderError(f"{f}: a run's record is not valid JSON ({e.msg}); remove it to train that run "
-                              "again") from None
+        r = read_json(f, JSON_LIMIT, FolderError, "a run's record (remove it to train that run again)")
         if not isinstance(r, dict) or r.get("schedule") not in SCHEDULES or r.get("task") not in TASK_NAMES:
             raise FolderError(f"{f}: not a run's record of this experiment; remove it to train that run again")
         runs.append(r)
