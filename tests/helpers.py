@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 
+import pytest
 import torch
 
 from models import HookedTransformer, HookedTransformerConfig
@@ -152,3 +153,17 @@ def offline_page(chromium: str, flags: list, url: str):
             yield page, requests, errors, dialogs
         finally:
             browser.close()
+
+
+def _sae_lens_missing() -> str:
+    """Why `sae_lens` does not import here ("" where it does)."""
+    try:
+        import sae_lens  # noqa: F401
+    except ImportError as e:
+        return f"sae_lens is not importable here ({e}); CI's ecosystem job installs it"
+    return ""
+
+
+WHY_NO_SAE_LENS = _sae_lens_missing()
+#: Marks a test that needs SAELens (the ecosystem job's environment): skipped elsewhere, saying why.
+needs_sae_lens = pytest.mark.skipif(bool(WHY_NO_SAE_LENS), reason=WHY_NO_SAE_LENS)

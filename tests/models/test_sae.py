@@ -12,18 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import needs_sae_lens
 
 import models
 from models.errors import FolderError, MissingDependencyError, SAEError
 
 ROOT = Path(__file__).resolve().parents[2]
-try:
-    import sae_lens  # noqa: F401
-
-    HAVE_SAE_LENS, WHY = True, ""
-except ImportError as e:
-    HAVE_SAE_LENS, WHY = False, f"sae_lens is not importable here ({e}); CI's ecosystem job installs it"
-needs_sae_lens = pytest.mark.skipif(not HAVE_SAE_LENS, reason=WHY)
 
 
 def _sae(d_in: int, hook: str, d_sae: int = 64, seed: int = 0):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import needs_sae_lens
 
 import models
 from models.io.checkpoint import ZOO_DIR
@@ -22,13 +23,6 @@ from models.io.sae import zoo_sae, zoo_saes
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = [("attn-only-2l", "blocks.1.attn.hook_z"), ("gelu-2l", "blocks.1.hook_mlp_out")]
-try:
-    import sae_lens  # noqa: F401
-
-    HAVE_SAE_LENS, WHY = True, ""
-except ImportError as e:
-    HAVE_SAE_LENS, WHY = False, f"sae_lens is not importable here ({e}); CI's ecosystem job installs it"
-needs_sae_lens = pytest.mark.skipif(not HAVE_SAE_LENS, reason=WHY)
 
 
 def _measured(model, hook) -> dict:
