@@ -15,11 +15,8 @@ overrides and seeds, the components) is written last. Only torch, numpy, transfo
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -187,15 +184,9 @@ def grokking_run(model_cls, config_cls, epochs: int = GROKKING_EPOCHS) -> dict[s
 
 
 def main(out_dir: str) -> None:
-    import importlib.metadata
+    from make_references import reference_folder, write_manifest  # this folder is the script's: on sys.path
 
-    version = importlib.metadata.version("transformer-lens")
-    if version != "2.18.0":
-        raise SystemExit(f"make_init_references: needs transformer-lens 2.18.0, found {version} (run it in .venv-tl2)")
-    torch.set_num_threads(1)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "manifest.json").unlink(missing_ok=True)
+    out = reference_folder(out_dir, "make_init_references")
     cases = init_grid()
     for name, case in cases.items():
         save_file(build_case(case), str(out / f"{name}.safetensors"))
@@ -203,10 +194,7 @@ def main(out_dir: str) -> None:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     save_file(grokking_run(HookedTransformer, HookedTransformerConfig), str(out / "grokking-training.safetensors"))
-    tmp = out / f".manifest.{os.getpid()}"
-    tmp.write_text(json.dumps({"transformer_lens": version, "torch": torch.__version__, "cases": cases,
-                               "components": {k: [list(a), o, i] for k, (a, o, i) in COMPONENTS.items()}}))
-    os.replace(tmp, out / "manifest.json")
+    write_manifest(out, cases=cases, components={k: [list(a), o, i] for k, (a, o, i) in COMPONENTS.items()})
 
 
 if __name__ == "__main__":

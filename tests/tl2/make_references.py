@@ -309,18 +309,36 @@ def field_defaults() -> dict:
     return fields
 
 
-def main(out_dir: str) -> None:
+def reference_folder(out_dir: str, script: str) -> Path:
+    """The output folder of a reference script, made ready (its manifest removed until the script writes it again),
+    after checking that the script runs under TransformerLens 2.18.0, one thread."""
     import importlib.metadata
-
-    from tqdm import tqdm
 
     version = importlib.metadata.version("transformer-lens")
     if version != "2.18.0":
-        raise SystemExit(f"make_references: needs transformer-lens 2.18.0, found {version} (run it in .venv-tl2)")
+        raise SystemExit(f"{script}: needs transformer-lens 2.18.0, found {version} (run it in .venv-tl2)")
     torch.set_num_threads(1)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").unlink(missing_ok=True)
+    return out
+
+
+def write_manifest(out: Path, **fields) -> None:
+    """manifest.json (the versions that made the references, and `fields`), written last and atomically: its presence
+    says the folder is complete."""
+    import importlib.metadata
+
+    tmp = out / f".manifest.{os.getpid()}"
+    tmp.write_text(json.dumps({"transformer_lens": importlib.metadata.version("transformer-lens"),
+                               "torch": torch.__version__, **fields}))
+    os.replace(tmp, out / "manifest.json")
+
+
+def main(out_dir: str) -> None:
+    from tqdm import tqdm
+
+    out = reference_folder(out_dir, "make_references")
     cases = grid()
     for seed, (name, overrides) in enumerate(tqdm(cases.items(), desc="TL 2.18 references", file=sys.stderr)):
         meta, state, tensors = build_case(name, overrides, 1000 + 10 * seed)
@@ -328,9 +346,7 @@ def main(out_dir: str) -> None:
         save_file(tensors, str(out / f"{name}.ref.safetensors"))
         (out / f"{name}.json").write_text(json.dumps(meta, indent=1))
     (out / "fields.json").write_text(json.dumps(field_defaults(), indent=1))
-    tmp = out / f".manifest.{os.getpid()}"
-    tmp.write_text(json.dumps({"transformer_lens": version, "torch": torch.__version__, "cases": list(cases)}))
-    os.replace(tmp, out / "manifest.json")
+    write_manifest(out, cases=list(cases))
 
 
 if __name__ == "__main__":
