@@ -55,7 +55,10 @@ def run_heads(args, loaded) -> int:
     model = loaded.model
     bar = progress(args, 3, f"heads {loaded.name}")
     bar.set_postfix_str("text")
-    text, text_about, vocab = validation_windows(loaded, args, 8, args.seed)
+    from ..report import corpus_warning, training_corpus
+
+    corpus = None if args.text_file else training_corpus(model, loaded.folder)
+    text, text_about, vocab = validation_windows(loaded, args, 8, args.seed, corpus)
     bar.update()
     bar.set_postfix_str("previous-token")
     prev = detect_previous_token_heads(model, text, threshold=args.threshold, seed=args.seed)
@@ -127,9 +130,7 @@ def run_heads(args, loaded) -> int:
         + [textwrap.fill(f"{k:<13} {v}", 110, subsequent_indent=" " * 14) for k, v in notes]
         + ["", textwrap.fill(f"verdicts: {crit}", 110, subsequent_indent="  ")])
     if text is not None and not args.text_file:  # one line when the text is not the corpus the card names
-        from ..report import corpus_warning, training_corpus
-
-        obj["corpus_warning"] = corpus_warning(training_corpus(model, loaded.folder), loaded.folder) or None
+        obj["corpus_warning"] = corpus_warning(corpus, loaded.folder) or None
         text_out += f"\n\n{obj['corpus_warning']}" if obj["corpus_warning"] else ""
     emit(args, obj, text_out, table=(headers, rows), figure=figure)
     return 0

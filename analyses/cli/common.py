@@ -426,10 +426,11 @@ def read_text_tokens(model, text_file: str, max_tokens: int = TEXT_TOKENS):
     return ids
 
 
-def validation_windows(loaded: Loaded, args, n: int, seed: int = 0):
+def validation_windows(loaded: Loaded, args, n: int, seed: int = 0, corpus=None):
     """`(tokens [n, n_ctx] with BOS first, description, vocabulary)`: windows of `--text-file` if given, else of
-    the validation split of the corpus the model was trained on (the folder's train_config.json; default the
-    Python standard library, tokenized once and cached), else `(None, reason, None)`. The vocabulary is the ids
+    the validation split of the corpus the model was trained on (`corpus`, when the caller has it already; else the
+    folder's train_config.json, default the pinned standard library, tokenized once and cached), else
+    `(None, reason, None)`. The vocabulary is the ids
     of the whole text read (up to 400k tokens), which random probes are drawn from, as in the report."""
     from models.files.size_checks import check_memory
 
@@ -450,7 +451,7 @@ def validation_windows(loaded: Loaded, args, n: int, seed: int = 0):
                 ids.unique())
     from ..report import corpus_note, training_corpus, validation_text
 
-    corpus = training_corpus(model, loaded.folder)
+    corpus = corpus if corpus is not None else training_corpus(model, loaded.folder)
     text, vocab = validation_text(model, loaded.folder, 400_000, corpus)
     if text is None or text.numel() < n_ctx:
         return None, "no validation text (the model has no tokenizer or its corpus is unavailable)", None
