@@ -20,6 +20,7 @@ from circuits.interface import positional_scheme
 from models.arch.model import head_label
 from models.arch.tl_compat import FactoredMatrix
 
+from .resume import resumable, resume_name, run_from_layer
 from .scores import attention_patterns, copying_scores_behavioural
 from .sequences import bos_token_id, random_tokens, token_pool
 from .util import check_threshold, device_of, markdown_table, weight_view
@@ -258,16 +259,22 @@ def head_ablation_losses(model, tokens, heads: list[tuple[int, int]] | None = No
         heads = [check_head_pair(model, p, "heads[i]") for p in heads]
     names = _pattern_names(model)
     todo = heads if heads is not None else [(l, h) for l in range(L) for h in range(H)]
+    # an ablation of a layer-l head changes nothing before block l: the run starts there (`analyses.resume`)
+    resume = resumable(model)
+    kept = set(names) | ({resume_name(l) for l in range(1, L)} if resume else set())
     clean_parts, per_seq = [], torch.zeros(tokens.shape[0], L, H, dtype=torch.float64)
     start = 0
     for part in tokens.split(max(1, int(chunk))):
         clean, cache = model.run_with_cache(part, return_type="loss", loss_per_token=True,
-                                            names_filter=lambda n: n in names)
+                                            names_filter=lambda n: n in kept)
         clean = clean.double().mean(-1).cpu()  # [chunk]
         frozen = {n: cache[n] for n in names}  # reused by every run below
         for l, h in todo:
-            loss = model.run_with_hooks(part, return_type="loss", loss_per_token=True,
-                                        fwd_hooks=_ablation_hooks(frozen, [(l, h)]))
+            hooks = _ablation_hooks(frozen, [(l, h)])
+            if resume and l > 0:
+                loss = run_from_layer(model, part, cache, l, hooks, return_type="loss", loss_per_token=True)
+            else:
+                loss = model.run_with_hooks(part, return_type="loss", loss_per_token=True, fwd_hooks=hooks)
             per_seq[start:start + part.shape[0], l, h] = loss.double().mean(-1).cpu() - clean
         clean_parts.append(clean)
         start += part.shape[0]

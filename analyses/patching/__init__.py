@@ -40,7 +40,7 @@ from .metrics import (
     next_token_answers,
     normalized,
 )
-from .paths import COMPONENTS, path_patching, path_patching_matrix
+from .paths import COMPONENTS, PathBaselines, path_baselines, path_patching, path_patching_matrix
 from .plots import plot_attribution, plot_dla, plot_logit_lens, plot_patching
 from .result import PatchResult
 
@@ -49,5 +49,6 @@ __all__ = [
     "attribution_patching", "linear_estimate", "Head", "PatchingError", "LensResult", "direct_logit_attribution",
     "logit_lens", "METRICS", "Answers", "Metric", "answer_loss", "answer_probability", "answers", "logit_difference",
     "metric", "next_token_answers", "normalized", "COMPONENTS", "path_patching", "path_patching_matrix",
+    "path_baselines", "PathBaselines",
     "plot_attribution", "plot_dla", "plot_logit_lens", "plot_patching", "PatchResult",
 ]

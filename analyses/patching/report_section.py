@@ -8,7 +8,7 @@ from models.arch.model import head_label
 
 from ..util import markdown_table
 from .metrics import metric, next_token_answers
-from .paths import path_patching, path_patching_matrix
+from .paths import path_baselines, path_patching, path_patching_matrix
 from .plots import plot_patching
 
 
@@ -32,7 +32,8 @@ def induction_paths(ctx) -> str:
     clean, corrupt, met, n = induction_probe(model, ctx.vocab, ctx.seed)
     emb = [e for e in ("embed", "pos_embed") if f"hook_{e}" in model.hook_dict]
     heads = [f"L{l}H{h}" for l in range(model.cfg.n_layers - 1) for h in range(model.cfg.n_heads)]
-    r = path_patching_matrix(model, clean, corrupt, met, senders=emb + heads, progress=False)
+    base = path_baselines(model, clean, corrupt, met)  # the two runs every path below reads
+    r = path_patching_matrix(model, clean, corrupt, met, senders=emb + heads, progress=False, baselines=base)
     share = r.share()
     ind, prev = ctx.detection()
     senders, receivers = list(prev.heads), [h for h in ind.heads if prev.heads and h[0] > max(p[0] for p in prev.heads)]
@@ -43,12 +44,10 @@ def induction_paths(ctx) -> str:
     names = lambda hs: ", ".join(h if isinstance(h, str) else head_label(*h) for h in hs)
     first = [f"L0H{h}" for h in range(model.cfg.n_heads)]
     later = [f"L{l}H{h}" for l in range(1, model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    joint = [[f"{names(senders)} → {names(receivers)}", "K",
-              float(path_patching(model, clean, corrupt, met, senders, receivers, "k").share().squeeze())]]
-    joint += [["every layer-0 head → every later head", c.upper(),
-               float(path_patching(model, clean, corrupt, met, first, later, c).share().squeeze())] for c in "qkv"]
-    joint += [["token embedding → every layer ≥ 1 head", c.upper(),
-               float(path_patching(model, clean, corrupt, met, ["embed"], later, c).share().squeeze())] for c in "qkv"]
+    share_of = lambda s, t, c: float(path_patching(model, clean, corrupt, met, s, t, c, baselines=base).share())
+    joint = [[f"{names(senders)} → {names(receivers)}", "K", share_of(senders, receivers, "k")]]
+    joint += [["every layer-0 head → every later head", c.upper(), share_of(first, later, c)] for c in "qkv"]
+    joint += [["token embedding → every layer ≥ 1 head", c.upper(), share_of(["embed"], later, c)] for c in "qkv"]
     effect = r.corrupt_value - r.clean_value
     caveat = ("" if effect >= 0.5 else f" The corruption changes this loss by only {effect:.3f} nats: the model does "
               "little induction on this probe, so the shares below are fractions of a small difference.")

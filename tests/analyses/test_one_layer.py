@@ -185,3 +185,30 @@ def test_joint_ablation_per_position_matches_the_head_term():
                                                              abs=1e-5)
     m.set_use_attn_result(False)  # as when `clean` was computed (with it, the hooked path sums per-head results)
     assert torch.equal(ablated_position_losses(m, tokens, [])[1], clean)
+
+
+@pytest.mark.parametrize("positional", ["standard", "shortformer", "rotary"])
+def test_head_ablation_equals_whole_runs_bitwise(positional):
+    """An ablation of a layer-l head starts at block l from the clean run's cached input (`analyses.resume`); the
+    losses are bitwise those of whole runs, written out here: every pattern frozen to the clean one, the head's
+    `hook_z` zeroed."""
+    from circuits.testing import random_model
+
+    m = random_model(n_layers=3, n_heads=2, positional=positional, normalization="LN", attn_only=False,
+                     dtype="float32").eval()
+    tokens = torch.randint(1, m.cfg.d_vocab, (4, 11), generator=torch.Generator().manual_seed(5))
+    res = head_ablation_losses(m, tokens)
+    with torch.no_grad():
+        clean, cache = m.run_with_cache(tokens, return_type="loss", loss_per_token=True)
+        for l in range(3):
+            for h in range(2):
+                def zero(z, hook, h=h):
+                    z = z.clone()
+                    z[:, :, h] = 0
+                    return z
+
+                hooks = [(f"blocks.{i}.attn.hook_pattern", lambda p, hook: cache[hook.name]) for i in range(3)]
+                loss = m.run_with_hooks(tokens, return_type="loss", loss_per_token=True,
+                                        fwd_hooks=hooks + [(f"blocks.{l}.attn.hook_z", zero)])
+                per = loss.double().mean(-1) - clean.double().mean(-1)
+                assert torch.equal(res.delta[l, h], per.mean().float()), (l, h)

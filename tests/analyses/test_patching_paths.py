@@ -10,6 +10,7 @@ import torch
 
 import models
 from analyses import patching as P
+from analyses.resume import resumable
 from circuits.testing import build_induction_model, random_model
 
 
@@ -221,3 +222,68 @@ def test_heads_carry_their_hook_prefix():
     assert h.hook("k") == "blocks.1.attn.hook_k" and str(h) == "L1H2"
     cross = P.Head(1, 2, stack="decoder", attn="cross_attn")  # how an encoder–decoder model would name one
     assert cross.hook("k") == "decoder.1.cross_attn.hook_k" and str(cross) == "decoder.cross_attn.L1H2"
+
+
+def _whole_run_paths(model, clean, corrupt, met, senders, receivers, component):
+    """Path patching as two whole hooked runs per path, written out (no cached block input, no early stop): the
+    sender heads' `hook_z` from the corrupted run, every other head (and MLP) frozen to the clean run, the
+    receivers' `hook_{component}` recorded; then the clean run with only those patched in."""
+    _, cc = model.run_with_cache(clean)
+    _, cx = model.run_with_cache(corrupt)
+    L = model.cfg.n_layers
+    recorded = {}
+
+    def freeze(z, hook):
+        out = cc[hook.name].clone()
+        for sl, sh in senders:
+            if hook.name == f"blocks.{sl}.attn.hook_z":
+                out[:, :, sh] = cx[hook.name][:, :, sh]
+        return out
+
+    hooks = [(f"blocks.{l}.attn.hook_z", freeze) for l in range(L)]
+    hooks += [(f"blocks.{l}.hook_mlp_out", lambda x, hook: cc[hook.name]) for l in range(L) if not model.cfg.attn_only]
+    hooks += [(f"blocks.{l}.attn.hook_{component}", lambda x, hook: recorded.__setitem__(hook.name, x.clone()))
+              for l in range(L)]
+    model.run_with_hooks(clean, fwd_hooks=hooks)
+
+    def patch(x, hook):
+        x = x.clone()
+        for rl, rh in receivers:
+            if hook.name == f"blocks.{rl}.attn.hook_{component}":
+                x[:, :, rh] = recorded[hook.name][:, :, rh]
+        return x
+
+    return met(model.run_with_hooks(clean, fwd_hooks=[(f"blocks.{l}.attn.hook_{component}", patch)
+                                                      for l in range(L)]))
+
+
+@pytest.mark.parametrize("positional,attn_only", [("standard", True), ("shortformer", True), ("rotary", False)])
+def test_path_patching_equals_whole_runs_bitwise(positional, attn_only):
+    """Our models' step-2 runs start at the receivers' layer from the cached block input and step-1 runs stop
+    before the unembedding; shared baselines (`path_baselines`) replace each call's own runs. The values are
+    bitwise those of whole runs written out by hand, in float32 as the zoo runs."""
+    m = random_model(n_layers=3, n_heads=3, positional=positional, normalization="LN", attn_only=attn_only,
+                     dtype="float32").eval()
+    assert resumable(m)
+    g = torch.Generator().manual_seed(2)
+    clean = torch.randint(1, m.cfg.d_vocab, (3, 10), generator=g)
+    corrupt = torch.randint(1, m.cfg.d_vocab, (3, 10), generator=g)
+    met = P.metric("loss", P.next_token_answers(clean, range(4, 9)))
+    base = P.path_baselines(m, clean, corrupt, met)
+    r = P.path_patching_matrix(m, clean, corrupt, met, progress=False, baselines=base)
+    for j, s in enumerate(r.labels[1]):
+        for k, t in enumerate(r.labels[2]):
+            sl, sh, tl, th = int(s[1]), int(s[3]), int(t[1]), int(t[3])
+            for i, c in enumerate(r.labels[0]):
+                if tl > sl:
+                    assert torch.equal(r.per_prompt[i, j, k].float(),
+                                       _whole_run_paths(m, clean, corrupt, met, [(sl, sh)], [(tl, th)], c)), (c, s, t)
+    joint = P.path_patching(m, clean, corrupt, met, ["L0H0", "L1H2"], ["L2H0", "L2H1"], "q", baselines=base)
+    assert torch.equal(joint.per_prompt.reshape(-1).float(),
+                       _whole_run_paths(m, clean, corrupt, met, [(0, 0), (1, 2)], [(2, 0), (2, 1)], "q"))
+    assert torch.equal(joint.per_prompt, P.path_patching(m, clean, corrupt, met, ["L0H0", "L1H2"], ["L2H0", "L2H1"],
+                                                         "q").per_prompt)  # shared baselines change no bit
+    with pytest.raises(P.PatchingError, match="baselines"):
+        P.path_patching(m, corrupt, clean, met, ["L0H0"], ["L1H0"], "q", baselines=base)
+    with pytest.raises(P.PatchingError, match="baselines"):
+        P.path_patching(m, clean, corrupt, met, ["L0H0"], ["L1H0"], "q", direction="denoising", baselines=base)

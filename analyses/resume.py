@@ -1,0 +1,34 @@
+"""Runs that start at a layer: an intervention that changes nothing before layer l leaves the residual stream entering
+block l as in the clean run, so the run can start there from the clean run's cached `blocks.{l}.hook_resid_pre`
+(TransformerLens 2.x's `start_at_layer`) instead of recomputing the blocks before it. Every block then sees bitwise
+the inputs of a whole run, so the outputs are bitwise those of a whole run (tests/analyses/test_patching_paths.py and
+tests/analyses/test_one_layer.py compare them)."""
+
+from __future__ import annotations
+
+
+def resumable(model) -> bool:
+    """Whether `model`'s forward starts at a layer from a residual stream and stops before a layer
+    (`start_at_layer`, `stop_at_layer`): the decoder-only models of this project, whose config declares their kind
+    (`models.model_kind`); TransformerLens' bridges, the encoders and the encoder–decoders run whole."""
+    from models.arch.kind import DECODER
+
+    return getattr(type(getattr(model, "cfg", None)), "model_type", None) == DECODER
+
+
+def resume_name(layer: int) -> str:
+    """The hook whose cached value a run starting at `layer` starts from."""
+    return f"blocks.{layer}.hook_resid_pre"
+
+
+def run_from_layer(model, tokens, cache, layer: int, fwd_hooks, **forward_kw):
+    """`model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, **forward_kw)` started at block `layer` from
+    `cache[resume_name(layer)]` (a run of `tokens` in which nothing before block `layer` differs from this one);
+    `forward_kw` as `forward`'s (`return_type`, `loss_per_token`, ...). The positions' side inputs come from
+    `input_to_embed(tokens)`, which runs no hook."""
+    _, _, pos_qk, mask = model.input_to_embed(tokens)
+    return model.run_with_hooks(cache[resume_name(layer)], fwd_hooks=fwd_hooks, start_at_layer=layer, tokens=tokens,
+                                shortformer_pos_embed=pos_qk, attention_mask=mask, **forward_kw)
+
+
+__all__ = ["resumable", "resume_name", "run_from_layer"]
