@@ -155,15 +155,16 @@ def pinned_source(name: str = PINNED, cache_dir=None) -> TextSource:
                                   "the archive is corrupted or replaced (reinstall the package)")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     folder = cache / "snapshots" / f"{name}-{man['sha256'][:16]}"
+    split = None
     if folder not in _VERIFIED:
-        ok = folder.is_dir()
-        if ok:
-            train, val = _tree_split(folder)
-            ok = text_digest(folder, train + val) == man["text_sha256"]
-        if not ok:
+        if folder.is_dir():
+            split = _tree_split(folder)
+            if text_digest(folder, split[0] + split[1]) != man["text_sha256"]:
+                split = None
+        if split is None:
             atomic_write_dir(folder, lambda tmp: _extract(archive, man, tmp))
         _VERIFIED.add(folder)
-    train, val = _tree_split(folder)
+    train, val = split or _tree_split(folder)
     if len(train) + len(val) != man["files"]:
         raise CorpusChecksumError(f"{folder}: {len(train) + len(val)} files, the manifest says {man['files']}")
     return TextSource(man["name"], train, val, sha256=man["sha256"])
