@@ -57,7 +57,8 @@ def diagonal_rank_stats(fm: FactoredMatrix | torch.Tensor, k: int | Iterable[int
 def _diagonal_ranks(A: torch.Tensor, B: torch.Tensor, k_max: int, block_bytes: int) -> torch.Tensor:
     """min(rank_i, k_max) for every row of `A @ B` (`[n, m] @ [m, n]`), rank_i = #{j : M[i, j] > M[i, i]}.
 
-    The product is formed one cache-sized tile (`rows × TILE_COLS`, at most `block_bytes`) at a time and each
+    A product of at most `block_bytes` is formed whole and its ranks counted on it. A larger one is formed one
+    cache-sized tile (`rows × TILE_COLS`, at most `block_bytes`) at a time and each
     tile is reduced at once to its maxima over column chunks of `CHUNK`, while it is still in cache. A row
     with no chunk above its diagonal has rank 0; one with ≥ k_max such chunks has rank ≥ k_max; only rows in
     between are counted exactly, by recomputing their (< k_max) chunks above the diagonal. (Entries that tie
@@ -65,6 +66,9 @@ def _diagonal_ranks(A: torch.Tensor, B: torch.Tensor, k_max: int, block_bytes: i
     `torch.get_num_threads()` Python threads running single-threaded ops: thousands of small ops parallelise
     better that way than with a barrier inside each one (see `serial_ops`)."""
     n, m = A.shape
+    if n * n * A.element_size() <= block_bytes:  # the whole product is one tile: count on it directly
+        M = A @ B
+        return (M > M.diagonal()[:, None]).sum(-1).clamp(max=k_max)
     ct = max(1, min(TILE_COLS // CHUNK, -(-n // CHUNK))) * CHUNK  # tile width, a multiple of CHUNK
     n_tiles = -(-n // ct)
     B_tiles = B.new_zeros(m, n_tiles * ct)
