@@ -129,6 +129,13 @@ def _write(out, result) -> None:
             plt.close(fig)
 
 
+def _digits(result) -> int:
+    """Decimals that show the largest |score| to three significant digits (at least 3): EAP's scores at a nearly
+    perfect model's loss are of order 1e-5."""
+    top = max((abs(v) for v in result.scores.values() if math.isfinite(v)), default=0.0)
+    return 3 if top == 0 or top >= 0.1 else min(12, 2 - math.floor(math.log10(top)))
+
+
 def run_discover(args, loaded) -> int:
     import matplotlib
 
@@ -144,11 +151,11 @@ def run_discover(args, loaded) -> int:
     bar.close()
     obj = {"model": loaded.name, **result.to_json()}
     p = result.passes
-    lines = [f"{loaded.name}, task {task.name} ({task.metric}: clean {result.values['clean']:.4f}, every edge "
-             f"ablated {result.values['empty']:.4f}), {args.method}: {len(result.circuit)} of {len(result.edges)} "
+    lines = [f"{loaded.name}, task {task.name} ({task.metric}: clean {result.values['clean']:.4g}, every edge "
+             f"ablated {result.values['empty']:.4g}), {args.method}: {len(result.circuit)} of {len(result.edges)} "
              f"edges; faithfulness {result.faithfulness:.3f} (the circuit alone), {result.complement:.3f} (the graph "
              f"without it); {p['forward']} forward and {p['backward']} backward passes ({p['rows']} prompt rows)", "",
-             table(["sender", "receiver", "score", "in circuit"], result.table(args.top))]
+             table(["sender", "receiver", "score", "in circuit"], result.table(args.top), digits=_digits(result))]
     if args.out is not None:
         _write(args.out, result)
         obj["out"] = str(args.out)
