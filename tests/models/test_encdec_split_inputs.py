@@ -109,3 +109,14 @@ def test_switched_off_points_refuse_hooks_and_do_not_fire():
     m.set_use_split_qkv_input(True)
     assert m.enc_cfg.use_split_qkv_input and m.dec_cfg.use_split_qkv_input
     assert "decoder.0.hook_cross_v_input" in m.firing_hook_names()
+
+
+def test_decoding_from_a_memory_and_generating_with_per_head_inputs(zoo):
+    """`decode` given a memory alone (and generation, which encodes once) copies the memory per head: the same
+    logits as the forward pass, and the same greedy output as the unswitched model."""
+    plain = models.load(zoo).eval()
+    m = models.load(zoo).eval()
+    _switch(m, True)
+    src, tgt = _inputs(m)
+    torch.testing.assert_close(m.decode(tgt, m.encode(src)), m(src, tgt), atol=1e-5, rtol=0)
+    assert torch.equal(m.generate(src, 6), plain.generate(src, 6))
