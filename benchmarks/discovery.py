@@ -4,6 +4,7 @@ patching of the hand-found K path.
 
     python benchmarks/discovery.py [--model attn-only-2l] [--task induction] [--n-prompts 20] [--threads 1]
                                    [--device cpu] [--json]
+    python benchmarks/discovery.py --model enc-dec-reverse --task reversal   # an encoder–decoder's own task
 
 CPU time is `time.process_time` of the method alone (scores and, for ACDC, its sweep) and of the faithfulness
 curve that `discover` adds (every k from 0 to the edge count, the top-k and its complement, batched); wall time
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     task = discovery_task(model, args.task, n_prompts=args.n_prompts)
     rows = []
     for method in ("eap", "eap-ig", "acdc", "exact single edges"):
-        patcher = EdgePatcher(model, task.clean, task.corrupt)  # its corrupted run counts as one pass
+        patcher = EdgePatcher(model, task.clean, task.corrupt, target=task.target)  # its corrupted run: one pass
 
         def run(method=method, patcher=patcher):
             if method == "acdc":
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
         rows.append({"method": "path patching, one path (L0H1 -> L1H1+L1H2 via K)", "cpu_s": c, "wall_s": w,
                      "passes": {"forward": 4, "backward": 0}})
     info = {"cpu": cpu(), "device": args.device, "model": args.model, "task": task.to_json(),
-            "edges": len(EdgePatcher(model, task.clean, task.corrupt).graph), "load": os.getloadavg(), "rows": rows}
+            "edges": len(patcher.graph), "load": os.getloadavg(), "rows": rows}
     if args.json:
         print(json.dumps(info, indent=1))
         return 0

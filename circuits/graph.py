@@ -155,7 +155,7 @@ def edge_graph(model) -> EdgeGraph:
     enc, dec = model.enc_cfg, model.dec_cfg
     _check_served(enc, "edge_graph")
     es, er = _decoder_nodes(enc, "enc.", logits=False)
-    ds, dr = _decoder_nodes(dec, "dec.", stage0=0, cross=True)
+    ds, dr = _decoder_nodes(dec, "dec.", stage0=3 * enc.n_layers + 1, cross=True)  # after the whole encoder
     qk = bool(enc.positions.table) and enc.positions.adds_to == "query_key"
     edges = _edges(es, er, qk)
     for r in dr:

@@ -12,16 +12,19 @@ from models.arch.kind import DECODER, ENCODER, ENCODER_DECODER
 from .common import Command, UsageError, add_common, add_model, emit, positive_int, progress, table
 
 METHODS = ("eap", "eap-ig", "acdc")
-SHIPPED = ("induction", "previous-token", "skip-trigram")
+SHIPPED = ("induction", "previous-token", "skip-trigram", "reversal", "sorting")
+#: an encoder–decoder's default task, by the seq2seq task its config names (`extra["task"]`)
+SEQ2SEQ_DEFAULT = {"seq2seq:reverse": "reversal", "seq2seq:sort": "sorting"}
 FOLDER_KIND = "discovery"
-WHY = ("edge patching reads a pre-norm decoder's residual stream as a sum of its components' outputs; "
-       "encoder–decoder and encoder circuits are not served yet")
+WHY = ("edge patching reads a decoder's residual stream as a sum of its components' outputs, from the embeddings to "
+       "the logits; an encoder alone has no shipped task to discover a circuit for")
 
 
 def _args(p: argparse.ArgumentParser) -> None:
     add_model(p)
-    p.add_argument("--task", default="induction",
-                   help=f"a shipped task ({', '.join(SHIPPED)}; default induction) or a JSON file of prompt pairs: "
+    p.add_argument("--task",
+                   help=f"a shipped task ({', '.join(SHIPPED)}; default induction, or an encoder–decoder's own "
+                        "seq2seq task: reversal, sorting) or a JSON file of prompt pairs (decoder-only models): "
                         '{"clean": [...], "corrupt": [...], "answer": ..., "wrong": ..., "metric": ...}')
     p.add_argument("--method", choices=METHODS, default="eap", help="eap (default), eap-ig or acdc")
     p.add_argument("--threshold", type=float,
@@ -56,7 +59,9 @@ def _check(args) -> None:
     from models.io.readers import read_discovery_task
     from models.io.run_folder import check_folder
 
-    if _task_file(args.task) is not None:
+    if args.task is None:
+        args.task_spec = None
+    elif _task_file(args.task) is not None:
         args.task_spec = read_discovery_task(_task_file(args.task))
     elif args.task not in SHIPPED:
         raise UsageError(f"unknown task {args.task!r}; tasks: {', '.join(SHIPPED)}, or a JSON file of prompt pairs")
@@ -73,10 +78,22 @@ def _check(args) -> None:
 
 
 def _task(args, model):
+    from models.arch.kind import ENCODER_DECODER, model_kind
+
     from ..discovery import discovery_task, user_task
 
     spec = args.task_spec
+    if model_kind(model) == ENCODER_DECODER:
+        if spec is not None:
+            raise UsageError(f"a task file of prompt pairs serves decoder-only models; an encoder–decoder takes the "
+                             f"shipped tasks {', '.join(SEQ2SEQ_DEFAULT.values())}")
+        name = args.task or SEQ2SEQ_DEFAULT.get((getattr(model.cfg, "extra", None) or {}).get("task"))
+        if name is None:
+            raise UsageError(f"this encoder–decoder's config names no task discovery ships; give --task "
+                             f"{' or '.join(SEQ2SEQ_DEFAULT.values())}")
+        return discovery_task(model, name, n_prompts=args.n_prompts, seed=args.seed)
     if spec is None:
+        args.task = args.task or "induction"
         kw = {"seq_len": args.seq_len}
         if args.vocab == "seen":
             import torch
@@ -112,6 +129,13 @@ def _write(out, result) -> None:
             plt.close(fig)
 
 
+def _digits(result) -> int:
+    """Decimals that show the largest |score| to three significant digits (at least 3): EAP's scores at a nearly
+    perfect model's loss are of order 1e-5."""
+    top = max((abs(v) for v in result.scores.values() if math.isfinite(v)), default=0.0)
+    return 3 if top == 0 or top >= 0.1 else min(12, 2 - math.floor(math.log10(top)))
+
+
 def run_discover(args, loaded) -> int:
     import matplotlib
 
@@ -127,11 +151,11 @@ def run_discover(args, loaded) -> int:
     bar.close()
     obj = {"model": loaded.name, **result.to_json()}
     p = result.passes
-    lines = [f"{loaded.name}, task {task.name} ({task.metric}: clean {result.values['clean']:.4f}, every edge "
-             f"ablated {result.values['empty']:.4f}), {args.method}: {len(result.circuit)} of {len(result.edges)} "
+    lines = [f"{loaded.name}, task {task.name} ({task.metric}: clean {result.values['clean']:.4g}, every edge "
+             f"ablated {result.values['empty']:.4g}), {args.method}: {len(result.circuit)} of {len(result.edges)} "
              f"edges; faithfulness {result.faithfulness:.3f} (the circuit alone), {result.complement:.3f} (the graph "
              f"without it); {p['forward']} forward and {p['backward']} backward passes ({p['rows']} prompt rows)", "",
-             table(["sender", "receiver", "score", "in circuit"], result.table(args.top))]
+             table(["sender", "receiver", "score", "in circuit"], result.table(args.top), digits=_digits(result))]
     if args.out is not None:
         _write(args.out, result)
         obj["out"] = str(args.out)
@@ -150,5 +174,5 @@ def run_discover(args, loaded) -> int:
 
 COMMANDS = [
     Command("discover", "circuit discovery: the edges carrying a behaviour (EAP, EAP-IG, ACDC)", _args,
-            {DECODER: run_discover}, check=_check, why={ENCODER_DECODER: WHY, ENCODER: WHY}),
+            {DECODER: run_discover, ENCODER_DECODER: run_discover}, check=_check, why={ENCODER: WHY}),
 ]

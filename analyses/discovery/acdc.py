@@ -62,9 +62,13 @@ class Distance:
 
 
 def _owner(receiver) -> str | None:
-    """The sender node whose input `receiver` is (a head's q/k/v input: the head; an MLP's input: the MLP)."""
+    """The sender node whose input `receiver` is (a head's q/k/v input: the head; a cross-attention head's
+    xq/xk/xv input: that head, `dec.L{l}XH{h}`; an MLP's input: the MLP)."""
+    p = f"{receiver.stack}." if receiver.stack else ""
     if receiver.part in ("q", "k", "v"):
-        return f"L{receiver.layer}H{receiver.head}"
+        return f"{p}L{receiver.layer}H{receiver.head}"
+    if receiver.part in ("xq", "xk", "xv"):
+        return f"{p}L{receiver.layer}XH{receiver.head}"
     if receiver.part == "mlp":
         return receiver.name
     return None

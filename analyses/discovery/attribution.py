@@ -35,7 +35,6 @@ def _gradients(patcher: EdgePatcher, task, alphas: torch.Tensor | None) -> dict[
     forward and one backward pass. Returns hook name → gradient `[rows, pos, width, d_model]`."""
     model, clean = patcher.model, patcher.clean
     n = 1 if alphas is None else alphas.numel()
-    tokens = clean.repeat(n, 1)
     inputs = {}
 
     def keep(x, hook):
@@ -43,19 +42,22 @@ def _gradients(patcher: EdgePatcher, task, alphas: torch.Tensor | None) -> dict[
         return x
 
     hooks = [(name, keep) for name in patcher.hooks]
-    if alphas is not None:
+    if alphas is not None:  # every token embedding interpolated (an encoder–decoder's target: the same in both)
         a = alphas.repeat_interleave(clean.shape[0])[:, None, None]
-        base = patcher.ablated["embed"].repeat(n, 1, 1)
-        hooks.insert(0, ("hook_embed", lambda x, hook: base.to(x.dtype) + a.to(x.dtype) * (x - base.to(x.dtype))))
+        def interpolate(base):
+            return lambda x, hook: base.to(x.dtype) + a.to(x.dtype) * (x - base.to(x.dtype))
+
+        for hook, sender in patcher.embed_hooks:
+            hooks.insert(0, (hook, interpolate(patcher.ablated[sender].repeat(n, 1, 1))))
     with torch.enable_grad(), split_inputs(model):
-        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        logits = model.run_with_hooks(*patcher.inputs(clean, n), fwd_hooks=hooks)
         # the metric of every row, averaged over prompts and interpolation points
-        value = torch.stack([task.value(lg) for lg in logits.reshape(n, *clean.shape, -1)]).mean()
+        value = torch.stack([task.value(lg) for lg in logits.reshape(n, clean.shape[0], *logits.shape[1:])]).mean()
         names = list(inputs)
         grads = torch.autograd.grad(value, [inputs[k] for k in names])
     patcher.forwards += 1
     patcher.backwards += 1
-    patcher.rows += tokens.shape[0]
+    patcher.rows += n * clean.shape[0]
     out = {}
     for k, g in zip(names, grads):
         out[k] = (g if g.ndim == 4 else g[:, :, None]).detach()

@@ -60,7 +60,7 @@ def discover(model, task, method: str = "eap", threshold: float | None = None, *
         task = discovery_task(model, task, n_prompts=n_prompts, seed=seed)
     if not isinstance(task, DiscoveryTask):
         raise PatchingError(f"task must be a DiscoveryTask or a task name, got {type(task).__name__}")
-    patcher = EdgePatcher(model, task.clean, task.corrupt, ablation)
+    patcher = EdgePatcher(model, task.clean, task.corrupt, ablation, target=task.target)
     graph = patcher.graph
     settings = {"ablation": ablation}
     if method in ("eap", "eap-ig"):

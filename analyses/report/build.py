@@ -14,6 +14,7 @@ import torch
 from models.arch.kind import ENCODER_DECODER, model_kind
 
 from ..patching.report_section import induction_paths
+from . import discovery_section as D
 from . import sections as S
 from .context import Context
 from .encdec_sections import ENCDEC_SECTIONS
@@ -40,6 +41,8 @@ SECTIONS = [
             S.composition, memos=frozenset({"detect"})),
     Section("path_patching", "Path patching of the induction circuit", lambda c: c.cfg.n_layers >= 2,
             induction_paths, memos=frozenset({"detect"})),
+    Section("discovery", "Circuit discovery: the edges that carry the behaviour", D.fits_decoder, D.discovery,
+            memos=frozenset({"detect"})),
     Section("term_importance", "Path expansion: term importance by order",
             lambda c: c.cfg.n_layers >= 1 and c.attn_only, S.term_importance_section),
     Section("icl", "In-context learning", lambda c: True, S.in_context, writes=frozenset({"icl"})),

@@ -16,6 +16,7 @@ from circuits.cross_attention import (
 from ..alignment import alignment_scores, ranked, task_alignment
 from ..one_layer import DIAGONAL_THRESHOLD
 from ..util import markdown_table
+from .discovery_section import encdec_discovery, fits_encdec
 from .run import Section
 
 THRESHOLD = 0.9
@@ -248,4 +249,6 @@ ENCDEC_SECTIONS = [
             lambda c: bool(c.cfg.positions.table), positional_qk),
     Section("encdec_paths", "Path expansion of the logits",
             lambda c: _pre_norm_attn_only(c) and task_spec(c) is not None, path_terms),
+    Section("encdec_discovery", "Circuit discovery: the cross-attention circuit", fits_encdec, encdec_discovery,
+            reads=frozenset({"alignment_scores"})),
 ]

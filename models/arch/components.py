@@ -23,7 +23,8 @@ from .score_bias import ScoreBias
 from .tl_compat import HookPoint
 from .watch import hooked_path
 
-__all__ = ["Attention", "BlockInputs", "Embed", "GatedMLP", "LayerNorm", "LayerNormPre", "MLP", "Norm", "PosEmbed",
+__all__ = ["Attention", "BlockInputs", "attention_inputs", "Embed", "GatedMLP", "LayerNorm", "LayerNormPre", "MLP",
+           "Norm", "PosEmbed",
            "RMSNorm", "RMSNormPre", "TransformerBlock", "Unembed"]
 
 
@@ -306,21 +307,12 @@ class TransformerBlock(nn.Module):
         hooked = side.hooked
         ln1 = (lambda x: self.ln1(x, hooked)) if position == "pre" else _identity
         resid = self.hook_resid_pre(resid)
-        pos = side.pos_qk
-        if cfg.use_split_qkv_input or cfg.use_attn_in:  # per-head inputs [batch, pos, head, d_model]
-            pos = None if pos is None else pos[:, :, None]
-            if cfg.use_split_qkv_input:
-                hkv = self.attn.kv_heads()
-                x_q = ln1(self.hook_q_input(_per_head(resid, cfg.n_heads)))
-                x_k = ln1(self.hook_k_input(_per_head(resid, hkv)))
-                x_v = ln1(self.hook_v_input(_per_head(resid, hkv)))
-            else:
-                x_q = x_k = x_v = ln1(self.hook_attn_in(_per_head(resid, cfg.n_heads)))
-            if pos is not None:
-                x_q, x_k = x_q + pos, (x_q + pos if x_k is x_q else x_k + pos)
+        if cfg.use_attn_in and not cfg.use_split_qkv_input:  # one per-head copy [batch, pos, head, d_model]
+            x_q = x_k = x_v = ln1(self.hook_attn_in(_per_head(resid, cfg.n_heads)))
+            if side.pos_qk is not None:
+                x_q = x_k = x_q + side.pos_qk[:, :, None]
         else:
-            x_q, x_v = norm_inputs(self.ln1, resid, side.pos_qk, position, hooked)
-            x_k = x_q
+            x_q, x_k, x_v = attention_inputs(self, self.ln1, resid, resid, side.pos_qk, side.pos_qk, hooked)
         attn_out = self.attn(x_q, x_k, x_v, side.score_bias, side.rotation, side.cache, hooked)
         if cfg.parallel_attn_mlp:  # pre-norm only (the config refuses "post" with it)
             attn_out = self.hook_attn_out(attn_out)
@@ -339,6 +331,42 @@ class TransformerBlock(nn.Module):
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+def attention_inputs(block: nn.Module, norm: Norm, resid: torch.Tensor, source: torch.Tensor,
+                     pos_q: torch.Tensor | None, pos_k: torch.Tensor | None, hooked: bool | None = None,
+                     source_norm=None, prefix: str = "") -> tuple:
+    """`(x_q, x_k, x_v)`, what an attention layer's queries read (from `resid [batch, pos, d_model]`) and its keys
+    and values (from `source [batch, key, d_model]`: `resid` itself for self-attention, an encoder's output for
+    cross-attention), each normalised before the layer (pre-norm: `norm` for the queries, `source_norm`, default
+    `norm`, for keys and values) and with the positions `pos_q` / `pos_k` added after the norm (Shortformer).
+
+    With `cfg.use_split_qkv_input` (TransformerLens 2.x) each head gets its own copy of each input, hooked before the
+    norm at `block.hook_{prefix}q_input` / `k_input` / `v_input` (`[batch, pos, head, d_model]`), so that one head's
+    query, key or value input can be patched alone; otherwise (self-attention only) one input, `x_k is x_q`: one
+    fused projection."""
+    cfg = block.cfg
+    pre = cfg.normalization_position == "pre"
+    if not cfg.use_split_qkv_input:  # self-attention (`source is resid`): one input
+        x_q, x = norm_inputs(norm, resid, pos_q, cfg.normalization_position, hooked)
+        return x_q, x_q, x
+    hkv = cfg.n_heads if cfg.ungroup_grouped_query_attention else cfg.n_key_value_heads
+    src_norm = source_norm or norm
+
+    def q_norm(x):
+        return norm(x, hooked) if pre else x
+
+    def kv_norm(x):
+        return src_norm(x, hooked) if pre else x
+
+    x_q = q_norm(getattr(block, f"hook_{prefix}q_input")(_per_head(resid, cfg.n_heads)))
+    x_k = kv_norm(getattr(block, f"hook_{prefix}k_input")(_per_head(source, hkv)))
+    x_v = kv_norm(getattr(block, f"hook_{prefix}v_input")(_per_head(source, hkv)))
+    if pos_q is not None:
+        x_q = x_q + pos_q[:, :, None]
+    if pos_k is not None:
+        x_k = x_k + pos_k[:, :, None]
+    return x_q, x_k, x_v
 
 
 def _per_head(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -13,10 +13,12 @@ Decoder norms: `ln1` (self-attention), `ln2` (cross-attention), `ln3` (MLP), as 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from ..errors import InputError
+from ..errors import HookSwitchError, InputError
 from ..generation.seq2seq import generate_seq2seq
 from .components import (
     MLP,
@@ -28,11 +30,13 @@ from .components import (
     TransformerBlock,
     Unembed,
     add_output,
+    attention_inputs,
     final_norm,
     linear,
     norm_inputs,
 )
 from .encoder_decoder_config import EncoderDecoderConfig
+from .hook_switches import HookSwitches
 from .initialization import init_weights_gpt2_scaled
 from .inputs import check_mask, check_tokens
 from .model import RETURN_TYPES, lm_cross_entropy
@@ -42,9 +46,30 @@ from .tl_compat import ActivationCache, FactoredMatrix, HookedRootModule, HookPo
 from .watch import decide, forced
 
 
+@dataclass
+class Memory:
+    """What the decoder's cross-attention reads from the encoder. `values [batch, src_pos, d_model]`: the memory (the
+    encoder's final residual stream after its final norm); `keys`: the keys' input (the memory, plus the source
+    positions under Shortformer). For per-head inputs (`use_split_qkv_input`): `resid`, the encoder's final residual
+    stream before `norm` (the encoder's final norm, applied per head after the hook), and `pos`, the source
+    positions (Shortformer) or None. Without `resid` (`decode` given a memory alone) the per-head copies are of
+    the memory itself, and `norm` is None."""
+
+    values: torch.Tensor
+    keys: torch.Tensor
+    resid: torch.Tensor | None = None
+    norm: nn.Module | None = None
+    pos: torch.Tensor | None = None
+
+
 class DecoderBlock(nn.Module):
     """Causal self-attention, cross-attention to the encoder's output, then (with MLPs) an MLP, each a residual
-    sublayer normalised before or after its addition (`norm_inputs`, `add_output`)."""
+    sublayer normalised before or after its addition (`norm_inputs`, `add_output`). TransformerLens 2.x's opt-in
+    hooks, as the decoder-only block's (`cfg.use_split_qkv_input`, `cfg.use_hook_mlp_in`, switched by the model's
+    `set_use_*`): `hook_q_input` / `hook_k_input` / `hook_v_input` (the self-attention's per-head inputs),
+    `hook_cross_q_input` (the cross-attention's queries, `[batch, pos, head, d_model]`) and `hook_cross_k_input` /
+    `hook_cross_v_input` (its keys and values, `[batch, src_pos, head, d_model]`, the encoder's final residual
+    stream before its final norm), `hook_mlp_in` (a copy of the MLP's input, before ln3)."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -54,28 +79,45 @@ class DecoderBlock(nn.Module):
         for name in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_cross_attn_out",
                      "hook_resid_mid_cross", "hook_resid_post"):
             setattr(self, name, HookPoint())  # [batch, pos, d_model]
+        for name in ("hook_q_input", "hook_k_input", "hook_v_input", "hook_cross_q_input", "hook_cross_k_input",
+                     "hook_cross_v_input"):
+            setattr(self, name, HookPoint())  # [batch, pos | src_pos, head, d_model], with cfg.use_split_qkv_input
         if not cfg.attn_only:
             self.ln3, self.mlp = Norm(cfg), MLP(cfg)
+            self.hook_mlp_in = HookPoint()  # [batch, pos, d_model], with cfg.use_hook_mlp_in
             self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, resid: torch.Tensor, side: BlockInputs, cross: BlockInputs, memory: torch.Tensor,
-                memory_k: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(self, resid: torch.Tensor, side: BlockInputs, cross: BlockInputs, memory: Memory,
+                cache=None) -> torch.Tensor:
         """`resid [batch, pos, d_model]`; `side`: the self-attention's mask, positions and rotation; `cross`: the
         cross-attention's score bias (source padding) and the queries' positions (`pos_qk`, Shortformer);
-        `memory [batch, src_pos, d_model]` the values' input, `memory_k` the keys' (memory, plus source positions
-        under Shortformer); `cache`: the self-attention's key/value cache entry when decoding step by step."""
-        pos, hooked = self.cfg.normalization_position, side.hooked
+        `memory`: the encoder's output (`Memory`); `cache`: the self-attention's key/value cache entry when decoding
+        step by step."""
+        cfg = self.cfg
+        pos, hooked = cfg.normalization_position, side.hooked
         resid = self.hook_resid_pre(resid)
-        x_qk, x = norm_inputs(self.ln1, resid, side.pos_qk, pos, hooked)
-        out = self.attn(x_qk, x_qk, x, side.score_bias, side.rotation, cache, hooked)
+        x_q, x_k, x_v = attention_inputs(self, self.ln1, resid, resid, side.pos_qk, side.pos_qk, hooked)
+        out = self.attn(x_q, x_k, x_v, side.score_bias, side.rotation, cache, hooked)
         resid = self.hook_resid_mid(add_output(self.ln1, resid, out, pos, self.hook_attn_out, hooked))
-        x_q, _ = norm_inputs(self.ln2, resid, cross.pos_qk, pos, hooked)
-        out = self.cross_attn(x_q, memory_k, memory, cross.score_bias, hooked=hooked)
+        if cfg.use_split_qkv_input:
+            source, norm = (memory.values, _unnormed) if memory.resid is None else (memory.resid, memory.norm)
+            x_q, x_k, x_v = attention_inputs(self, self.ln2, resid, source, cross.pos_qk, memory.pos, hooked,
+                                             source_norm=norm, prefix="cross_")
+        else:
+            x_q, _ = norm_inputs(self.ln2, resid, cross.pos_qk, pos, hooked)
+            x_k, x_v = memory.keys, memory.values
+        out = self.cross_attn(x_q, x_k, x_v, cross.score_bias, hooked=hooked)
         resid = self.hook_resid_mid_cross(add_output(self.ln2, resid, out, pos, self.hook_cross_attn_out, hooked))
-        if self.cfg.attn_only:
+        if cfg.attn_only:
             return self.hook_resid_post(resid)
-        x, _ = norm_inputs(self.ln3, resid, None, pos, hooked)
+        mlp_in = self.hook_mlp_in(resid.clone()) if cfg.use_hook_mlp_in else resid
+        x, _ = norm_inputs(self.ln3, mlp_in, None, pos, hooked)
         return self.hook_resid_post(add_output(self.ln3, resid, self.mlp(x, hooked), pos, self.hook_mlp_out, hooked))
+
+
+def _unnormed(x: torch.Tensor, hooked: bool | None = None) -> torch.Tensor:
+    """The identity, as a norm's call: the memory given to `decode` is normalised already."""
+    return x
 
 
 class TiedUnembed(nn.Module):
@@ -98,7 +140,7 @@ class TiedUnembed(nn.Module):
         return linear(x, self.W_U, self.b_U)
 
 
-class HookedEncoderDecoder(HookedRootModule):
+class HookedEncoderDecoder(HookSwitches, HookedRootModule):
     """An encoder–decoder transformer whose every activation is a named `HookPoint` (see the module docstring).
 
     `forward(src, tgt)` takes int64 source ids `[batch, src_pos]` and target ids `[batch, tgt_pos]` (the decoder's
@@ -109,6 +151,22 @@ class HookedEncoderDecoder(HookedRootModule):
     """
 
     _in_run_with_cache = False  # set while `run_with_cache` runs: the hooked path (`models.arch.watch`)
+
+    def _switch_configs(self, name: str) -> tuple:
+        """TransformerLens 2.x's opt-in hook switches (`set_use_split_qkv_input`, `set_use_hook_mlp_in`,
+        `set_use_attn_result`; `models.arch.hook_switches`) act on both stacks' configs, which their blocks read
+        (and on this config where it has the field: `use_attn_result`)."""
+        return (self.dec_cfg, self.enc_cfg) + ((self.cfg,) if hasattr(self.cfg, name) else ())
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """Not served: the decoder blocks have no `hook_attn_in` (use `set_use_split_qkv_input`)."""
+        if use_attn_in:
+            raise HookSwitchError("use_attn_in is not served by the encoder–decoder; use set_use_split_qkv_input")
+
+    def set_ungroup_grouped_query_attention(self, ungroup_grouped_query_attention: bool) -> None:
+        """Not served: the encoder–decoder has one key/value head per query head."""
+        if ungroup_grouped_query_attention:
+            raise HookSwitchError("the encoder–decoder has no grouped-query attention to ungroup")
 
     def __init__(self, cfg: EncoderDecoderConfig | dict, tokenizer=None):
         super().__init__()
@@ -144,7 +202,11 @@ class HookedEncoderDecoder(HookedRootModule):
         if src.shape[0] != tgt.shape[0]:
             raise InputError(f"src has {src.shape[0]} sequences but tgt has {tgt.shape[0]}; give one target each")
         hooked = decide(self)  # one decision for the encoder and the decoder (models.arch.watch)
-        logits = self._decode(tgt, self._encode(src, src_mask, hooked), src_mask, tgt_mask, hooked=hooked)
+        if self.dec_cfg.use_split_qkv_input:  # per-head cross-attention inputs read the encoder before its norm
+            memory, memory_resid = self._encode(src, src_mask, hooked, resid_too=True)
+        else:
+            memory, memory_resid = self._encode(src, src_mask, hooked), None
+        logits = self._decode(tgt, memory, src_mask, tgt_mask, hooked=hooked, memory_resid=memory_resid)
         if return_type == "logits":
             return logits
         if return_type is None:
@@ -191,7 +253,10 @@ class HookedEncoderDecoder(HookedRootModule):
             return resid + pos, None
         return resid, pos
 
-    def _encode(self, src: torch.Tensor, src_mask: torch.Tensor | None, hooked: bool | None = None) -> torch.Tensor:
+    def _encode(self, src: torch.Tensor, src_mask: torch.Tensor | None, hooked: bool | None = None,
+                resid_too: bool = False):
+        """The memory `[batch, src_pos, d_model]`; with `resid_too`, `(memory, the encoder's final residual stream
+        before its final norm)`."""
         hooked = decide(self) if hooked is None else hooked  # the hooked path or the fast one (models.arch.watch)
         scheme = self.enc_cfg.positions
         resid, pos_qk = self._embed("src", src)
@@ -199,13 +264,15 @@ class HookedEncoderDecoder(HookedRootModule):
         side = BlockInputs(bias, pos_qk, scheme.rotation(src.shape[1], resid.dtype, resid.device), hooked=hooked)
         for block in self.encoder:
             resid = block(resid, side)
-        return self.encoder_ln_final(resid, hooked)  # [batch, src_pos, d_model]
+        memory = self.encoder_ln_final(resid, hooked)  # [batch, src_pos, d_model]
+        return (memory, resid) if resid_too else memory
 
     def _decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask, tgt_mask, cache=None, offset: int = 0,
-                hooked: bool | None = None) -> torch.Tensor:
+                hooked: bool | None = None, memory_resid: torch.Tensor | None = None) -> torch.Tensor:
         """Decoder logits for target tokens at positions `offset ..` (the earlier ones in `cache`, a
         `models.generation.kv_cache.HookedTransformerKeyValueCache` of the self-attention); `hooked`: the forward
-        pass's path decision (None: decided here)."""
+        pass's path decision (None: decided here); `memory_resid`: the encoder's final residual stream before its
+        norm, which per-head cross-attention inputs read (`Memory`)."""
         hooked = decide(self) if hooked is None else hooked
         scheme = self.dec_cfg.positions
         resid, pos_qk = self._embed("tgt", tgt, offset)
@@ -213,11 +280,13 @@ class HookedEncoderDecoder(HookedRootModule):
         bias = combine(Causal(), KeyPadding(tgt_mask) if tgt_mask is not None else None, scheme.score_bias())
         side = BlockInputs(bias, pos_qk, scheme.rotation(n_keys, resid.dtype, resid.device), hooked=hooked)
         cross = BlockInputs(KeyPadding(src_mask) if src_mask is not None else Bidirectional(), pos_qk, hooked=hooked)
-        memory_k = memory
+        memory_k, src_pos = memory, None
         if pos_qk is not None:  # Shortformer: the keys of cross-attention carry the source positions
-            memory_k = memory + self._positions("src", memory.shape[1], memory.shape[0])
+            src_pos = self._positions("src", memory.shape[1], memory.shape[0])
+            memory_k = memory + src_pos
+        mem = Memory(memory, memory_k, memory_resid, None if memory_resid is None else self.encoder_ln_final, src_pos)
         for layer, block in enumerate(self.decoder):
-            resid = block(resid, side, cross, memory, memory_k, None if cache is None else cache[layer])
+            resid = block(resid, side, cross, mem, None if cache is None else cache[layer])
         return self.unembed(self.decoder_ln_final(resid, hooked))  # [batch, tgt_pos, d_vocab_tgt]
 
     def run_with_cache(self, *args, return_cache_object: bool = True, **kwargs):

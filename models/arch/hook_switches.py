@@ -2,7 +2,10 @@
 
 Every block always has the hook points `hook_attn_in`, `hook_q_input`, `hook_k_input`, `hook_v_input` (and, with an
 MLP, `hook_mlp_in`), and every attention layer `hook_result`, as TransformerLens; they fire only while their switch
-in the config is on. `firing_hook_names()` lists the hook points that fire on a forward pass as configured now.
+in the config is on. An encoder–decoder's decoder blocks add `hook_cross_q_input`, `hook_cross_k_input`,
+`hook_cross_v_input` (the cross-attention's per-head inputs) under the same switch as `hook_q_input`.
+`firing_hook_names()` lists the hook points that fire on a forward pass as configured now. A model whose layers read
+their switches from several configs (an encoder–decoder: one per stack) names them in `_switch_configs`.
 """
 
 from __future__ import annotations
@@ -12,16 +15,27 @@ from ..errors import ConfigError, HookSwitchError, InputError
 #: hook-name suffix → the config switch without which it never fires
 OPT_IN = {".hook_attn_in": "use_attn_in", ".hook_q_input": "use_split_qkv_input",
           ".hook_k_input": "use_split_qkv_input", ".hook_v_input": "use_split_qkv_input",
+          ".hook_cross_q_input": "use_split_qkv_input", ".hook_cross_k_input": "use_split_qkv_input",
+          ".hook_cross_v_input": "use_split_qkv_input",
           ".hook_mlp_in": "use_hook_mlp_in", "attn.hook_result": "use_attn_result"}
 
 
 class HookSwitches:
     """The `set_use_*` switches of TransformerLens 2.x's `HookedTransformer` (same names, arguments and checks)."""
 
+    def _switch_configs(self, name: str) -> tuple:
+        """The configs whose switch `name` the layers read, the one read first (the model's own config)."""
+        return (self.cfg,)
+
+    def _switched_on(self, name: str) -> bool:
+        """Whether the switch `name` is on."""
+        return bool(getattr(self._switch_configs(name)[0], name))
+
     def _switch(self, name: str, value: bool) -> None:
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be true or false, got {value!r}")
-        setattr(self.cfg, name, value)
+        for cfg in self._switch_configs(name):
+            setattr(cfg, name, value)
 
     def set_use_attn_result(self, use_attn_result: bool) -> None:
         """Compute and hook each head's output `blocks.{l}.attn.hook_result [batch, pos, head, d_model]`."""
@@ -34,13 +48,14 @@ class HookSwitches:
 
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
         """Hook a copy of each MLP's input (`blocks.{l}.hook_mlp_in`, before ln2)."""
-        if use_hook_mlp_in and self.cfg.attn_only:
+        if use_hook_mlp_in and self._switch_configs("attn_only")[0].attn_only:
             raise HookSwitchError("use_hook_mlp_in needs MLP layers; this model is attention-only")
         self._switch("use_hook_mlp_in", use_hook_mlp_in)
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         """Hook the attention input once per head (`blocks.{l}.hook_attn_in [batch, pos, head, d_model]`)."""
-        if use_attn_in and self.cfg.n_key_value_heads != self.cfg.n_heads:
+        cfg = self._switch_configs("use_attn_in")[0]
+        if use_attn_in and cfg.n_key_value_heads != cfg.n_heads:
             raise HookSwitchError("use_attn_in cannot be used with grouped-query attention; use "
                               "set_use_split_qkv_input instead")
         self._switch("use_attn_in", use_attn_in)
@@ -54,7 +69,7 @@ class HookSwitches:
         """`add_hook` on an opt-in hook point whose switch is off raises `HookSwitchError` (as TransformerLens 2.x's
         assertion); `run_with_cache` and `run_with_hooks` with a filter skip the check, as there."""
         for suffix, switch in OPT_IN.items():
-            if hook_point_name.endswith(suffix) and not getattr(self.cfg, switch):
+            if hook_point_name.endswith(suffix) and not self._switched_on(switch):
                 raise HookSwitchError(f"cannot add a hook to {hook_point_name} while {switch} is False; call "
                                       f"model.set_{switch}(True) first")
 
@@ -66,7 +81,7 @@ class HookSwitches:
 
     def _switched_off(self) -> tuple[str, ...]:
         """The name suffixes of the opt-in hook points whose switch is off now."""
-        return tuple(suffix for suffix, switch in OPT_IN.items() if not getattr(self.cfg, switch))
+        return tuple(suffix for suffix, switch in OPT_IN.items() if not self._switched_on(switch))
 
     def get_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
                           cache: dict | None = None, pos_slice=None):

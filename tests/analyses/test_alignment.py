@@ -94,8 +94,9 @@ def test_encdec_report_on_the_hand_built_model(tmp_path, monkeypatch):
     m = build_reversal_model(d_vocab=8, length=5)
     m.cfg.extra = {"task": "seq2seq:reverse", "task_symbols": 5, "task_min_len": 5, "task_max_len": 5}
     found, r = checked_report(monkeypatch, m, tmp_path / "r")
-    assert r.sections == ["encdec_overview", "alignment", "cross_copying", "cross_qk_positional", "encdec_paths"]
-    assert set(found) == {"cross_attention_patterns", "cross_ov_circuits", "cross_qk_positional"}
+    assert r.sections == ["encdec_overview", "alignment", "cross_copying", "cross_qk_positional", "encdec_paths",
+                          "encdec_discovery"]
+    assert set(found) == {"cross_attention_patterns", "cross_ov_circuits", "cross_qk_positional", "discovery_circuit"}
     assert {k: v for k, v in found.items() if v} == {}
     md = r.path.read_text()
     assert "Alignment heads (score ≥ 0.9): **C0H0** (1.000)." in md

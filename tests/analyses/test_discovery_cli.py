@@ -58,8 +58,38 @@ def _task_file(tmp_path, **d):
     return p
 
 
+def test_an_encoder_decoder_run_writes_its_folder_and_agrees_with_the_library(capsys, tmp_path):
+    import models
+    from analyses.discovery import discover, discovery_task
+
+    out = tmp_path / "d"
+    code, stdout, err = _run(capsys, "discover", "enc-dec-reverse", "--method", "eap-ig", "--n-prompts", "6",
+                             "--out", out, "--json", "--no-progress")  # the model's own task: reversal
+    assert code == 0, err
+    obj = json.loads(stdout)
+    m = models.load("enc-dec-reverse")
+    ref = discover(m, discovery_task(m, "reversal", n_prompts=6), "eap-ig")
+    assert obj["task"]["name"] == "reversal" and [tuple(e) for e in obj["circuit"]] == ref.circuit
+    assert obj["faithfulness"] == pytest.approx(ref.faithfulness, abs=1e-9)
+    assert (out / "circuit.png").is_file() and (out / "faithfulness.png").is_file()
+
+
+def test_the_encoder_decoder_figures_pass_the_figure_checks():
+    import models
+    from analyses.discovery import discover, discovery_task
+    from analyses.discovery.plots import plot_circuit, plot_faithfulness
+    from analyses.figure_checks import figure_problems
+
+    m = models.load("enc-dec-sort")
+    r = discover(m, discovery_task(m, "sorting", n_prompts=4), "eap-ig")
+    for fig in (plot_circuit(r), plot_faithfulness(r)):
+        assert figure_problems(fig) == []
+
+
 @pytest.mark.parametrize("case", ["unknown task", "empty pairs", "mismatched pairs", "mismatched lengths",
-                                  "negative threshold", "nan threshold", "encoder-decoder", "foreign folder"])
+                                  "negative threshold", "nan threshold", "decoder task on an encoder-decoder",
+                                  "task file on an encoder-decoder", "another seq2seq task",
+                                  "seq2seq task on a decoder", "foreign folder"])
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, case):
     out = tmp_path / "out"
     argv = ["discover", "attn-only-2l", "--out", out]
@@ -75,8 +105,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, case):
         argv += ["--method", "acdc", "--threshold", "-1"]
     elif case == "nan threshold":
         argv += ["--threshold", "nan"]
-    elif case == "encoder-decoder":
-        argv[1] = "enc-dec-reverse"
+    elif case == "decoder task on an encoder-decoder":
+        argv[1:2] = ["enc-dec-reverse", "--task", "induction"]
+    elif case == "task file on an encoder-decoder":
+        argv[1:2] = ["enc-dec-reverse", "--task", _task_file(tmp_path, clean=[[3, 4]], corrupt=[[4, 3]], answer=3)]
+    elif case == "another seq2seq task":
+        argv[1:2] = ["enc-dec-reverse", "--task", "sorting"]
+    elif case == "seq2seq task on a decoder":
+        argv += ["--task", "reversal"]
     elif case == "foreign folder":
         out.mkdir()
         (out / "mine.txt").write_text("x")

@@ -193,7 +193,7 @@ def test_user_task_and_bad_input(aol2):
             discover(aol2, t, "acdc", threshold=bad)
     with pytest.raises(PatchingError, match="unknown method"):
         discover(aol2, t, "sp")
-    with pytest.raises(PatchingError, match="decoder-only"):
+    with pytest.raises(PatchingError, match="decoder input"):  # a decoder-only task: no target for the decoder
         discover(models.load("enc-dec-reverse"), t)
 
 

@@ -168,5 +168,10 @@ def test_switches_are_restored_and_bad_input_refused():
         EdgePatcher(m, clean, clean[:, :3])
     with pytest.raises(ValueError, match="no edge"):
         p.mask([("L1H1", "L0H1.k")])
-    with pytest.raises(PatchingError, match="decoder-only"):
+    from models.arch.encoder import EncoderConfig, HookedEncoder
+
+    encoder = HookedEncoder(EncoderConfig(n_layers=1, d_model=8, n_ctx=8, d_head=4, d_vocab=10, attn_only=True))
+    with pytest.raises(PatchingError, match="decoder-only and encoder–decoder"):
+        EdgePatcher(encoder, clean % 10, clean % 10)
+    with pytest.raises(PatchingError, match="decoder input"):
         EdgePatcher(models.load("enc-dec-reverse"), clean, clean)

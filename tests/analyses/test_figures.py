@@ -108,7 +108,8 @@ def test_report_figures(tmp_path, monkeypatch):
     model = HookedTransformer(cfg, tokenizer=ByteTokenizer())
     found, _ = checked_report(monkeypatch, model, tmp_path / "r", tokens=TEXT, folder=_run_folder(tmp_path / "run"))
     expect = {"direct_path_bigrams", "attention_patterns", "head_scores", "ov_eigenvalues", "head_ablation",
-              "composition", "qk_ov_positivity", "loss_by_position", "training_dynamics", "path_patching"}
+              "composition", "qk_ov_positivity", "loss_by_position", "training_dynamics", "path_patching",
+              "discovery_circuit"}
     assert set(found) == expect
     assert {k: v for k, v in found.items() if v} == {}
 
