@@ -6,14 +6,22 @@ tests/analyses/test_one_layer.py compare them)."""
 
 from __future__ import annotations
 
+#: the arguments of TransformerLens 2.x's `HookedTransformer.forward` a run from a layer passes
+RESUME_ARGUMENTS = ("start_at_layer", "stop_at_layer", "tokens", "shortformer_pos_embed", "attention_mask")
+
 
 def resumable(model) -> bool:
-    """Whether `model`'s forward starts at a layer from a residual stream and stops before a layer
-    (`start_at_layer`, `stop_at_layer`): the decoder-only models of this project, whose config declares their kind
-    (`models.model_kind`); TransformerLens' bridges, the encoders and the encoder–decoders run whole."""
-    from models.arch.kind import DECODER
+    """Whether `model` runs from a layer as TransformerLens 2.x's `HookedTransformer` does: an `input_to_embed` and a
+    forward that names every one of `RESUME_ARGUMENTS` (this project's decoder-only models; not its encoders and
+    encoder–decoders, nor TransformerLens 4's bridges, whose forward takes other arguments), so a caller falls back
+    to whole runs on any other model."""
+    import inspect
 
-    return getattr(type(getattr(model, "cfg", None)), "model_type", None) == DECODER
+    forward = getattr(model, "forward", None)
+    if not (callable(forward) and callable(getattr(model, "input_to_embed", None))):
+        return False
+    params = inspect.signature(forward).parameters
+    return all(a in params for a in RESUME_ARGUMENTS)
 
 
 def resume_name(layer: int) -> str:
@@ -31,4 +39,4 @@ def run_from_layer(model, tokens, cache, layer: int, fwd_hooks, **forward_kw):
                                 shortformer_pos_embed=pos_qk, attention_mask=mask, **forward_kw)
 
 
-__all__ = ["resumable", "resume_name", "run_from_layer"]
+__all__ = ["resumable", "resume_name", "run_from_layer", "RESUME_ARGUMENTS"]

@@ -287,3 +287,16 @@ def test_path_patching_equals_whole_runs_bitwise(positional, attn_only):
         P.path_patching(m, corrupt, clean, met, ["L0H0"], ["L1H0"], "q", baselines=base)
     with pytest.raises(P.PatchingError, match="baselines"):
         P.path_patching(m, clean, corrupt, met, ["L0H0"], ["L1H0"], "q", direction="denoising", baselines=base)
+
+
+def test_only_models_that_run_from_a_layer_are_resumed():
+    """Runs start at a layer only on a model whose forward takes TransformerLens 2.x's arguments for it; an
+    encoder–decoder (and an object without `input_to_embed`) runs whole."""
+    assert resumable(random_model())
+    assert not resumable(models.load("enc-dec-reverse"))
+    assert not resumable(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.tl4
+def test_a_bridge_runs_whole():
+    assert not resumable(models.to_transformer_lens(random_model()))
