@@ -60,6 +60,60 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
+#: seconds after Python dropped an interrupt (see `Interrupts`) before it is raised again
+RERAISE_S = 0.01
+
+
+class Interrupts:
+    """While a command runs (`with Interrupts() as it:`): SIGTERM raises `Terminated` where the program stands, and
+    an interrupt (`Terminated`, Ctrl-C's `KeyboardInterrupt`) that Python drops is raised again. Python drops an
+    exception raised inside a weakref callback or a `__del__` (matplotlib's transform tree uses such callbacks),
+    only reporting it through `sys.unraisablehook`: the hook here, instead of printing it, asks for SIGALRM
+    `RERAISE_S` later, whose handler raises the same interrupt outside the callback. `pending()` raises one the
+    command outran; `settle()` forgets it (an interrupt is being reported already). Handlers, hook and timer are
+    restored on the way out. Outside the main thread, or without `signal.setitimer`, only SIGTERM's handler is set
+    (where it can be)."""
+
+    def __init__(self):
+        self.dropped: list[type] = []
+        self.saved: list = []
+        self.hook = sys.unraisablehook
+
+    def __enter__(self) -> Interrupts:
+        try:
+            self.saved.append((signal.SIGTERM, signal.signal(signal.SIGTERM, _on_sigterm)))
+            if hasattr(signal, "setitimer"):
+                self.saved.append((signal.SIGALRM, signal.signal(signal.SIGALRM, self._again)))
+                sys.unraisablehook = self._on_unraisable
+        except ValueError:  # not the main thread: signals keep their handlers
+            pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.settle()
+        sys.unraisablehook = self.hook
+        for signum, previous in self.saved:
+            signal.signal(signum, previous)
+
+    def _again(self, signum=None, frame=None):
+        raise (self.dropped.pop() if self.dropped else Terminated)()
+
+    def _on_unraisable(self, u) -> None:
+        if not isinstance(u.exc_value, KeyboardInterrupt):
+            return self.hook(u)
+        self.dropped.append(type(u.exc_value))
+        signal.setitimer(signal.ITIMER_REAL, RERAISE_S)
+
+    def pending(self) -> None:
+        if self.dropped:
+            self._again()
+
+    def settle(self) -> None:
+        if len(self.saved) == 2:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        self.dropped.clear()
+
+
 def _check_text_options(args) -> None:
     for name in _TEXT_OPTIONS:
         value = getattr(args, name, None)
@@ -126,19 +180,12 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     args.argv = argv[1:]
-    try:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main thread: SIGTERM keeps its handler
-        previous = None
-    try:
-        return _run(args)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    with Interrupts() as interrupts:
+        return _run(args, interrupts)
 
 
-def _run(args) -> int:
-    """`args._run(args)` with the exit codes of the module docstring."""
+def _run(args, interrupts: Interrupts | None = None) -> int:
+    """`args._run(args)` with the exit codes of the module docstring, under `interrupts` (`Interrupts`)."""
     import warnings
 
     try:
@@ -146,9 +193,13 @@ def _run(args) -> int:
             _notices(f"circuits {args.command}")
             _check_text_options(args)
             code = run_command(args._command, args)
+            if interrupts is not None:
+                interrupts.pending()
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except (Exception, KeyboardInterrupt) as e:
+        if interrupts is not None:
+            interrupts.settle()
         _settle()
         return _outcome(e, f"circuits {args.command}")
 
