@@ -37,8 +37,10 @@ from circuits.graph import EdgeGraph, edge_graph
 from ..patching.inputs import PatchingError, prepare, token_pair
 
 ABLATIONS = ("corrupt", "mean")
-#: elements of the largest correction tensor one chunk of edge sets may build ([rows, pos, senders, d_model])
-CHUNK_ELEMENTS = 2 ** 26
+#: elements of the largest correction tensor one chunk of edge sets may build ([rows, pos, senders, d_model]): 16 MB
+#: of float32. Larger chunks make tensors the C allocator maps fresh from the system on every pass (page faults):
+#: at 2 ** 26 attn-only-2l's faithfulness curve took 7.4–9.1 s of CPU, at 2 ** 22 3.3–4.0 s (benchmarks/discovery.py)
+CHUNK_ELEMENTS = 2 ** 22
 
 
 #: a stack's prefix in node names → (its blocks' module name, the suffix of its embedding hooks)
