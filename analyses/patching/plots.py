@@ -16,6 +16,7 @@ import textwrap
 import torch
 
 from ..labels import figure_text
+from ..plots import COLORBAR_ROOM, EM_PER_CHAR, fixed_layout, side_colorbar, text_inches
 
 
 def _plt():
@@ -73,9 +74,24 @@ def plot_patching(result, title: str | None = None, annotate: bool | None = None
     n = share.shape[0]
     ncol = min(n, 3)
     nrow = math.ceil(n / ncol)
-    w = min(max(3.0, 0.32 * len(cols) + 1.6), 11.0 / ncol)  # at most 12.4 in: 900 px at 72 dpi, shown unscaled
-    h = max(1.8, 0.4 * len(rows) + 1.2)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(w * ncol + 1.4, h * nrow + 1.0), squeeze=False, layout="constrained")
+    ylabels = [figure_text(_short(r)) for r in rows]
+    step = max(1, math.ceil(len(cols) / 48))
+    xlabels = [figure_text(_short(c)) for c in cols[::step]]
+    # fixed margins sized from the labels (`analyses.plots.fixed_layout`): 7 pt tick labels, 8 pt axis labels
+    left = 0.3 + max(text_inches(x, 7) for x in ylabels)
+    bottom = 0.3 + max(text_inches(x, 7) for x in xlabels)  # the column labels stand rotated
+    aw = min(max(1.6, (0.42 if annotate else 0.2) * len(cols)), 9.6 / ncol)  # a panel: at most 12.4 in in all
+    ah = max(1.9, 0.4 * len(rows))  # at least the colour bar's label (10 pt) tall
+    W = ncol * aw + ncol * left + (ncol - 1) * 0.15 + COLORBAR_ROOM
+    text = title or (f"{result.kind} patching ({result.direction}): {_share_label(result)}; clean {result.metric} "
+                     f"{result.clean_value:.3f}, corrupted {result.corrupt_value:.3f}")
+    text = textwrap.fill(text, int(W * 72 / (9 * EM_PER_CHAR)))
+    named = any(panel_names)
+    top = 0.2 + 0.18 * (text.count("\n") + 1) + (0.25 if named else 0.0)
+    hspace = bottom + (0.25 if named else 0.0) + 0.1
+    H = nrow * ah + (nrow - 1) * hspace + top + bottom
+    fig, axes = plt.subplots(nrow, ncol, figsize=(W, H), squeeze=False)
+    fixed_layout(fig, left=left, right=COLORBAR_ROOM, bottom=bottom, top=top, wspace=left + 0.15, hspace=hspace)
     for ax in axes.flat[n:]:
         ax.axis("off")
     cmap = plt.get_cmap("bwr")  # white exactly at 0
@@ -89,18 +105,14 @@ def plot_patching(result, title: str | None = None, annotate: bool | None = None
                     if not math.isnan(v):
                         ax.text(j, i, f"{v:.2f}".replace("-0.00", "0.00"), ha="center", va="center", fontsize=7,
                                 color="w" if abs(v) > 0.6 * vmax else "k")
-        step = max(1, math.ceil(len(cols) / 48))
-        ax.set_xticks(range(0, len(cols), step), [figure_text(_short(c)) for c in cols[::step]], rotation=90,
-                      fontsize=7)
-        ax.set_yticks(range(len(rows)), [figure_text(_short(r)) for r in rows], fontsize=7)
+        ax.set_xticks(range(0, len(cols), step), xlabels, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(rows)), ylabels, fontsize=7)
         ax.set_xlabel(result.axes[cols_axis], fontsize=8)
         ax.set_ylabel(result.axes[rows_axis], fontsize=8)
         if name:
             ax.set_title(name, fontsize=9)
-    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.9, label="share of the effect")
-    text = title or (f"{result.kind} patching ({result.direction}): {_share_label(result)}; clean {result.metric} "
-                     f"{result.clean_value:.3f}, corrupted {result.corrupt_value:.3f}")
-    fig.suptitle(textwrap.fill(text, int(9 * (w * ncol + 1.4))), fontsize=9)
+    side_colorbar(fig, im, "share of the effect", shrink=0.95)
+    fig.suptitle(text, fontsize=9, y=1 - 0.1 / H, va="top")
     return fig
 
 
