@@ -28,6 +28,7 @@ from .initialization import (
 )
 from .inputs import check_tokens
 from .persist import save as save_folder
+from .sae_interface import SAEInterface
 from .score_bias import attention_mask as attention_mask_of
 from .score_bias import combine
 from .tl_compat import ActivationCache, FactoredMatrix, HookedRootModule, HookPoint
@@ -44,7 +45,7 @@ def head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-class HookedTransformer(TextMixin, HookSwitches, HookedRootModule):
+class HookedTransformer(TextMixin, HookSwitches, SAEInterface, HookedRootModule):
     """A transformer whose every activation is a named `HookPoint` (names as in TransformerLens).
 
     `forward(tokens)` takes int64 `[batch, pos]` (or `[pos]`) token ids, or text when a tokenizer is

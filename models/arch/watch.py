@@ -52,7 +52,7 @@ def watched(root: nn.Module) -> bool:
 @contextlib.contextmanager
 def forced(model: nn.Module):
     """Inside, `model`'s forward passes take the hooked path whatever watches (`run_with_cache` uses it, so that a
-    cache of any names holds the same values; an attached sparse autoencoder, `models.sae`): a flag on the model
+    cache of any names holds the same values): a flag on the model
     itself, read by its forward. Nested uses keep the outer one's setting."""
     before = getattr(model, "_in_run_with_cache", False)
     model._in_run_with_cache = True

@@ -2,12 +2,9 @@
 
 Nothing here re-implements SAELens; it connects our models to it:
 
-- `with_saes(model)`: the model, its class extended by SAELens' `HookedSAETransformer` interface (`add_sae`,
-  `reset_saes`, `saes`, `run_with_saes`, `run_with_cache_with_saes`, `run_with_hooks_with_saes`, `acts_to_saes`),
-  `SAEMethods`, written on SAELens' public `SAE` (its `forward`, `hook_dict`, `cfg`). An attached SAE takes the hook
-  point's place (`SAESplice`), so its hook points are cached under SAELens' names
-  (`blocks.1.hook_mlp_out.hook_sae_acts_post`, ...). While an SAE is attached the model runs its fully hooked path
-  (`models.arch.watch.forced`), the path a hand-written hook splice takes.
+- `with_saes(model)`: the model itself once SAELens is there; our decoder-only models carry SAELens'
+  `HookedSAETransformer` interface (`add_sae`, `reset_saes`, `saes`, `run_with_saes`, `run_with_cache_with_saes`,
+  `run_with_hooks_with_saes`, `acts_to_saes`) in `models.arch.sae_interface`, written on SAELens' public `SAE`.
 - `hook_width`, `activations`: what an SAE on a hook point reads (`hook_z` concatenated over heads).
 - `load_sae` reads an SAE folder (SAELens' `cfg.json` and `sae_weights.safetensors`) through this toolkit's readers
   (`models.io.readers.read_sae_folder`: bounded, schema-checked, finite weights) and hands them to SAELens'
@@ -20,13 +17,11 @@ Training is `models.training.sae`; the measures (FVU, L0, spliced losses) are `a
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
 import torch
 
-from ..arch.watch import forced
 from ..errors import MissingDependencyError, SAEError
 from .readers import SAE_TRAINING_FILE, read_sae_folder
 
@@ -51,151 +46,6 @@ def sae_lens():
     return sae_lens
 
 
-class SAESplice(torch.nn.Module):
-    """What stands at a hook point while an SAE is attached: the SAE's reconstruction (SAELens' `SAE.forward`, with its
-    error term when `use_error_term`) in place of the activation, the activation itself at the positions `mask`
-    excludes. The SAE's hook points are this module's children (the SAE itself is kept outside the module tree), so
-    they are cached under SAELens' names, `blocks.1.hook_mlp_out.hook_sae_acts_post`."""
-
-    def __init__(self, sae, use_error_term: bool, exclude_special_tokens):
-        super().__init__()
-        self.__dict__["sae"] = sae
-        for name, hook in sae.hook_dict.items():
-            setattr(self, name, hook)
-        self.use_error_term, self.exclude_special_tokens = bool(use_error_term), exclude_special_tokens
-        self.mask: torch.Tensor | None = None  # [batch, pos], True: the model's own activation (set per forward)
-
-    def forward(self, act: torch.Tensor) -> torch.Tensor:
-        sae, saved = self.sae, self.sae.use_error_term
-        sae.use_error_term = self.use_error_term
-        try:
-            out = sae(act)
-        finally:
-            sae.use_error_term = saved
-        if self.mask is None:
-            return out
-        mask = self.mask.reshape(*self.mask.shape, *([1] * (act.dim() - 2))).to(act.device)
-        return torch.where(mask, act, out)
-
-
-def _set_module(model, path: str, module) -> None:
-    *parents, last = path.split(".")
-    owner = model
-    for part in parents:
-        owner = owner[int(part)] if part.isdigit() else getattr(owner, part)
-    setattr(owner, last, module)
-
-
-class SAEMethods:
-    """SAELens' `HookedSAETransformer` interface (`add_sae`, `reset_saes`, `saes`, `run_with_saes`,
-    `run_with_cache_with_saes`, `run_with_hooks_with_saes`, `acts_to_saes`) for our models, written on SAELens'
-    public `SAE` (`forward`, `hook_dict`, `cfg.metadata.hook_name`): mixed into the model's class by `with_saes`. An
-    SAE takes its hook point's place as an `SAESplice` until it is reset; the forward pass sets the excluded
-    positions (`exclude_special_tokens`) from its tokens and runs the fully hooked path while any SAE is attached."""
-
-    @property
-    def acts_to_saes(self) -> dict:
-        """`{hook name: SAE}` of the attached SAEs."""
-        return {name: splice.sae for name, splice in self._sae_splices.items()}
-
-    def add_sae(self, sae, use_error_term: bool | None = None, exclude_special_tokens=False):
-        """Attach `sae` at its hook point (`sae.cfg.metadata.hook_name`) until `reset_saes`, replacing any SAE there.
-        `use_error_term` (default: the SAE's own setting) adds the reconstruction error back, so the model's output is
-        unchanged while the SAE's activations are cached; `exclude_special_tokens` (True: the tokenizer's BOS, EOS and
-        pad ids; or a list of ids) keeps the model's own activation at those tokens."""
-        hook = sae.cfg.metadata.hook_name
-        if hook not in self._sae_splices and hook not in self.hook_dict:
-            raise SAEError(f"{hook!r} is not a hook point of this model; e.g. {', '.join(list(self.hook_dict)[:4])}")
-        if hook in self._sae_splices:
-            self.reset_saes(hook)
-        splice = SAESplice(sae, sae.use_error_term if use_error_term is None else use_error_term,
-                           exclude_special_tokens)
-        self._sae_splices[hook] = splice
-        _set_module(self, hook, splice)
-        self.setup()
-
-    def reset_saes(self, act_names: str | list[str] | None = None) -> None:
-        """Detach the SAEs at `act_names` (default: all), putting plain hook points back."""
-        from ..arch.tl_compat import HookPoint
-
-        names = [act_names] if isinstance(act_names, str) else list(self._sae_splices) if act_names is None else \
-            act_names
-        for name in names:
-            if self._sae_splices.pop(name, None) is not None:
-                _set_module(self, name, HookPoint())
-        self.setup()
-
-    @contextlib.contextmanager
-    def saes(self, saes=(), reset_saes_end: bool = True, use_error_term: bool | None = None,
-             exclude_special_tokens=False):
-        """Attach `saes` (one SAE or a list) for the body; at its end (with `reset_saes_end`) the SAEs attached before
-        at those hook points are back as they were."""
-        saes = [saes] if hasattr(saes, "cfg") else list(saes)
-        before = [(sae.cfg.metadata.hook_name, self._sae_splices.get(sae.cfg.metadata.hook_name)) for sae in saes]
-        try:
-            for sae in saes:
-                self.add_sae(sae, use_error_term=use_error_term, exclude_special_tokens=exclude_special_tokens)
-            yield self
-        finally:
-            if reset_saes_end:
-                for name, old in reversed(before):
-                    self.reset_saes(name)
-                    if old is not None:
-                        self.add_sae(old.sae, old.use_error_term, old.exclude_special_tokens)
-
-    def run_with_saes(self, *model_args, saes=(), reset_saes_end: bool = True, use_error_term: bool | None = None,
-                      exclude_special_tokens=False, **model_kwargs):
-        """The forward pass with `saes` attached for it (see `saes`)."""
-        with self.saes(saes, reset_saes_end, use_error_term, exclude_special_tokens):
-            return self(*model_args, **model_kwargs)
-
-    def run_with_cache_with_saes(self, *model_args, saes=(), reset_saes_end: bool = True,
-                                 use_error_term: bool | None = None, exclude_special_tokens=False, **kwargs):
-        """`run_with_cache` with `saes` attached for it: the SAEs' activations are cached under SAELens' names."""
-        with self.saes(saes, reset_saes_end, use_error_term, exclude_special_tokens):
-            return self.run_with_cache(*model_args, **kwargs)
-
-    def run_with_hooks_with_saes(self, *model_args, saes=(), reset_saes_end: bool = True,
-                                 exclude_special_tokens=False, fwd_hooks=(), bwd_hooks=(), reset_hooks_end=True,
-                                 clear_contexts=False, **model_kwargs):
-        """`run_with_hooks` with `saes` attached for it."""
-        with self.saes(saes, reset_saes_end, exclude_special_tokens=exclude_special_tokens):
-            return self.run_with_hooks(*model_args, fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks),
-                                       reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts,
-                                       **model_kwargs)
-
-    def forward(self, input, *args, **kwargs):
-        if not self._sae_splices:
-            return super().forward(input, *args, **kwargs)
-        masked = [s for s in self._sae_splices.values() if s.exclude_special_tokens is not False]
-        if masked:
-            tokens = input if isinstance(input, torch.Tensor) else self.to_tokens(
-                input, prepend_bos=kwargs.get("prepend_bos"), padding_side=kwargs.get("padding_side"))
-            for splice in masked:
-                ids = splice.exclude_special_tokens
-                if ids is True:
-                    tok = self.tokenizer
-                    ids = {getattr(tok, a, None) for a in ("bos_token_id", "eos_token_id", "pad_token_id")} - {None}
-                splice.mask = torch.isin(tokens, torch.tensor(sorted(ids), dtype=tokens.dtype, device=tokens.device))
-        try:
-            with forced(self):  # the fully hooked path: the one a hand-written splice takes
-                return super().forward(input, *args, **kwargs)
-        finally:
-            for splice in masked:
-                splice.mask = None
-
-
-_CLASSES: dict[type, type] = {}
-
-
-def _with_saes_class(cls: type) -> type:
-    """`cls` with `SAEMethods` mixed in (one class per model class)."""
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"{cls.__name__}WithSAEs", (SAEMethods, cls),
-                             {"__doc__": f"{cls.__name__} with SAELens' SAE methods (models.sae.with_saes)."})
-    return _CLASSES[cls]
-
-
 def check_model(model, what: str) -> None:
     """`SAEError` unless `model` is one of our decoder-only models (`models.model_kind`; a `HookedTransformer`, whose
     hook points SAEs here read)."""
@@ -207,14 +57,11 @@ def check_model(model, what: str) -> None:
 
 
 def with_saes(model):
-    """`model` itself, its class extended by SAELens' `HookedSAETransformer` methods (see the module docstring);
-    idempotent. Decoder-only models (`HookedTransformer`)."""
+    """`model` itself, with SAELens there: our decoder-only models carry SAELens' `HookedSAETransformer` methods
+    (`models.arch.sae_interface.SAEInterface`), which need SAELens' `SAE` objects; `MissingDependencyError` without
+    SAELens, `SAEError` for another kind of model."""
     sae_lens()
     check_model(model, "with_saes")
-    if "_sae_splices" not in model.__dict__:
-        model.__dict__["_sae_splices"] = {}  # hook name -> SAESplice (outside the module tree: they are in it already)
-    if type(model) not in _CLASSES.values():
-        model.__class__ = _with_saes_class(type(model))
     return model
 
 

@@ -109,8 +109,9 @@ def test_run_with_saes_equals_a_hand_written_hook_splice(name, hook, width):
     with torch.no_grad():
         by_hand = model.run_with_hooks(tokens, fwd_hooks=[(hook, splice)])
         clean = model(tokens)
+        cls = type(model)
         m = with_saes(model)
-        assert m is model and type(m).__name__.endswith("WithSAEs")
+        assert m is model and type(m) is cls  # the model itself, its class untouched
         spliced = m.run_with_saes(tokens, saes=[sae])
         after = m(tokens)
     torch.testing.assert_close(spliced, by_hand, atol=2e-5, rtol=0)
