@@ -22,6 +22,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from .tl_compat import (  # TransformerLens' own initialisers (the formulas 2.18 draws with)
+    calc_fan_in_and_fan_out,
+    init_kaiming_normal_,
+    init_kaiming_uniform_,
+    init_xavier_normal_,
+    init_xavier_uniform_,
+)
+
 #: TransformerLens 2.18's `HookedTransformerConfig.init_mode` values, in its order
 TL_INIT_MODES = ("gpt2", "xavier_uniform", "xavier_normal", "kaiming_uniform", "kaiming_normal", "muP")
 INIT_MODES = TL_INIT_MODES + ("gpt2_scaled",)
@@ -53,48 +61,6 @@ def rng_kept() -> Iterator[None]:
         yield
     random.setstate(py)
     np.random.set_state(npy)
-
-
-def calc_fan_in_and_fan_out(tensor: torch.Tensor) -> tuple[int, int]:
-    """Fan-in and fan-out in TransformerLens' layout (rows read, columns written): `[d_in, d_out]` → (d_in, d_out);
-    a head stack `[heads, d_in, d_head]` → (d_in, heads·d_head); a vector `[n]` → (1, n) (TransformerLens 2.18's
-    `utils.calc_fan_in_and_fan_out`; torch's own reads the transposed layout)."""
-    shape = tensor.shape
-    if len(shape) == 1:
-        return 1, shape[0]
-    if len(shape) == 2:
-        return shape[0], shape[1]
-    if len(shape) == 3:
-        return shape[1], shape[0] * shape[2]
-    raise ValueError(f"fan in and fan out are not defined for shape {tuple(shape)}")
-
-
-def init_xavier_uniform_(param: torch.Tensor, gain: float = 1.0) -> torch.Tensor:
-    """Glorot & Bengio (2010): U(−a, a), a = gain·√(6 / (fan_in + fan_out)) (TransformerLens 2.18's formula)."""
-    fan_in, fan_out = calc_fan_in_and_fan_out(param)
-    bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
-    return nn.init.uniform_(param, -bound, bound)
-
-
-def init_xavier_normal_(param: torch.Tensor, gain: float = 1.0) -> torch.Tensor:
-    """Glorot & Bengio (2010): N(0, σ²), σ = gain·√(2 / (fan_in + fan_out)) (TransformerLens 2.18's formula)."""
-    fan_in, fan_out = calc_fan_in_and_fan_out(param)
-    return nn.init.normal_(param, mean=0.0, std=gain * math.sqrt(2.0 / (fan_in + fan_out)))
-
-
-def init_kaiming_uniform_(param: torch.Tensor, gain: float = 1.0) -> torch.Tensor:
-    """He et al. (2015), ReLU gain, fan-in mode: U(−a, a), a = gain·√2·√(3 / fan_in) (TransformerLens 2.18's
-    `init_kaiming_uniform_` with its defaults)."""
-    gain *= nn.init.calculate_gain("relu", 0)
-    bound = gain * math.sqrt(3.0 / calc_fan_in_and_fan_out(param)[0])
-    return nn.init.uniform_(param, -bound, bound)
-
-
-def init_kaiming_normal_(param: torch.Tensor, gain: float = 1.0) -> torch.Tensor:
-    """He et al. (2015), ReLU gain, fan-in mode: N(0, σ²), σ = gain·√2·√(1 / fan_in) (TransformerLens 2.18's
-    `init_kaiming_normal_` with its defaults)."""
-    gain *= nn.init.calculate_gain("relu", 0)
-    return nn.init.normal_(param, mean=0.0, std=gain * math.sqrt(1.0 / calc_fan_in_and_fan_out(param)[0]))
 
 
 def init_mup_normal_(param: torch.Tensor, name: str) -> torch.Tensor:

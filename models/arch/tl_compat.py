@@ -22,12 +22,21 @@ from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 
 from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule, hook_points
+from transformer_lens.utilities.initialization_utils import (  # 2.18's init formulas, in 3.x and 4.x alike
+    calc_fan_in_and_fan_out,
+    init_kaiming_normal_,
+    init_kaiming_uniform_,
+    init_xavier_normal_,
+    init_xavier_uniform_,
+)
 
 from ..errors import UnsupportedByTransformerLens
 
 HookPoint = hook_points.HookPoint
 
 __all__ = ["ActivationCache", "FactoredMatrix", "HookPoint", "HookedRootModule", "TL_VERSION", "analysis_tool",
+           "calc_fan_in_and_fan_out", "init_kaiming_normal_", "init_kaiming_uniform_", "init_xavier_normal_",
+           "init_xavier_uniform_",
            "head_detector", "evals", "patching", "patching_sweep", "transformer_bridge", "utilities", "version_tuple"]
 
 
