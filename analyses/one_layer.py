@@ -260,8 +260,7 @@ def head_ablation_losses(model, tokens, heads: list[tuple[int, int]] | None = No
     names = _pattern_names(model)
     todo = heads if heads is not None else [(l, h) for l in range(L) for h in range(H)]
     # an ablation of a layer-l head changes nothing before block l: the run starts there (`analyses.resume`)
-    resume = resumable(model)
-    kept = set(names) | ({resume_name(l) for l in range(1, L)} if resume else set())
+    kept = set(names) | ({resume_name(l) for l in range(1, L)} if resumable(model) else set())
     clean_parts, per_seq = [], torch.zeros(tokens.shape[0], L, H, dtype=torch.float64)
     start = 0
     for part in tokens.split(max(1, int(chunk))):
@@ -270,11 +269,8 @@ def head_ablation_losses(model, tokens, heads: list[tuple[int, int]] | None = No
         clean = clean.double().mean(-1).cpu()  # [chunk]
         frozen = {n: cache[n] for n in names}  # reused by every run below
         for l, h in todo:
-            hooks = _ablation_hooks(frozen, [(l, h)])
-            if resume and l > 0:
-                loss = run_from_layer(model, part, cache, l, hooks, return_type="loss", loss_per_token=True)
-            else:
-                loss = model.run_with_hooks(part, return_type="loss", loss_per_token=True, fwd_hooks=hooks)
+            loss = run_from_layer(model, part, cache, l, _ablation_hooks(frozen, [(l, h)]), return_type="loss",
+                                  loss_per_token=True)
             per_seq[start:start + part.shape[0], l, h] = loss.double().mean(-1).cpu() - clean
         clean_parts.append(clean)
         start += part.shape[0]

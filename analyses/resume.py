@@ -32,10 +32,14 @@ def resume_name(layer: int) -> str:
 def run_from_layer(model, tokens, cache, layer: int, fwd_hooks, **forward_kw):
     """`model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, **forward_kw)` started at block `layer` from
     `cache[resume_name(layer)]` (a run of `tokens` in which nothing before block `layer` differs from this one);
-    `forward_kw` as `forward`'s (`return_type`, `loss_per_token`, ...). The positions' side inputs come from
+    `forward_kw` as `forward`'s (`return_type`, `loss_per_token`, ...). The whole run when the model is not
+    `resumable`, `layer` is 0 or `cache` (None allowed) lacks that input. The positions' side inputs come from
     `input_to_embed(tokens)`, which runs no hook."""
+    name = resume_name(layer)
+    if layer == 0 or cache is None or name not in cache or not resumable(model):
+        return model.run_with_hooks(tokens, fwd_hooks=fwd_hooks, **forward_kw)
     _, _, pos_qk, mask = model.input_to_embed(tokens)
-    return model.run_with_hooks(cache[resume_name(layer)], fwd_hooks=fwd_hooks, start_at_layer=layer, tokens=tokens,
+    return model.run_with_hooks(cache[name], fwd_hooks=fwd_hooks, start_at_layer=layer, tokens=tokens,
                                 shortformer_pos_embed=pos_qk, attention_mask=mask, **forward_kw)
 
 

@@ -102,8 +102,6 @@ def _patched_metric(model, base, recorded, receivers, component, metric, base_ca
 
     hooks = [(n, lambda x, hook, n=n, hs=hs: patch(x, n, hs)) for n, hs in _by_hook(receivers, component).items()]
     start = min(r.layer for r in receivers)
-    if base_cache is None or not resumable(model) or resume_name(start) not in base_cache:
-        return evaluate(metric, model.run_with_hooks(base, fwd_hooks=hooks), base.shape[0])
     return evaluate(metric, run_from_layer(model, base, base_cache, start, hooks), base.shape[0])
 
 
