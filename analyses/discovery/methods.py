@@ -42,7 +42,7 @@ def _check(method, threshold, steps, metric, ablation, batch, target):
 
 def discover(model, task, method: str = "eap", threshold: float | None = None, *, steps: int = 5,
              metric: str = "kl", ablation: str = "corrupt", batch: int = 32, target: float = DEFAULT_TARGET,
-             n_prompts: int = 20, seed: int = 0) -> DiscoveryResult:
+             n_prompts: int = 20, seed: int = 0, ks: list[int] | None = None) -> DiscoveryResult:
     """The circuit of `task` (a `DiscoveryTask`, or a shipped task's name made with `n_prompts` and `seed`) in
     `model`'s edge graph by `method`:
 
@@ -54,7 +54,8 @@ def discover(model, task, method: str = "eap", threshold: float | None = None, *
       "task"), `batch` removals tried per pass.
 
     `ablation`: a removed edge carries the sender's output on the corrupted prompt ("corrupt") or its mean over
-    the clean prompts ("mean"). Returns a `DiscoveryResult`."""
+    the clean prompts ("mean"). `ks`: the top-k sizes of the faithfulness curve (default every k, or about 256 of
+    them; `faithfulness.curve_ks`). Returns a `DiscoveryResult`."""
     _check(method, threshold, steps, metric, ablation, batch, target)
     if isinstance(task, str):
         task = discovery_task(model, task, n_prompts=n_prompts, seed=seed)
@@ -73,7 +74,7 @@ def discover(model, task, method: str = "eap", threshold: float | None = None, *
         kept, scores = acdc(patcher, task, tau, metric, batch)
     passes = {"forward": patcher.forwards, "backward": patcher.backwards, "rows": patcher.rows}
     order = sorted(range(len(graph)), key=lambda i: (-abs(float(scores[i])), i))
-    curve = faithfulness_curve(patcher, task, order)
+    curve = faithfulness_curve(patcher, task, order, None if ks is None else list(ks))
     if kept is None:  # the fewest top edges reaching the target
         reach = [k for k, f in zip(curve["k"], curve["circuit_faithfulness"]) if f >= target]
         k = min(reach) if reach else len(graph)
@@ -81,7 +82,12 @@ def discover(model, task, method: str = "eap", threshold: float | None = None, *
         kept[order[:k]] = True
         settings["target"] = target
     settings["threshold"] = threshold
-    f, fc = subgraph_faithfulness(patcher, task, kept, curve["full"], curve["empty"])
+    k = int(kept.sum())
+    if k in curve["k"] and bool(kept[order[:k]].all()):  # the top k: a point the curve measured already
+        i = curve["k"].index(k)
+        f, fc = curve["circuit_faithfulness"][i], curve["complement_faithfulness"][i]
+    else:
+        f, fc = subgraph_faithfulness(patcher, task, kept, curve["full"], curve["empty"])
     circuit = [graph.edges[i] for i in order if kept[i]]
     return DiscoveryResult(
         getattr(model.cfg, "model_name", "") or "", task.to_json(), method, settings, list(graph.edges),

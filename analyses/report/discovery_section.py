@@ -14,9 +14,9 @@ EAP's first-order score, is about zero whatever the edge carries.
 
 from __future__ import annotations
 
-from ..discovery.attribution import edge_scores
-from ..discovery.faithfulness import faithfulness_curve
-from ..discovery.patching import EdgePatcher
+from circuits.graph import edge_graph
+
+from ..discovery.methods import discover
 from ..discovery.result import DiscoveryResult
 from ..util import markdown_table
 
@@ -34,24 +34,14 @@ ALIGNED = 0.8
 
 
 def ranked_circuit(model, task, steps: int | None = None, name: str = "", ks=KS) -> DiscoveryResult:
-    """EAP (`steps` None) or EAP-IG scores of every edge for `task`, the faithfulness of the top-k edges for k in
-    `ks` (each run alone and its complement, by exact edge patching), and the circuit: the fewest of those top-k
-    edges reaching `TARGET` (every edge, faithfulness 1 by definition, when none does)."""
-    patcher = EdgePatcher(model, task.clean, task.corrupt, target=task.target)
-    scores = edge_scores(patcher, task, steps)
-    passes = {"forward": patcher.forwards, "backward": patcher.backwards, "rows": patcher.rows}
-    n = len(patcher.graph)
-    order = sorted(range(n), key=lambda i: (-abs(float(scores[i])), i))
-    ks = [k for k in ks if k < n]  # the whole graph (1) and the empty one (0) are run once, for the normalisation
-    curve = faithfulness_curve(patcher, task, order, ks)
-    reach = [i for i, f in enumerate(curve["circuit_faithfulness"]) if f >= TARGET]
-    k = ks[reach[0]] if reach else n
-    f, fc = (curve["circuit_faithfulness"][reach[0]], curve["complement_faithfulness"][reach[0]]) if reach else (1., 0.)
-    edges = list(patcher.graph.edges)
-    return DiscoveryResult(name, task.to_json(), "eap" if steps is None else "eap-ig",
-                           {"ablation": "corrupt", "steps": steps, "target": TARGET}, edges,
-                           {e: float(scores[j]) for j, e in enumerate(edges)}, [edges[j] for j in order[:k]],
-                           f, fc, curve, passes, {"clean": curve["full"], "empty": curve["empty"]})
+    """`discover` by EAP (`steps` None) or EAP-IG (`steps` interpolation points) with the faithfulness curve at the
+    top-k sizes `ks` below the edge count only, its circuit the fewest of them reaching `TARGET` (every edge when
+    none does), named `name`."""
+    n = len(edge_graph(model))
+    r = discover(model, task, "eap" if steps is None else "eap-ig", steps=steps or 5, target=TARGET,
+                 ks=[k for k in ks if k < n])  # the whole and the empty graph are run once, for the normalisation
+    r.model = name
+    return r
 
 
 def _ks(r: DiscoveryResult) -> str:
