@@ -160,8 +160,7 @@ def run_discover(args, loaded) -> int:
         _write(args.out, result)
         obj["out"] = str(args.out)
         lines += ["", f"wrote {args.out}/ (result.json, circuit.json, circuit.png, faithfulness.png)"]
-    rows = [[s, r, result.scores[(s, r)], (s, r) in set(result.circuit)]
-            for s, r in sorted(result.scores, key=lambda e: -abs(result.scores[e]))]
+    rows = result.table()  # every edge, the largest |score| first
 
     def figure():
         from ..discovery.plots import plot_circuit

@@ -404,7 +404,9 @@ def build_token_corpus(source, tokenizer, cache_dir=None) -> TokenCorpus:
     `cache_dir/corpora/<hash of contents + tokenizer>/`, and return memory-mapped arrays."""
     source = resolve_source(source, cache_dir)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    fingerprint = source_fingerprint(source)
+    # a pinned snapshot is named by its archive's sha256, its extracted text checked against the manifest on load
+    # (`pinned_source`): reading every file again for a fingerprint would only hash the same text a second time
+    fingerprint = source.sha256 or source_fingerprint(source)
     key = hashlib.sha256((fingerprint + tokenizer_fingerprint(tokenizer)).encode()).hexdigest()[:24]
     folder = cache / "corpora" / key
     dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
@@ -469,7 +471,10 @@ def get_tokenizer(spec: str, source=None, cache_dir=None):
         return make_tokenizer(spec)
     source = resolve_source(source, cache_dir)
     h = hashlib.sha256()
-    _files_digest(source.train_files, h)
+    if source.sha256:  # a pinned snapshot: its checked archive names its training files (see build_token_corpus)
+        h.update(f"{source.sha256}:train".encode())
+    else:
+        _files_digest(source.train_files, h)
     cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "tokenizers"
     path = cache / f"{h.hexdigest()[:24]}-{spec}.json"
     if path.is_file():
