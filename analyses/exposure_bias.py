@@ -191,14 +191,8 @@ def prediction_interval(values, confidence: float = 0.95) -> tuple[float, float,
 def outside_mean_interval_chance(n: int, confidence: float = 0.95) -> float:
     """The probability that one more independent normal draw falls outside the `confidence` t-interval of the mean of
     n draws: P(|T_{n−1}| > t_{(1+c)/2, n−1} / √(n + 1)), since (x_new − mean) / (s √(1 + 1/n)) is Student's t with
-    n − 1 degrees of freedom (Hahn & Meeker 1991, §4.5). About 0.32 for n = 5. The tail is found by bisection on
-    `t_quantile`."""
-    x = t_quantile((1 + confidence) / 2, n - 1) / math.sqrt(n + 1)
-    lo, hi = 0.5, 1.0  # the p with t_quantile(p) = x
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_quantile(mid, n - 1) < x else (lo, mid)
-    return 2 * (1 - (lo + hi) / 2)
+    n − 1 degrees of freedom (Hahn & Meeker 1991, §4.5). About 0.32 for n = 5."""
+    return stats.t_tail(t_quantile((1 + confidence) / 2, n - 1) / math.sqrt(n + 1), n - 1)
 
 
 def _welch(a, b) -> tuple[float, float, float]:

@@ -9,7 +9,7 @@ import functools
 import math
 from fractions import Fraction
 
-__all__ = ["t_quantile", "t_interval", "wilson_interval", "max_count_p_value"]
+__all__ = ["t_quantile", "t_tail", "t_interval", "wilson_interval", "max_count_p_value"]
 
 _PANELS = 2000  # Simpson's rule panels (even)
 
@@ -42,6 +42,14 @@ def t_quantile(p: float, df: float) -> float:
         lo, hi = (mid, hi) if _t_mass(mid, df) < target else (lo, mid)
     t = math.sqrt(df) * math.tan((lo + hi) / 2)
     return t if p > 0.5 else -t
+
+
+def t_tail(t: float, df: float) -> float:
+    """P(|T| > t) for Student's t with `df` ≥ 1 degrees of freedom and t ≥ 0: 1 − 2·P(0 < T < t) (`_t_mass` at
+    θ = arctan(t/√ν))."""
+    if not t >= 0 or not df >= 1:
+        raise ValueError(f"need t >= 0 and df >= 1, got t={t}, df={df}")
+    return 1 - 2 * _t_mass(math.atan(t / math.sqrt(df)), df)
 
 
 def t_interval(values, level: float = 0.95) -> dict:

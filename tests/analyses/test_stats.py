@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from analyses.stats import max_count_p_value, t_interval, t_quantile, wilson_interval
+from analyses.stats import max_count_p_value, t_interval, t_quantile, t_tail, wilson_interval
 
 
 @pytest.mark.parametrize("df, value", [(1, 12.706204736), (2, 4.302652730), (7, 2.364624252), (30, 2.042272456)])
@@ -21,6 +21,14 @@ def test_t_quantile_matches_tables(df, value):  # Student's t 0.975 quantiles (a
 def test_t_quantiles_match_the_published_table(p, df, table):
     assert t_quantile(p, df) == pytest.approx(table, abs=1.5e-3)
     assert t_quantile(1 - p, df) == pytest.approx(-table, abs=1.5e-3)
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.5, 12.7])
+def test_t_tail_closed_forms(t):
+    """P(|T| > t): ν = 1 (Cauchy) 1 − (2/π)·arctan t; ν = 2: 1 − t/√(2 + t²)."""
+    assert t_tail(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-10)
+    assert t_tail(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), abs=1e-10)
+    assert t_tail(2.364624252, 7) == pytest.approx(0.05, abs=1e-9)  # the table's t_0.975,7
 
 
 @pytest.mark.parametrize("p", [0.6, 0.9, 0.975, 0.9995])
